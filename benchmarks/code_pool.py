@@ -1,0 +1,132 @@
+"""Benchmark of the sandboxed code pool against two references measured in the same run.
+
+  python benchmarks/code_pool.py [--quick]
+
+Rows: calls/s and p50/p99 latency at concurrency 1, 8, 64 for a trivial snippet and a snippet
+that imports sympy+numpy and solves a quadratic, through
+  pool       CodePool (warm templates, fork per call, sandbox at the best available level)
+  python -c  a fresh `python -c` process per call (the naive baseline)
+and the machine's fork limit: one loop per core of fork + _exit + waitpid in a process that
+holds the same preloaded modules (an upper bound for any fork-per-call design).
+"""
+import argparse
+import asyncio
+import gc
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rstar_jax.tools.code_pool import CodePool  # noqa: E402
+
+TRIVIAL = "print(sum(range(1000)))"
+SYMPY = ("import sympy, numpy as np\nx = sympy.Symbol('x')\n"
+         "print(sympy.solve(x**2 - 5*x + 6, x), float(np.linalg.det(np.eye(3) * 2)))")
+
+
+def pct(xs, q):
+  xs = sorted(xs)
+  return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+async def drive(call, n, conc):
+  sem = asyncio.Semaphore(conc)
+  lat = []
+
+  async def one():
+    async with sem:
+      t = time.perf_counter()
+      await call()
+      lat.append(time.perf_counter() - t)
+
+  t0 = time.perf_counter()
+  await asyncio.gather(*(one() for _ in range(n)))
+  wall = time.perf_counter() - t0
+  return n / wall, statistics.median(lat) * 1e3, pct(lat, 0.99) * 1e3
+
+
+async def python_c(code):
+  p = await asyncio.create_subprocess_exec(sys.executable, "-c", code,
+                                           stdout=asyncio.subprocess.PIPE,
+                                           stderr=asyncio.subprocess.PIPE,
+                                           env={"PATH": "/usr/bin:/bin",
+                                                "OPENBLAS_NUM_THREADS": "1"})
+  out, _ = await p.communicate()
+  assert p.returncode == 0, out
+
+
+def _fork_loop(seconds, q):
+  os.environ["OPENBLAS_NUM_THREADS"] = "1"
+  import numpy  # noqa: F401
+  import sympy  # noqa: F401
+  gc.collect()
+  gc.freeze()
+  n, end = 0, time.perf_counter() + seconds
+  while time.perf_counter() < end:
+    pid = os.fork()
+    if pid == 0:
+      os._exit(0)
+    os.waitpid(pid, 0)
+    n += 1
+  q.put(n / seconds)
+
+
+def fork_limit(seconds=3.0):
+  ctx = mp.get_context("spawn")
+  q = ctx.Queue()
+  procs = [ctx.Process(target=_fork_loop, args=(seconds, q)) for _ in range(os.cpu_count() or 1)]
+  for p in procs:
+    p.start()
+  total = sum(q.get() for _ in procs)
+  for p in procs:
+    p.join()
+  return total
+
+
+async def main(quick):
+  scale = 0.3 if quick else 1.0
+  counts = {  # (snippet, concurrency) -> calls for pool / python -c
+      ("trivial", 1): (int(200 * scale), int(30 * scale)),
+      ("trivial", 8): (int(800 * scale), int(80 * scale)),
+      ("trivial", 64): (int(1600 * scale), int(128 * scale)),
+      ("sympy", 1): (int(30 * scale), max(3, int(6 * scale))),
+      ("sympy", 8): (int(120 * scale), max(8, int(16 * scale))),
+      ("sympy", 64): (int(256 * scale), max(16, int(32 * scale))),
+  }
+  rows = []
+  flimit = fork_limit()
+  async with CodePool(num_workers=64) as pool:
+    print(f"isolation level: {pool.isolation_level} ({pool.isolation_description})")
+    print(f"templates: {len(pool._templates)}, cores: {os.cpu_count()}")
+    for _ in range(20):
+      await pool.execute(TRIVIAL)
+    for name, code in (("trivial", TRIVIAL), ("sympy", SYMPY)):
+      r = await pool.execute(code)
+      assert r.status == "ok", r
+
+      async def pool_call(code=code):
+        r = await pool.execute(code, timeout_s=30)
+        assert r.status == "ok", r
+
+      for conc in (1, 8, 64):
+        n_pool, n_base = counts[(name, conc)]
+        pr = await drive(pool_call, n_pool, conc)
+        br = await drive(lambda code=code: python_c(code), n_base, conc)
+        rows.append((name, conc, pr, br))
+  print(f"\nfork limit (fork+exit+wait, {os.cpu_count()} loops, numpy+sympy loaded): "
+        f"{flimit:.0f} forks/s\n")
+  hdr = (f"{'snippet':8} {'conc':>4} | {'pool calls/s':>12} {'p50 ms':>7} {'p99 ms':>7} | "
+         f"{'python -c/s':>11} {'p50 ms':>7} {'p99 ms':>8} | {'pool/py-c':>9} {'pool/fork':>9}")
+  print(hdr)
+  print("-" * len(hdr))
+  for name, conc, pr, br in rows:
+    print(f"{name:8} {conc:4d} | {pr[0]:12.1f} {pr[1]:7.1f} {pr[2]:7.1f} | {br[0]:11.1f} "
+          f"{br[1]:7.1f} {br[2]:8.1f} | {pr[0] / br[0]:8.1f}x {pr[0] / flimit:8.0%}")
+
+
+if __name__ == "__main__":
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="fewer calls per row")
+  asyncio.run(main(ap.parse_args().quick))

@@ -1,0 +1,52 @@
+"""ASTER on Qwen3-4B (SPEC §8): interaction-dense cold start, then 2 RL stages with a tool-call budget.
+
+Usage: --config=configs/aster_qwen3_4b.py        (RL)
+       --config=configs/aster_qwen3_4b.py:sft    (cold-start SFT on dense trajectories)
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.mode = mode
+  c.model = common.model_config(hf_dir="/checkpoints/Qwen3-4B-Thinking-2507")
+  c.model.dtype = "bfloat16"
+  c.model.remat = True
+  c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
+  c.rl = common.rl_config()
+  c.rl.group_size = 8          # [REPRO] n = 8
+  c.rl.oversample = 1          # ASTER is plain GRPO: no oversampling
+  c.rl.roc_mode = "random"
+  c.rl.dual_clip_c = 10.0
+  c.rollout = common.rollout_config(engine="sglang")
+  c.rollout.max_turns = 50
+  c.rollout.max_tool_calls = 50
+  c.rollout.response_budget = 16384
+  c.tool = common.tool_config()
+  c.tool.stateful = True
+  c.tool.timeout_s = 30.0
+  c.tool.memory_limit_mb = 1024
+  c.train = common.train_config()
+  c.train.batch_prompts = 128
+  c.train.micro_batches = 32
+  c.eval = common.eval_config()
+  c.data = ml_collections.ConfigDict(dict(train_path="/data/dapo17k.jsonl",
+                                          sft_path="/data/aster_dense_4k.jsonl"))
+  # Cold-start selection (ASTER §8.2): correct answer, every tool call succeeded, > 9 calls.
+  c.coldstart = ml_collections.ConfigDict(dict(min_tool_calls=10, max_trajectories=4000,
+                                               require_all_calls_ok=True))
+  if mode == "sft":
+    c.optim = common.optim_config(lr=3e-5, warmup_steps=0, schedule="constant")
+    c.sft = ml_collections.ConfigDict(dict(epochs=6, warmup_ratio=0.06, batch_size=16,
+                                           max_seq_len=32768))
+    c.stages = []
+  else:
+    c.optim = common.optim_config(lr=1e-6, warmup_steps=20)
+    c.stages = [
+        common.stage("stage1_18k", steps=405, response_budget=16384, max_turns=50),
+        common.stage("stage2_32k", steps=200, response_budget=30720, max_turns=50, data="hard",
+                     drop_solved_k_of_k=8),
+    ]
+  return c

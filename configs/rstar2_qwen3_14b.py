@@ -1,0 +1,45 @@
+"""rStar2-Agent on Qwen3-14B (SPEC §6.3): 3 RL stages, 64 GPUs, SGLang rollouts.
+
+Usage: --config=configs/rstar2_qwen3_14b.py            (RL, all stages; plan default = stage 1)
+       --config=configs/rstar2_qwen3_14b.py:sft        (non-reasoning SFT, SPEC §6.1)
+"""
+import ml_collections
+
+from configs import common
+
+
+def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.mode = mode
+  c.model = common.model_config(hf_dir="/checkpoints/Qwen3-14B-Base")
+  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.remat = True
+  c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)   # 64-way FSDP; see README scale plan
+  c.rl = common.rl_config()
+  c.rollout = common.rollout_config(engine="sglang")
+  c.rollout.sglang_urls = ["http://sglang-router:30000"]
+  c.rollout.staging_dir = "/shared/rstar_jax/weights"
+  c.tool = common.tool_config()
+  c.tool.num_workers = 64
+  c.train = common.train_config()
+  c.train.micro_batches = 64
+  c.eval = common.eval_config()
+  c.data = ml_collections.ConfigDict(dict(
+      train_path="/data/rstar2_rl_42k.jsonl",
+      sft_path="/data/nonreasoning_sft.jsonl",
+  ))
+  if mode == "sft":
+    c.optim = common.optim_config(lr=5e-6, warmup_steps=0, schedule="cosine")
+    c.sft = ml_collections.ConfigDict(dict(epochs=3, warmup_ratio=0.04, batch_size=128,
+                                           max_seq_len=4096))
+    c.stages = []
+  else:
+    c.optim = common.optim_config(lr=1e-6, warmup_steps=20, schedule="constant")
+    c.stages = [
+        common.stage("stage1_8k", steps=300, response_budget=8192, max_turns=10),
+        common.stage("stage2_12k", steps=85, response_budget=12288, max_turns=10),
+        common.stage("stage3_hard", steps=125, response_budget=12288, max_turns=15, data="hard",
+                     reset_optimizer=True, drop_solved_k_of_k=8),
+    ]
+  return c

@@ -1,0 +1,133 @@
+"""Host-side batch building for the learner steps (numpy in, numpy out; no jax).
+
+Layout (N rows, T = ``pad_to`` columns; every row right-padded):
+
+  RL batch (`make_rl_batch`):
+    input_ids      int32   [N, T]  prompt ids then response ids, then ``pad_id``.
+    attention_mask int32   [N, T]  1 on real (prompt + response) tokens.
+    loss_mask      float32 [N, T]  1 on model-generated response tokens, 0 elsewhere (prompt,
+                                   tool/template tokens, padding).
+    old_logprobs   float32 [N, T]  the sampler's log-prob of ``input_ids[n, t]``; 0 where
+                                   loss_mask is 0.
+    advantages     float32 [N]     one scalar per trajectory (GRPO: constant over its tokens).
+
+  SFT batch (`make_sft_batch`): input_ids, attention_mask, loss_mask as above.
+
+Target convention ("token-aligned"): column t of loss_mask / old_logprobs describes the token
+``input_ids[:, t]`` itself, which the model predicts from the logits at column ``t - 1``. Column 0
+is never a target. This keeps every per-token array aligned with ``input_ids`` exactly as the
+agent loop records it (``Trajectory.loss_mask`` / ``logprobs`` are per response token), so
+building a batch is concatenation and padding, with no shift to get wrong.
+
+Rows added by ``row_multiple`` padding are all-zero (no tokens, no loss): they exist only so N
+divides the micro-batch count and the data-parallel mesh size, and change no result.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+class TrajectoryLike(Protocol):
+    """The fields of ``rstar_jax.rollout.types.Trajectory`` that a batch needs."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    logprobs: Sequence[float]
+
+
+def _padded_rows(n: int, row_multiple: int) -> int:
+    if not isinstance(row_multiple, int) or row_multiple < 1:
+        raise ValueError(f"row_multiple: expected an int >= 1, got {row_multiple!r}")
+    return -(-n // row_multiple) * row_multiple
+
+
+def make_rl_batch(trajectories: Sequence[TrajectoryLike], advantages: Sequence[float],
+                  pad_to: int, *, pad_id: int = 0, row_multiple: int = 1) -> dict[str, np.ndarray]:
+    """Builds the RL batch (layout in the module docstring) from agent-loop trajectories.
+
+    Args:
+        trajectories: N trajectories (``prompt_ids``, ``response_ids``, ``loss_mask``,
+            ``logprobs``; the last two have one entry per response token).
+        advantages: N floats, one per trajectory.
+        pad_to: T; every ``len(prompt_ids) + len(response_ids)`` must be <= T (nothing is
+            silently truncated: a cut response would train on a different sequence than sampled).
+        pad_id: id written into padding columns (masked out everywhere).
+        row_multiple: pad N up to a multiple of this with empty rows.
+
+    Returns:
+        dict of numpy arrays: input_ids, attention_mask, loss_mask, old_logprobs [N', T] and
+        advantages [N'], with N' = N rounded up to ``row_multiple``.
+    """
+    advantages = np.asarray(advantages, np.float32)
+    if advantages.shape != (len(trajectories),):
+        raise ValueError(f"make_rl_batch: advantages must have shape ({len(trajectories)},) "
+                         f"(one per trajectory), got {advantages.shape}")
+    if not np.all(np.isfinite(advantages)):
+        bad = int(np.flatnonzero(~np.isfinite(advantages))[0])
+        raise ValueError(f"make_rl_batch: advantages[{bad}] is {advantages[bad]} (not finite)")
+    n = _padded_rows(len(trajectories), row_multiple)
+    batch = _empty(n, pad_to, pad_id)
+    batch["old_logprobs"] = np.zeros((n, pad_to), np.float32)
+    batch["advantages"] = np.zeros((n,), np.float32)
+    batch["advantages"][: len(trajectories)] = advantages
+    for i, tr in enumerate(trajectories):
+        prompt, response = list(tr.prompt_ids), list(tr.response_ids)
+        mask, logp = list(tr.loss_mask), list(tr.logprobs)
+        where = f"make_rl_batch: trajectory {i}"
+        if not prompt:
+            raise ValueError(f"{where}: empty prompt_ids (the first response token needs a "
+                             "preceding token to be predicted from)")
+        if len(mask) != len(response) or len(logp) != len(response):
+            raise ValueError(f"{where}: loss_mask ({len(mask)}) and logprobs ({len(logp)}) must "
+                             f"have one entry per response token ({len(response)})")
+        length = len(prompt) + len(response)
+        if length > pad_to:
+            raise ValueError(f"{where}: prompt ({len(prompt)}) + response ({len(response)}) = "
+                             f"{length} tokens > pad_to={pad_to}")
+        mask_arr = np.asarray(mask, np.float32)
+        if not np.all((mask_arr == 0) | (mask_arr == 1)):
+            raise ValueError(f"{where}: loss_mask must hold only 0/1, got {sorted(set(mask))}")
+        p = len(prompt)
+        batch["input_ids"][i, :length] = prompt + response
+        batch["attention_mask"][i, :length] = 1
+        batch["loss_mask"][i, p:length] = mask_arr
+        # Logprobs of masked tokens are meaningless (tool text was never sampled): zero them so
+        # they cannot leak into a ratio by accident.
+        batch["old_logprobs"][i, p:length] = np.asarray(logp, np.float32) * mask_arr
+    return batch
+
+
+def make_sft_batch(sequences: Sequence[tuple[Sequence[int], Sequence[Any]]], pad_to: int, *,
+                   pad_id: int = 0, row_multiple: int = 1) -> dict[str, np.ndarray]:
+    """Builds the SFT batch from (ids, loss_mask) pairs, token-aligned (mask[t]=1: train on ids[t]).
+
+    Returns input_ids, attention_mask, loss_mask [N', T]. The mask at column 0 is ignored by
+    the loss (nothing predicts the first token) and is zeroed here to keep token counts honest.
+    """
+    n = _padded_rows(len(sequences), row_multiple)
+    batch = _empty(n, pad_to, pad_id)
+    for i, (ids, mask) in enumerate(sequences):
+        ids, mask = list(ids), list(mask)
+        where = f"make_sft_batch: sequence {i}"
+        if len(mask) != len(ids):
+            raise ValueError(f"{where}: loss_mask has {len(mask)} entries, ids has {len(ids)}")
+        if len(ids) > pad_to:
+            raise ValueError(f"{where}: {len(ids)} tokens > pad_to={pad_to}")
+        batch["input_ids"][i, : len(ids)] = ids
+        batch["attention_mask"][i, : len(ids)] = 1
+        batch["loss_mask"][i, : len(ids)] = np.asarray(mask, np.float32)
+        batch["loss_mask"][i, 0] = 0.0
+    return batch
+
+
+def _empty(n: int, pad_to: int, pad_id: int) -> dict[str, np.ndarray]:
+    if not isinstance(pad_to, int) or pad_to < 2:
+        raise ValueError(f"pad_to: expected an int >= 2, got {pad_to!r}")
+    return {
+        "input_ids": np.full((n, pad_to), pad_id, np.int32),
+        "attention_mask": np.zeros((n, pad_to), np.int32),
+        "loss_mask": np.zeros((n, pad_to), np.float32),
+    }

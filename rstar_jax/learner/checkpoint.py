@@ -1,0 +1,121 @@
+"""Checkpoints: orbax CheckpointManager over the TrainState arrays plus a JSON metadata record.
+
+Each checkpoint (one per saved ``state.step``) holds
+  state: {"params", "opt_state", "step", "rng"}  (orbax StandardSave; sharded arrays stay sharded)
+  meta:  JSON dict the loop needs to resume (data position, stage, weight version, ...), plus
+         ``"step"``, written by `Checkpointer.save` itself.
+Restoring reads onto the live state's structure, dtypes and shardings (`restore(target)`), so a
+run resumes on the mesh it runs on now, which may differ from the one it saved from.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+from rstar_jax.learner.train_state import TrainState
+
+
+def _arrays(state: TrainState) -> dict[str, Any]:
+    return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
+            "rng": state.rng}
+
+
+class Checkpointer:
+    """Keep-last-N checkpoints of a TrainState and its metadata.
+
+    Args:
+        directory: where checkpoints go (created if missing); one sub-folder per step.
+        max_to_keep: how many most recent checkpoints survive; None keeps all.
+        save_interval_steps: `save` without ``force`` writes only at steps that are multiples
+            of this (and at the first save when the directory has no checkpoint yet).
+        enable_async: write in a background thread after the device-to-host copy (the caller
+            may donate/overwrite the state as soon as `save` returns).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
+                 save_interval_steps: int = 1, enable_async: bool = True):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"Checkpointer max_to_keep: expected >= 1 or None, got {max_to_keep}")
+        if save_interval_steps < 1:
+            raise ValueError(f"Checkpointer save_interval_steps: expected >= 1, "
+                             f"got {save_interval_steps}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, save_interval_steps=save_interval_steps, create=True,
+            enable_async_checkpointing=enable_async)
+        self._mgr = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, state: TrainState, metadata: Mapping[str, Any] | None = None, *,
+             force: bool = False) -> bool:
+        """Saves at ``int(state.step)``; returns whether a checkpoint was written.
+
+        ``metadata`` must be JSON-serialisable (checked before anything is written).
+        """
+        step = int(jax.device_get(state.step))
+        meta = dict(metadata or {})
+        if "step" in meta and meta["step"] != step:
+            raise ValueError(f"Checkpointer.save: metadata['step']={meta['step']} differs from "
+                             f"state.step={step}")
+        meta["step"] = step
+        try:
+            json.dumps(meta)
+        except TypeError as e:
+            raise TypeError(f"Checkpointer.save: metadata is not JSON-serialisable: {e}") from e
+        return self._mgr.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_arrays(state)), meta=ocp.args.JsonSave(meta)),
+            force=force)
+
+    def restore(self, target: TrainState, step: int | None = None
+                ) -> tuple[TrainState, dict[str, Any]]:
+        """Restores ``step`` (default: latest) onto ``target``'s structure and shardings.
+
+        ``target`` is any TrainState of the same model and optimizer (e.g. a freshly built one);
+        its ``tx`` is kept. Returns (state, metadata).
+        """
+        self._mgr.wait_until_finished()
+        if step is None:
+            step = self._mgr.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
+        elif step not in self._mgr.all_steps():
+            raise FileNotFoundError(f"Checkpointer.restore: no checkpoint for step {step} in "
+                                    f"{self.directory} (have {sorted(self._mgr.all_steps())})")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
+        out = self._mgr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        arrays = out["state"]
+        state = target.replace(params=arrays["params"], opt_state=arrays["opt_state"],
+                               step=arrays["step"], rng=arrays["rng"])
+        return state, dict(out["meta"])
+
+    def latest_step(self) -> int | None:
+        return self._mgr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._mgr.all_steps())
+
+    def wait_until_finished(self) -> None:
+        self._mgr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mgr.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
+    """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``).
+
+    Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time.
+    """
+    from rstar_jax.models import qwen3  # imported here: checkpoints work without the model module
+
+    qwen3.save_hf(os.fspath(out_dir), model_config, params)

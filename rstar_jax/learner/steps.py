@@ -1,0 +1,461 @@
+"""Pure learner steps: ``sft_step`` and ``rl_step`` (state, batch) -> (state, metrics).
+
+Batch layout (built by `rstar_jax.learner.batch`; N rows, T columns, right-padded):
+
+  input_ids      int32   [N, T]
+  attention_mask int32   [N, T]  1 = real token
+  loss_mask      float32 [N, T]  1 = train on this token (RL: model-generated response tokens)
+  old_logprobs   float32 [N, T]  RL only: behaviour-policy log-prob of input_ids[:, t]
+  advantages     float32 [N]     RL only
+
+Target convention ("token-aligned"): column t of loss_mask / old_logprobs / the returned
+log-probs is about token ``input_ids[:, t]``, predicted by the logits at column ``t - 1``.
+Column 0 is never a target.
+
+Exact token-mean under gradient accumulation: the loss normaliser is the loss-mask token count
+of the WHOLE batch, computed before the micro-batch loop; each micro-batch contributes
+``sum(per-token loss * mask) / total``, so the summed gradient is exactly the gradient of the
+whole-batch token-mean (SPEC §1.3 notes the released verl code's approximation; we do not copy
+it). Micro-batch j holds rows n with ``n % M == j`` (a strided split), so with the rows sharded
+over the data axes every device works on every micro-batch.
+
+Losses come from ``rstar_jax.rl.losses`` (``sft_loss``; the policy loss named in StepConfig,
+default "grpo_roc": PPO-clip with Clip-Higher 0.2/0.28, no KL, no entropy term), called with the
+whole-batch normaliser. Metrics come back as scalars (float32 []), each the exact ratio of the
+(numerator, denominator) sums over the whole batch (STYLE convention 9): the losses' metrics
+(SFT: loss, entropy, accuracy; RL: loss, pg_loss, clip_frac[_low/_high], dual_clip_frac,
+approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (before clipping),
+``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
+
+Old log-probs: the RL batch carries the sampler's log-probs. To use the learner's own instead
+(recomputed after RoC, as verl does), call `JittedSteps.recompute_old_logprobs` (or
+`compute_logprobs` + `with_old_logprobs`) before `rl_step`; `logprob_drift` measures how far the
+two disagree (the sampler/trainer mismatch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from rstar_jax.learner import optim
+from rstar_jax.learner.train_state import TrainState
+from rstar_jax.rl import losses, registry
+from rstar_jax.sharding.mesh import use_mesh
+from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
+
+Batch = Mapping[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
+RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+
+# (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32
+ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepConfig:
+    """Static settings of a learner step (frozen, hashable).
+
+    Attributes:
+        num_micro_batches: M; the batch's N rows are split into M strided micro-batches whose
+            gradients are accumulated (N must be a multiple of M).
+        policy_loss: name of the policy loss in ``rstar_jax.rl.registry`` ("grpo_roc").
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (rStar2-Agent: 0.2 / 0.28).
+        dual_clip_c: dual-clip bound for negative advantages (released verl code: 3.0); None off.
+        entropy_coef: entropy bonus weight (paper: 0).
+        agg: loss aggregation, "token-mean" (paper) or "seq-mean-token-mean" /
+            "seq-mean-token-sum"; for the seq-mean variants the normaliser is the number of
+            rows of the whole batch with at least one loss token.
+        optim: the OptimConfig the state's ``tx`` was built from; used only to report the
+            learning rate of each update. None omits the ``learning_rate`` metric.
+    """
+
+    num_micro_batches: int = 1
+    policy_loss: str = "grpo_roc"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip_c: float | None = None
+    entropy_coef: float = 0.0
+    agg: str = "token-mean"
+    optim: optim.OptimConfig | None = None
+
+    def __post_init__(self):
+        def bad(field, expected):
+            raise ValueError(f"StepConfig.{field}: expected {expected}, got "
+                             f"{getattr(self, field)!r}")
+
+        if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
+            bad("num_micro_batches", "an int >= 1")
+        if self.policy_loss not in registry.names("policy_loss"):
+            bad("policy_loss", f"one of {registry.names('policy_loss')}")
+        if not 0.0 <= self.eps_low < 1.0:
+            bad("eps_low", "a float in [0, 1)")
+        if not self.eps_high >= 0.0:
+            bad("eps_high", "a float >= 0")
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            bad("dual_clip_c", "None or a float > 1")
+        if self.agg not in losses.AGGREGATIONS:
+            bad("agg", f"one of {losses.AGGREGATIONS}")
+
+
+def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1) -> None:
+    """Raises ValueError naming the key and shape when ``batch`` does not fit the layout."""
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise ValueError(f"batch is missing {missing} (has {sorted(batch)}); expected {list(keys)}")
+    n, t = batch["input_ids"].shape
+    for k in keys:
+        want = (n,) if k == "advantages" else (n, t)
+        if tuple(batch[k].shape) != want:
+            raise ValueError(f"batch[{k!r}]: expected shape {want}, got {tuple(batch[k].shape)}")
+    if n % num_micro_batches:
+        raise ValueError(f"batch has {n} rows, not a multiple of num_micro_batches="
+                         f"{num_micro_batches}")
+
+
+def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array
+                               ) -> tuple[jax.Array, jax.Array]:
+    """Token-aligned log-probs and entropies from causal-LM logits.
+
+    Args:
+        logits: [B, T, V]; logits[:, t] predicts input_ids[:, t + 1].
+        input_ids: [B, T] int32.
+    Returns:
+        logp [B, T] float32: logp[:, t] = log p(input_ids[:, t] | ids[:, :t]); column 0 is 0.
+        entropy [B, T] float32: entropy of the distribution that predicted column t; column 0 is 0.
+    """
+    logp, ent = losses.token_logprobs_and_entropy(logits[:, :-1], input_ids[:, 1:])
+    pad = jnp.zeros_like(logp[:, :1])
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
+
+
+def _target_mask(loss_mask: jax.Array) -> jax.Array:
+    """float32 mask with column 0 forced to 0 (nothing predicts the first token)."""
+    mask = loss_mask.astype(jnp.float32)
+    return mask.at[:, 0].set(0.0)
+
+
+def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
+    """Whole-batch denominator: mask tokens (token-mean) or rows with a token (seq-mean-*)."""
+    if agg == "token-mean":
+        count = jnp.sum(mask)
+    else:
+        count = jnp.sum((jnp.sum(mask, axis=-1) > 0).astype(jnp.float32))
+    return jnp.maximum(count, 1.0)
+
+
+def _sft_micro_loss(apply_fn, params, mb, normaliser):
+    logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+    mask = _target_mask(mb["loss_mask"])
+    return losses.sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:],
+                           normalizer=normaliser)
+
+
+def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
+    logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+    logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"])
+    loss_fn = registry.get("policy_loss", cfg.policy_loss)
+    return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
+                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+                   entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg,
+                   normalizer=normaliser)
+
+
+def _split_micro(x: jax.Array, m: int) -> jax.Array:
+    """[N, ...] -> [M, N/M, ...]; micro-batch j holds rows n with n % M == j."""
+    n = x.shape[0]
+    return jnp.swapaxes(x.reshape((n // m, m) + x.shape[1:]), 0, 1)
+
+
+def _accumulate(loss_fn, params, batch: Batch, num_micro: int, micro_sharding):
+    """Sums grads and (num, den) metrics of ``loss_fn(params, micro_batch)`` over micro-batches.
+
+    Gradients are accumulated in float32 (bf16 sums over many micro-batches lose mass) and cast
+    back to each param's dtype so the optimizer state keeps its dtypes.
+    """
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if num_micro == 1:
+        return grad_fn(params, batch)
+    micro = {k: _split_micro(v, num_micro) for k, v in batch.items()}
+
+    def body(carry, mb):
+        if micro_sharding is not None:
+            mb = {k: jax.lax.with_sharding_constraint(v, micro_sharding(v)) for k, v in mb.items()}
+        grads, sums = carry
+        g, m = grad_fn(params, mb)
+        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        return (grads, losses.add_metric_sums(sums, m)), None
+
+    first = jax.tree.map(lambda v: v[0], micro)
+    grads_shape, sums_shape = jax.eval_shape(grad_fn, params, first)
+    zeros = (jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), grads_shape),
+             jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sums_shape))
+    (grads, sums), _ = jax.lax.scan(body, zeros, micro)
+    return jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), sums
+
+
+def _finish(state: TrainState, grads, sums, num_tokens, cfg: StepConfig):
+    metrics = losses.reduce_metrics(sums)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["num_tokens"] = num_tokens
+    if cfg.optim is not None:
+        metrics["learning_rate"] = optim.current_learning_rate(cfg.optim, state.opt_state)
+    return state.apply_gradients(grads), metrics
+
+
+def sft_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
+             config: StepConfig = StepConfig(),
+             micro_sharding: Callable[[jax.Array], Any] | None = None
+             ) -> tuple[TrainState, Metrics]:
+    """One SFT update: token-mean negative log-likelihood over loss_mask tokens.
+
+    Args:
+        state: TrainState.
+        batch: SFT batch (module docstring), N a multiple of ``config.num_micro_batches``.
+        apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+        config: static step settings.
+        micro_sharding: optional array -> sharding for each micro-batch array (keeps rows on the
+            data axes inside the accumulation loop); None lets the compiler choose.
+    Returns:
+        (new state, metrics: loss, entropy, grad_norm, num_tokens[, learning_rate]).
+    """
+    check_batch(batch, SFT_KEYS, config.num_micro_batches)
+    batch = {k: batch[k] for k in SFT_KEYS}
+    mask = _target_mask(batch["loss_mask"])
+    norm = _normaliser(mask, "token-mean")
+    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm)
+    grads, sums = _accumulate(loss_fn, state.params, batch, config.num_micro_batches,
+                              micro_sharding)
+    return _finish(state, grads, sums, jnp.sum(mask), config)
+
+
+def rl_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
+            config: StepConfig = StepConfig(),
+            micro_sharding: Callable[[jax.Array], Any] | None = None
+            ) -> tuple[TrainState, Metrics]:
+    """One GRPO-RoC policy update: clipped surrogate, token-mean over the whole batch.
+
+    Args/returns as `sft_step`, with the RL batch; metrics add the policy-loss statistics.
+    """
+    check_batch(batch, RL_KEYS, config.num_micro_batches)
+    batch = {k: batch[k] for k in RL_KEYS}
+    mask = _target_mask(batch["loss_mask"])
+    norm = _normaliser(mask, config.agg)
+    loss_fn = lambda p, mb: _rl_micro_loss(apply_fn, p, mb, norm, config)
+    grads, sums = _accumulate(loss_fn, state.params, batch, config.num_micro_batches,
+                              micro_sharding)
+    return _finish(state, grads, sums, jnp.sum(mask), config)
+
+
+def compute_logprobs(params, batch: Batch, *, apply_fn: ApplyFn, num_micro_batches: int = 1
+                     ) -> jax.Array:
+    """Token-aligned log-probs [N, T] float32 of ``batch['input_ids']`` under ``params``.
+
+    Used to recompute old log-probs after RoC instead of trusting the sampler's. Column 0 is 0;
+    padding columns hold the (meaningless) log-prob of the pad id: multiply by loss_mask.
+    """
+    check_batch(batch, ("input_ids", "attention_mask"), num_micro_batches)
+
+    def one(mb):
+        logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+        return token_logprobs_and_entropy(logits, mb["input_ids"])[0]
+
+    mb_in = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    if num_micro_batches == 1:
+        return one(mb_in)
+    out = jax.lax.map(one, {k: _split_micro(v, num_micro_batches) for k, v in mb_in.items()})
+    # Undo the strided split: [M, N/M, T] -> [N/M, M, T] -> [N, T].
+    return jnp.swapaxes(out, 0, 1).reshape(batch["input_ids"].shape)
+
+
+def with_old_logprobs(batch: Batch, logprobs: jax.Array) -> dict[str, jax.Array]:
+    """The batch with old_logprobs replaced by ``logprobs`` [N, T] (zeroed off the loss mask)."""
+    out = dict(batch)
+    out["old_logprobs"] = logprobs * batch["loss_mask"].astype(logprobs.dtype)
+    return out
+
+
+def logprob_drift(sampler_logprobs: jax.Array, learner_logprobs: jax.Array,
+                  loss_mask: jax.Array) -> dict[str, jax.Array]:
+    """Sampler-vs-learner log-prob mismatch over loss tokens (all inputs [N, T]).
+
+    Returns float32 scalars: ``logprob_abs_diff`` (mean |a - b|), ``logprob_max_abs_diff`` and
+    ``logprob_diff`` (mean of learner - sampler).
+    """
+    mask = _target_mask(loss_mask)
+    d = (learner_logprobs - sampler_logprobs) * mask
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    return {"logprob_abs_diff": jnp.sum(jnp.abs(d)) / n,
+            "logprob_max_abs_diff": jnp.max(jnp.abs(d)),
+            "logprob_diff": jnp.sum(d) / n}
+
+
+# --------------------------------------------------------------------------------------------
+# Sharded, jitted steps.
+
+
+@dataclasses.dataclass(frozen=True)
+class JittedSteps:
+    """The learner steps compiled for one mesh, model and optimizer.
+
+    Attributes:
+        sft_step: (state, batch) -> (state, metrics); donates ``state``.
+        rl_step: (state, batch) -> (state, metrics); donates ``state``.
+        compute_logprobs: (params, batch) -> logp [N, T] token-aligned (RL old log-probs).
+        state_shardings: a TrainState whose leaves are the NamedShardings of the live state.
+        mesh: the mesh.
+        data_axes: mesh axes the batch rows are sharded over.
+        num_micro_batches: micro-batches per step (rows must divide by it x data size).
+    """
+
+    sft_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
+    rl_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
+    compute_logprobs: Callable[[Any, Batch], jax.Array]
+    state_shardings: TrainState
+    mesh: jax.sharding.Mesh
+    data_axes: tuple[str, ...]
+    num_micro_batches: int
+
+    def batch_sharding(self, x) -> NamedSharding:
+        """Rows over the data axes, everything else replicated."""
+        spec = PartitionSpec(self.data_axes or None, *([None] * (len(x.shape) - 1)))
+        return NamedSharding(self.mesh, spec)
+
+    def shard_batch(self, batch: Batch) -> dict[str, jax.Array]:
+        """Places a host batch on the mesh (rows over the data axes); checks divisibility."""
+        n = batch["input_ids"].shape[0]
+        dp = math.prod(self.mesh.shape[a] for a in self.data_axes)
+        if n % (dp * self.num_micro_batches):
+            raise ValueError(
+                f"batch has {n} rows; it must be a multiple of data-parallel size {dp} x "
+                f"num_micro_batches {self.num_micro_batches} = {dp * self.num_micro_batches} "
+                "(pad with make_*_batch(row_multiple=...))")
+        return {k: jax.device_put(v, self.batch_sharding(v)) for k, v in batch.items()}
+
+    def recompute_old_logprobs(self, params, batch: Batch) -> dict[str, jax.Array]:
+        """``batch`` with old_logprobs = the learner's log-probs under ``params`` (masked)."""
+        return with_old_logprobs(batch, self.compute_logprobs(params, batch))
+
+    def shard_state(self, state: TrainState) -> TrainState:
+        """Places ``state`` (built with the same ``tx``) onto ``state_shardings``."""
+        _check_tx(state, self.state_shardings)
+        return jax.device_put(state, self.state_shardings)
+
+
+def _check_tx(state: TrainState, shardings: TrainState) -> None:
+    if state.tx is not shardings.tx:
+        raise ValueError("TrainState.tx is not the optimizer these steps were built with; build "
+                         "the state with the same tx object passed to make_jitted_steps")
+
+
+def state_shardings_for(params_shardings, tx: optax.GradientTransformation, abstract_params,
+                        replicated) -> TrainState:
+    """TrainState of shardings: optimizer-state copies of the params follow the params; the
+    rest (counts, rng, step) is replicated."""
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_shardings = optax.tree_map_params(
+        tx, lambda _, s: s, abstract_opt, params_shardings,
+        transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=params_shardings, opt_state=opt_shardings,
+                      rng=replicated, tx=tx)
+
+
+def _data_axes(rules, mesh) -> tuple[str, ...]:
+    """Mesh axes (present, size > 1) that the "batch" logical axis maps to."""
+    target = get_rules(rules).get("batch")
+    axes = () if target is None else (target,) if isinstance(target, str) else tuple(target)
+    return tuple(a for a in axes if mesh.shape.get(a, 1) > 1)
+
+
+def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
+                          tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, *,
+                          rules: str | Rules = "train",
+                          config: StepConfig = StepConfig()) -> JittedSteps:
+    """Model-agnostic core of `make_jitted_steps`: jit the steps with in/out shardings.
+
+    Args:
+        apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+        params_shardings: pytree of NamedSharding matching the params.
+        abstract_params: pytree of arrays / ShapeDtypeStructs matching the params (only the
+            structure is used, to lay out the optimizer state).
+        tx: the optimizer every state passed to the steps was built with.
+        mesh: the device mesh.
+        rules: sharding rules (layout name or mapping); the "batch" entry names the data axes.
+        config: static step settings.
+    """
+    data_axes = _data_axes(rules, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state_sh = state_shardings_for(params_shardings, tx, abstract_params, replicated)
+
+    def rows_sharding(x):
+        return NamedSharding(mesh, PartitionSpec(data_axes or None, *([None] * (x.ndim - 1))))
+
+    def batch_sh(keys):
+        return {k: rows_sharding(jax.ShapeDtypeStruct((1,) if k == "advantages" else (1, 1),
+                                                      jnp.int32)) for k in keys}
+
+    def traced_under_mesh(jitted):
+        # The model's activation constraints (sharding.rules.constrain) apply only when the
+        # mesh and rules are active while tracing.
+        def call(*args):
+            with use_mesh(mesh), activation_layout(rules):
+                return jitted(*args)
+        return call
+
+    def jit_step(fn, keys):
+        step = functools.partial(fn, apply_fn=apply_fn, config=config,
+                                 micro_sharding=rows_sharding)
+        jitted = traced_under_mesh(jax.jit(step, in_shardings=(state_sh, batch_sh(keys)),
+                                           out_shardings=(state_sh, replicated),
+                                           donate_argnums=(0,)))
+        def run(state, batch):
+            _check_tx(state, state_sh)
+            return jitted(state, {k: batch[k] for k in keys})
+
+        return run
+
+    lp_keys = ("input_ids", "attention_mask")
+    logprobs = traced_under_mesh(jax.jit(
+        functools.partial(compute_logprobs, apply_fn=apply_fn,
+                          num_micro_batches=config.num_micro_batches),
+        in_shardings=(params_shardings, batch_sh(lp_keys)),
+        out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32))))
+
+    return JittedSteps(
+        sft_step=jit_step(sft_step, SFT_KEYS), rl_step=jit_step(rl_step, RL_KEYS),
+        compute_logprobs=lambda params, batch: logprobs(params, {k: batch[k] for k in lp_keys}),
+        state_shardings=state_sh, mesh=mesh, data_axes=data_axes,
+        num_micro_batches=config.num_micro_batches)
+
+
+def make_jitted_steps(model_config, mesh: jax.sharding.Mesh, rules: str | Rules = "train", *,
+                      tx: optax.GradientTransformation,
+                      config: StepConfig = StepConfig()) -> JittedSteps:
+    """`sft_step` / `rl_step` / `compute_logprobs` for a Qwen3 model, jitted on ``mesh``.
+
+    Params and optimizer moments are sharded by ``qwen3.param_logical_axes`` under ``rules``
+    (default the "train" layout: FSDP + tensor parallel); batch rows over the rules' "batch"
+    axes; step, rng and counts replicated. The state argument of both steps is donated: do
+    not reuse a state (or arrays it aliases, e.g. the params it was created from) after
+    passing it in. Build states with `JittedSteps.shard_state(TrainState.create(params, tx, rng))`.
+    """
+    from rstar_jax.models import qwen3
+
+    params_sh = qwen3.param_shardings(model_config, mesh, rules)
+    abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
+                            qwen3.param_shapes(model_config),
+                            is_leaf=lambda x: isinstance(x, tuple))
+
+    def apply_fn(params, input_ids, attention_mask):
+        return qwen3.forward(params, model_config, input_ids, attention_mask=attention_mask)
+
+    return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules,
+                                 config=config)

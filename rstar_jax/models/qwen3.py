@@ -1,0 +1,249 @@
+"""Qwen3 (and Qwen2/2.5) decoder as pure functions over a plain nested-dict param pytree.
+
+``forward`` / ``forward_cached`` are pure and jittable with ``config`` static, so the params work
+directly with optax, orbax and ``jax.tree``. Numerics follow transformers' Qwen3ForCausalLM /
+Qwen2ForCausalLM: RMSNorm in float32, rotate-half RoPE with float32 inverse frequencies, GQA
+with optional per-head q/k RMSNorm before RoPE, SwiGLU MLP, optional tied embeddings.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rstar_jax.models.kv_cache import KVCache, cache_logical_axes, cache_shardings, init_cache
+from rstar_jax.models.qwen3_config import (SUPPORTED_MODEL_TYPES, Qwen3Config, param_logical_axes,
+                                           param_shapes)
+from rstar_jax.models.qwen3_hf_io import CheckpointError, hf_names, load_hf_params, save_hf
+from rstar_jax.sharding.rules import constrain, logical_to_shardings
+
+Params = dict[str, Any]
+
+__all__ = ["Qwen3Config", "KVCache", "init_cache", "cache_logical_axes", "cache_shardings",
+           "init_params", "forward", "forward_cached", "param_logical_axes", "param_shapes",
+           "param_shardings", "load_hf_params", "save_hf",
+           "CheckpointError", "hf_names", "default_positions", "rms_norm", "rope",
+           "SUPPORTED_MODEL_TYPES"]
+
+# Large finite negative instead of -inf: a fully masked row (a padding query) then gets a
+# uniform softmax instead of NaNs, and its output is ignored anyway.
+_MASK_VALUE = -1e30
+
+
+def _compute_dtype(config: Qwen3Config):
+    return jnp.dtype(config.dtype)
+
+
+# ----------------------------------------------------------------------------- init
+
+
+def init_params(config: Qwen3Config, key: jax.Array, dtype=jnp.float32) -> Params:
+    """Random init (normal(0, 0.02) weights, unit norm scales, zero biases), HF's scheme.
+
+    Compiled as one program (eager per-leaf dispatch is slow); jit-compatible itself, and
+    ``jax.jit(init_params, ..., out_shardings=param_shardings(...))`` creates params sharded.
+    """
+    return _init_params(config, key, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_params(config: Qwen3Config, key: jax.Array, dtype) -> Params:
+    leaves, treedef = jax.tree.flatten(param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    names = [path[-1].key for path, _ in
+             jax.tree_util.tree_flatten_with_path(param_shapes(config),
+                                                  is_leaf=lambda x: isinstance(x, tuple))[0]]
+    sizes = [math.prod(s) for s in leaves]
+    # One flat draw carved into leaves: a per-leaf threefry compiles far slower on CPU.
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    out, off = [], 0
+    for name, shape, n in zip(names, leaves, sizes):
+        if name == "scale":
+            out.append(jnp.ones(shape, dtype))
+        elif name == "bias":
+            out.append(jnp.zeros(shape, dtype))
+        else:
+            out.append(flat[off:off + n].reshape(shape).astype(dtype))
+        off += n
+    return jax.tree.unflatten(treedef, out)
+
+
+def param_shardings(config: Qwen3Config, mesh, layout: str = "train") -> Params:
+    """NamedSharding per param for ``mesh`` under the ``train`` or ``sampling`` layout."""
+    shapes = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), param_shapes(config),
+                          is_leaf=lambda x: isinstance(x, tuple))
+    return logical_to_shardings(param_logical_axes(config), mesh, layout, shapes)
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x: [..., D]; normalises in float32, returns x.dtype (HF Qwen3RMSNorm)."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half RoPE. x: [B, T, H, Dh]; positions: [B, T] int."""
+    dh = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq          # [B, T, Dh/2]
+    ang = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]          # [B, T, 1, Dh]
+    cos, sin = jnp.cos(ang).astype(x.dtype), jnp.sin(ang).astype(x.dtype)
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2:]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _dense(x: jax.Array, p: Params) -> jax.Array:
+    y = x @ p["kernel"].astype(x.dtype)
+    if "bias" in p:
+        y = y + p["bias"].astype(x.dtype)
+    return y
+
+
+def _qkv(x: jax.Array, p: Params, positions: jax.Array, c: Qwen3Config):
+    """x: [B, T, D] -> q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] (q, k rotated)."""
+    B, T, _ = x.shape
+    q = _dense(x, p["q_proj"]).reshape(B, T, c.num_attention_heads, c.head_dim)
+    k = _dense(x, p["k_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
+    v = _dense(x, p["v_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
+    if c.use_qk_norm:
+        q = rms_norm(q, p["q_norm"]["scale"], c.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"]["scale"], c.rms_norm_eps)
+    q = constrain(rope(q, positions, c.rope_theta), ("batch", "seq", "act_heads", None))
+    k = constrain(rope(k, positions, c.rope_theta), ("batch", "seq", "act_heads", None))
+    v = constrain(v, ("batch", "seq", "act_heads", None))
+    return q, k, v
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, c: Qwen3Config):
+    """GQA attention. q: [B, T, Hq, Dh]; k, v: [B, S, Hkv, Dh]; allowed: [B, T, S] bool.
+
+    Returns [B, T, Hq*Dh]. Scores and softmax in float32.
+    """
+    B, T, Hq, Dh = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(q.dtype),
+                   preferred_element_type=jnp.float32) * (Dh ** -0.5)
+    s = jnp.where(allowed[:, None, None], s, _MASK_VALUE)
+    w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", w, v.astype(q.dtype))
+    return o.reshape(B, T, Hq * Dh)
+
+
+def _mlp(x: jax.Array, p: Params) -> jax.Array:
+    h = jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"])
+    h = constrain(h, ("batch", "seq", "act_mlp"))
+    return _dense(h, p["down_proj"])
+
+
+def _embed(params: Params, input_ids: jax.Array, c: Qwen3Config) -> jax.Array:
+    x = params["embed_tokens"]["embedding"][input_ids].astype(_compute_dtype(c))
+    return constrain(x, ("batch", "seq", "act_embed"))
+
+
+def _logits(params: Params, x: jax.Array, c: Qwen3Config) -> jax.Array:
+    x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
+    if c.tie_word_embeddings:
+        w = params["embed_tokens"]["embedding"].astype(x.dtype).T
+    else:
+        w = params["lm_head"]["kernel"].astype(x.dtype)
+    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    return constrain(logits, ("batch", "seq", "act_vocab"))
+
+
+def _maybe_remat(fn, c: Qwen3Config):
+    return jax.checkpoint(fn) if c.remat else fn
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def default_positions(attention_mask: jax.Array) -> jax.Array:
+    """[B, T] mask -> positions cumsum(mask) - 1, clipped at 0 (pads before a row's start)."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def forward(params: Params, config: Qwen3Config, input_ids: jax.Array,
+            positions: jax.Array | None = None,
+            attention_mask: jax.Array | None = None) -> jax.Array:
+    """Full-sequence causal forward (pure; jit with ``static_argnames="config"``).
+
+    Args:
+      params: the param pytree.
+      config: static.
+      input_ids: [B, T] int32.
+      positions: [B, T] int; default ``cumsum(attention_mask) - 1`` so left- and right-padded
+        rows give the same logits as unpadded ones.
+      attention_mask: [B, T] (1/True = real token); default all ones. Pad keys are never
+        attended; pad queries produce unspecified (finite) logits.
+    Returns:
+      logits: [B, T, V] float32.
+    """
+    c = config
+    B, T = input_ids.shape
+    mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
+    if positions is None:
+        positions = default_positions(mask)
+    idx = jnp.arange(T)
+    allowed = (idx[None, :, None] >= idx[None, None, :]) & mask[:, None, :]   # [B, T(q), T(k)]
+
+    def layer(x, p):
+        h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
+        q, k, v = _qkv(h, p["self_attn"], positions, c)
+        x = x + _dense(_attend(q, k, v, allowed, c), p["self_attn"]["o_proj"])
+        h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
+        x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
+        return x, None
+
+    x, _ = jax.lax.scan(_maybe_remat(layer, c), _embed(params, input_ids, c), params["layers"])
+    return _logits(params, x, c)
+
+
+def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, cache: KVCache,
+                   input_mask: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    """Forward that reads and extends a KV cache (prefill T > 1 or decode T = 1); pure, jit with
+    ``static_argnames="config"`` (donate ``cache`` to update it in place).
+
+    Args:
+      input_ids: [B, T] int32.
+      cache: KVCache with k, v [L, B, S, Hkv, Dh] and lengths [B].
+      input_mask: [B, T] bool, valid tokens a prefix of each row (right padding); a row with no
+        valid token leaves its cache untouched (idle slot). Default all valid.
+    Returns:
+      (logits [B, T, V] float32, new cache). Row b's valid token t is stored at slot and
+      position ``lengths[b] + t``; ``lengths`` grows by the row's valid count. Each token
+      attends to its row's slots ``<=`` its own position. Tokens past the cache end are dropped.
+    """
+    c = config
+    B, T = input_ids.shape
+    S = cache.k.shape[2]
+    mask = jnp.ones((B, T), bool) if input_mask is None else input_mask.astype(bool)
+    positions = cache.lengths[:, None] + jnp.arange(T)[None, :]                  # [B, T]
+    # Padded tokens get an out-of-range slot, and mode="drop" skips their writes.
+    slots = jnp.where(mask, positions, S)
+    allowed = jnp.arange(S)[None, None, :] <= positions[:, :, None]             # [B, T, S]
+    rows = jnp.arange(B)[:, None]
+
+    def layer(x, xs):
+        p, k_cache, v_cache = xs
+        h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
+        q, k, v = _qkv(h, p["self_attn"], positions, c)
+        k_cache = k_cache.at[rows, slots].set(k.astype(k_cache.dtype), mode="drop")
+        v_cache = v_cache.at[rows, slots].set(v.astype(v_cache.dtype), mode="drop")
+        x = x + _dense(_attend(q, k_cache, v_cache, allowed, c), p["self_attn"]["o_proj"])
+        h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
+        x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
+        return x, (k_cache, v_cache)
+
+    x, (k_new, v_new) = jax.lax.scan(_maybe_remat(layer, c), _embed(params, input_ids, c),
+                                     (params["layers"], cache.k, cache.v))
+    lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
+    return _logits(params, x, c), KVCache(k=k_new, v=v_new, lengths=lengths)
+

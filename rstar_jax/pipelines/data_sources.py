@@ -1,0 +1,165 @@
+"""Where a run's problems, SFT items and tokenizer come from, decided by the config.
+
+* Problems: ``data.train_path`` / ``eval.path`` JSONL files, or, when the path is empty and a
+  ``data.synthetic`` section exists, the seeded tool-needing task generator
+  (`rstar_jax.data.synthetic_tasks.make_splits`: disjoint train / held-out splits).
+* SFT items: ``data.sft_path`` chat JSONL, or scripted tool-use chats built from synthetic
+  problems (`scripted_tool_chats`: one code call whose output is the answer, then the boxed
+  answer). The real interaction-dense cold start is built by the demo with the code pool.
+* Tokenizer: ``model.tokenizer_dir`` or ``model.hf_dir``; a from-scratch model without either
+  gets a byte-level BPE trained on the run's own texts, saved under ``<workdir>/tokenizer`` and
+  reused on resume.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import ml_collections
+
+from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.data.sft_data import ChatExample, load_sft_jsonl
+
+
+def _synthetic_splits(cfg: ml_collections.ConfigDict) -> tuple[list[Problem], list[Problem]]:
+  from rstar_jax.data import synthetic_tasks
+  s = cfg.data.synthetic
+  fams = list(s.families) if s.get("families") else None
+  return synthetic_tasks.make_splits(int(s.seed), int(s.n_train), int(s.n_eval),
+                                     families=fams, difficulty=s.get("difficulty") or None)
+
+
+def _has_synthetic(cfg) -> bool:
+  return "data" in cfg and "synthetic" in cfg.data and cfg.data.synthetic is not None
+
+
+def train_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
+  path = cfg.data.get("train_path", "")
+  if path:
+    return load_problems(path)
+  if _has_synthetic(cfg):
+    return _synthetic_splits(cfg)[0]
+  raise ValueError("config.data.train_path: expected a JSONL problem file (or a data.synthetic "
+                   "section), got ''")
+
+
+def eval_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
+  path = cfg.eval.get("path", "")
+  if path:
+    probs = load_problems(path)
+  elif _has_synthetic(cfg):
+    probs = _synthetic_splits(cfg)[1]
+  else:
+    return []
+  cap = int(cfg.eval.get("max_problems", 0) or 0)
+  return probs[:cap] if cap else probs
+
+
+def scripted_tool_chats(problems: Sequence[Problem], max_response_chars: int = 1024
+                        ) -> list[ChatExample]:
+  """One chat per problem with a reference ``solution_code``: the assistant calls the code tool
+  with it, reads the (rendered) output and writes ``<answer>\\boxed{answer}</answer>``."""
+  from rstar_jax.tools.code_pool import ExecResult
+  from rstar_jax.tools.render import render_tool_response
+  out = []
+  for p in problems:
+    if not p.solution_code:
+      continue
+    tool_text = render_tool_response(
+        ExecResult(status="ok", stdout=p.answer + "\n", duration_s=0.01), max_response_chars)
+    out.append(ChatExample(messages=(
+        {"role": "user", "content": p.problem},
+        {"role": "assistant", "content": "I will compute this with code.</reason>",
+         "tool_calls": [{"function": {"name": "execute_python_code_with_standard_io",
+                                      "arguments": {"code": p.solution_code, "input": ""}}}]},
+        {"role": "tool", "content": tool_text},
+        {"role": "assistant",
+         "content": f"The code printed {p.answer}.</reason><answer>\\boxed{{{p.answer}}}</answer>"},
+    ), extra={"problem": p.problem, "answer": p.answer}))
+  return out
+
+
+def sft_examples(cfg: ml_collections.ConfigDict) -> list[ChatExample]:
+  path = cfg.data.get("sft_path", "")
+  if path:
+    return load_sft_jsonl(path)
+  if _has_synthetic(cfg):
+    return scripted_tool_chats(_synthetic_splits(cfg)[0])
+  raise ValueError("config.data.sft_path: expected a chat JSONL file (or a data.synthetic "
+                   "section), got ''")
+
+
+def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] = ()) -> list[str]:
+  """Texts a from-scratch tokenizer is trained on: prompts, chats, digits and code idioms."""
+  from rstar_jax.tokenization import chat_format
+  texts = [chat_format.build_prompt_text(p.problem) for p in problems[:2000]]
+  texts += [p.solution_code for p in problems[:2000] if p.solution_code]
+  for c in chats[:2000]:
+    texts += [str(m.get("content", "")) for m in c.messages]
+  texts += [" ".join(str(i) for i in range(1000)),
+            chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s")]
+  return texts
+
+
+def ensure_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, corpus: Sequence[str] = ()):
+  """The run's tokenizer (module docstring); trains and saves one for a from-scratch model."""
+  from rstar_jax.pipelines import runtime
+  from rstar_jax.tokenization import bpe
+  path = runtime.tokenizer_dir(cfg)
+  if path:
+    return bpe.load_tokenizer(path)
+  out = os.path.join(workdir, "tokenizer")
+  if os.path.isfile(os.path.join(out, "tokenizer.json")):
+    return bpe.load_tokenizer(out)
+  if not corpus:
+    raise ValueError("a from-scratch model with no model.tokenizer_dir needs a corpus to train "
+                     "its tokenizer")
+  return bpe.train_bpe_tokenizer(corpus, int(cfg.model.vocab_size), out)
+
+
+def _final_answer_ok(example: ChatExample) -> bool | None:
+  """Whether the last assistant message's boxed answer equals ``extra['answer']``; None when
+  the example carries no gold answer."""
+  from rstar_jax.rewards import math_reward
+  gold = example.extra.get("answer") if example.extra else None
+  if gold is None:
+    return None
+  last = [m for m in example.messages if m["role"] == "assistant"][-1]
+  pred = math_reward.extract_answer(str(last.get("content", "")), "answer_tag")
+  return math_reward.is_equivalent(pred, str(gold))
+
+
+def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls: int,
+                             max_trajectories: int = 0, require_all_calls_ok: bool = True,
+                             require_correct: bool = True) -> tuple[list[ChatExample], dict]:
+  """ASTER's cold-start selection (SPEC §8.2, §12 item 33).
+
+  Keeps chats whose final answer matches the gold ``extra['answer']`` (when
+  ``require_correct``; chats without a gold answer are dropped then), whose every tool
+  response reports success (``Tool call success`` as rendered by `tools.render`, when
+  ``require_all_calls_ok``) and that make at least ``min_tool_calls`` calls; then the densest
+  ``max_trajectories`` (0 = all), ties kept in input order. Returns (kept, counts).
+  """
+  stats = {"candidates": len(examples), "dropped_incorrect": 0, "dropped_failed_call": 0,
+           "dropped_sparse": 0}
+  ok = []
+  for ex in examples:
+    if require_correct and not _final_answer_ok(ex):
+      stats["dropped_incorrect"] += 1
+      continue
+    tools = [str(m.get("content", "")) for m in ex.messages if m["role"] == "tool"]
+    if require_all_calls_ok and not all(t.startswith("Tool call success") for t in tools):
+      stats["dropped_failed_call"] += 1
+      continue
+    if len(tools) < min_tool_calls:
+      stats["dropped_sparse"] += 1
+      continue
+    ok.append(ex)
+  order = sorted(range(len(ok)), key=lambda i: -ok[i].num_tool_calls)
+  if max_trajectories:
+    order = sorted(order[:max_trajectories])
+  kept = [ok[i] for i in order] if max_trajectories else ok
+  stats["kept"] = len(kept)
+  stats["mean_tool_calls_kept"] = (sum(e.num_tool_calls for e in kept) / len(kept)) if kept \
+      else 0.0
+  return kept, stats

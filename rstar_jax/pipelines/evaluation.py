@@ -1,0 +1,141 @@
+"""avg@k pass@1 evaluation with the agent loop (SPEC §10).
+
+Each problem is attempted ``k`` times (independent seeds) with the eval sampling settings
+(temperature 0.6, 30 turns, 30K tokens in the paper); pass@1 is the mean correctness over all
+k attempts of all problems. Reported alongside: mean response length (generated + tool
+tokens), mean generated tokens, mean tool calls and turns per trajectory, tool error ratio,
+truncation rate, and per-problem solve counts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from rstar_jax.data.problems import Problem
+from rstar_jax.pipelines import rl_metrics
+from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
+from rstar_jax.pipelines.metrics_log import Progress
+
+
+async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: RolloutSettings,
+                   *, k: int = 1, seed: int = 0, progress_every_s: float = 10.0,
+                   keep_samples: int = 0) -> dict[str, Any]:
+  """Runs k attempts per problem; returns the report dict (``metrics``, ``per_problem``, ...).
+
+  Args:
+    runner: engine + code pool + tokenizer + reward.
+    problems: the evaluation set.
+    settings: sampling and agent-loop limits.
+    k: attempts per problem (avg@k).
+    seed: base seed; attempt j of problem i uses a seed derived from (seed, i, j), so the
+      same call gives the same samples (with a deterministic engine).
+    keep_samples: include the first ``keep_samples`` decoded responses in the report.
+  """
+  if k < 1:
+    raise ValueError(f"evaluate: k must be >= 1, got {k}")
+  if not problems:
+    raise ValueError("evaluate: the problem set is empty")
+  t0 = time.monotonic()
+  prog = Progress("eval", len(problems) * k, every_s=progress_every_s)
+  done = 0
+
+  import asyncio
+
+  async def one(i, j):
+    nonlocal done
+    s = (seed * 1_000_003 + i * 7_919 + j * 104_729 + 17) % (2**31 - 1)
+    traj = await runner.rollout(problems[i], seed=s, settings=settings)
+    done += 1
+    prog.update(done)
+    return traj
+
+  trajs = await asyncio.gather(*(one(i, j) for i in range(len(problems)) for j in range(k)))
+  rewards = await runner.rewards(list(trajs), [p.answer for p in problems for _ in range(k)])
+  r = np.asarray(rewards, np.float32).reshape(len(problems), k)
+  tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
+  metrics = {
+      "accuracy": float(r.mean()),                     # avg@k pass@1
+      "pass_at_k": float((r > 0).any(axis=1).mean()),
+      "num_problems": len(problems), "k": k,
+      "response_length_mean": tm["response_length_mean"],
+      "generated_tokens_mean": tm["generated_tokens_mean"],
+      "tool_calls_per_traj": tm["tool_calls_per_traj"],
+      "turns_per_traj": tm["turns_per_traj"],
+      "tool_error_ratio": tm["tool_error_ratio"],
+      "pos_tool_error_ratio": tm["pos_tool_error_ratio"],
+      "truncation_rate": tm["truncation_ratio"],
+      "answer_tags_eq1_frac": tm["answer_tags_eq1_frac"],
+      "wall_time_s": time.monotonic() - t0,
+  }
+  report: dict[str, Any] = {
+      "metrics": metrics,
+      "settings": dataclasses.asdict(settings),
+      "per_problem": [{"problem": p.problem, "answer": p.answer,
+                       "num_correct": int((r[i] > 0).sum())} for i, p in enumerate(problems)],
+  }
+  if keep_samples:
+    report["samples"] = [{"problem": problems[i // k].problem, "answer": problems[i // k].answer,
+                          "reward": float(r.reshape(-1)[i]), "response": t.response_text}
+                         for i, t in enumerate(trajs[:keep_samples])]
+  return report
+
+
+def write_report(report: dict, path: str | os.PathLike) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+
+
+def run_eval(config, out_path: str, *, problems: Sequence[Problem] | None = None,
+             tokenizer=None, params=None, checkpoint_dir: str = "", workdir: str = "",
+             engine=None) -> dict:
+  """Validates ``config`` (mode "eval"), loads the policy and writes the JSON report.
+
+  The policy: ``params`` if given; else the latest orbax checkpoint in ``checkpoint_dir`` (an
+  SFT or RL run's ``ckpt/``); else ``config.model`` (HF dir or a random tiny model). Problems:
+  ``problems``, else ``config.eval.path`` / ``data.synthetic`` held-out split, capped at
+  ``eval.max_problems``.
+  """
+  import asyncio as _asyncio
+
+  from rstar_jax.learner.checkpoint import Checkpointer
+  from rstar_jax.pipelines import agent_runner, data_sources, runtime
+  from rstar_jax.pipelines.config_validation import validate_config
+  from rstar_jax.pipelines.rl_loop import eval_settings
+  validate_config(config, "eval", check_paths=problems is None)
+  if problems is None:
+    problems = data_sources.eval_problems(config)
+  if not problems:
+    raise ValueError("config.eval.path: expected a JSONL problem file (or data.synthetic), "
+                     "got no problems")
+  if tokenizer is None:
+    tokenizer = data_sources.ensure_tokenizer(
+        config, workdir or os.path.dirname(os.path.abspath(out_path)),
+        data_sources.tokenizer_corpus(problems))
+  model_config = runtime.model_config_from(config)
+  if params is None and checkpoint_dir:
+    learner = runtime.build_learner_for_restore(config)
+    with Checkpointer(checkpoint_dir) as ck:
+      learner.state, _ = ck.restore(learner.state)
+    params = learner.state.params
+  elif params is None:
+    params = runtime.initial_params(config, model_config)
+  runtime.check_vocab(tokenizer, model_config)
+
+  async def main():
+    async with agent_runner.open_runner(config, model_config, params, tokenizer,
+                                        engine=engine) as runner:
+      return await evaluate(runner, problems, eval_settings(config), k=int(config.eval.k),
+                            seed=int(config.eval.get("seed", 0)),
+                            progress_every_s=float(config.train.get("progress_every_s", 10.0))
+                            if "train" in config else 10.0, keep_samples=4)
+
+  report = _asyncio.run(main())
+  report["checkpoint_dir"] = checkpoint_dir
+  write_report(report, out_path)
+  return report

@@ -1,0 +1,200 @@
+"""Supervised fine-tuning on chat trajectories, loss on assistant tokens only (SPEC §6.1, §8.2).
+
+Inputs are either a chat-trajectory JSONL file (``{"messages": [...]}`` per line, validated by
+`rstar_jax.data.sft_data`) or in-memory sequences: agent-loop `Trajectory` objects (prompt ids
++ response ids with their loss mask: model tokens 1, tool/template tokens 0) or ``(ids,
+loss_mask)`` pairs. Chats are rendered with the SPEC §3 chat format; the mask is 1 exactly on
+assistant-written tokens.
+
+Training: ``sft.epochs`` passes in a seeded shuffled order (`EpochIterator`), batches of
+``sft.batch_size`` sequences padded to a power-of-two length bucket (rows padded with empty
+rows to a fixed count, so the jitted step compiles once per bucket), AdamW with warm-up
+(``sft.warmup_ratio`` of the steps) then constant or cosine. Checkpoints keep the data position,
+so a resumed run continues with the next batch; the final params are exported as an HF
+directory with the tokenizer (``<workdir>/hf``), ready for the RL or eval launchers.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+
+from rstar_jax.data.iterator import EpochIterator
+from rstar_jax.data.sft_data import ChatExample
+from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner.checkpoint import Checkpointer, export_hf
+from rstar_jax.pipelines import runtime
+from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
+
+log = logging.getLogger(__name__)
+
+Sequence_ = tuple[list[int], list[int]]
+
+
+def encode_example(example: Any, tokenizer) -> Sequence_:
+  """(ids, loss_mask) of one SFT item: a ChatExample, a Trajectory or an (ids, mask) pair."""
+  if isinstance(example, ChatExample):
+    from rstar_jax.tokenization import chat_format
+    rc = chat_format.render_chat_ids(tokenizer, list(example.messages))
+    return rc.input_ids, rc.full_loss_mask
+  if hasattr(example, "prompt_ids") and hasattr(example, "response_ids"):
+    ids = list(example.prompt_ids) + list(example.response_ids)
+    mask = [0] * len(example.prompt_ids) + [int(m) for m in example.loss_mask]
+    return ids, mask
+  ids, mask = example
+  ids, mask = list(ids), [int(m) for m in mask]
+  if len(ids) != len(mask):
+    raise ValueError(f"SFT item: {len(ids)} ids but {len(mask)} loss-mask entries")
+  return ids, mask
+
+
+def encode_all(examples: Sequence[Any], tokenizer, max_seq_len: int
+               ) -> tuple[list[Sequence_], int]:
+  """Encodes every item; items longer than ``max_seq_len`` or with no trained token are
+  dropped (counted and logged, never truncated: a cut trajectory teaches a cut answer)."""
+  out, dropped = [], 0
+  for i, ex in enumerate(examples):
+    try:
+      ids, mask = encode_example(ex, tokenizer)
+    except (ValueError, TypeError, KeyError) as e:
+      src = getattr(ex, "extra", {}) or {}
+      where = f" ({src['source']})" if "source" in src else ""
+      raise ValueError(f"SFT item {i}{where}: cannot render: {e}") from e
+    if len(ids) > max_seq_len or not any(mask[1:]):
+      dropped += 1
+      continue
+    out.append((ids, mask))
+  if dropped:
+    log.warning("SFT: dropped %d of %d items (longer than max_seq_len=%d or no assistant "
+                "token)", dropped, len(examples), max_seq_len)
+  if not out:
+    raise ValueError(f"SFT: no usable items among {len(examples)} (max_seq_len={max_seq_len})")
+  return out, dropped
+
+
+def sft_total_steps(num_items: int, batch_size: int, epochs: float) -> int:
+  return max(1, math.ceil(num_items * float(epochs) / batch_size))
+
+
+def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
+            examples: Sequence[Any] | None = None, params=None, max_steps: int | None = None,
+            export: bool = True) -> dict:
+  """Runs (or resumes) SFT; returns a summary dict.
+
+  Args:
+    config: validated config with ``mode == "sft"`` sections.
+    workdir: checkpoints (``ckpt/``), metrics (``sft_metrics.jsonl``), export (``hf/``).
+    tokenizer: defaults to the one in ``model.tokenizer_dir`` / ``model.hf_dir``.
+    examples: in-memory items (see `encode_example`); default: ``data.sft_path``.
+    params: initial params (default: from ``config.model``).
+    max_steps: stop after this many steps in this call (for tests / time-boxed runs).
+    export: write ``<workdir>/hf`` (HF model + tokenizer) when training finishes.
+  """
+  from rstar_jax.pipelines import data_sources
+  from rstar_jax.pipelines.config_validation import validate_config
+  t_start = time.monotonic()
+  validate_config(config, "sft", check_paths=examples is None)
+  os.makedirs(workdir, exist_ok=True)
+  s = config.sft
+  if examples is None:
+    examples = data_sources.sft_examples(config)
+  select_stats = None
+  if "coldstart" in config and any(isinstance(e, ChatExample) for e in examples):
+    cs = config.coldstart
+    examples, select_stats = data_sources.select_interaction_dense(
+        [e for e in examples if isinstance(e, ChatExample)],
+        min_tool_calls=int(cs.min_tool_calls), max_trajectories=int(cs.max_trajectories),
+        require_all_calls_ok=bool(cs.require_all_calls_ok))
+    log.info("cold-start selection: %s", select_stats)
+  if tokenizer is None:
+    chats = [e for e in examples if isinstance(e, ChatExample)]
+    tokenizer = data_sources.ensure_tokenizer(
+        config, workdir, data_sources.tokenizer_corpus(
+            data_sources.train_problems(config) if "synthetic" in config.data else [], chats))
+  seqs, dropped = encode_all(examples, tokenizer, int(s.max_seq_len))
+  bs = int(s.batch_size)
+  total = sft_total_steps(len(seqs), bs, s.epochs)
+  warm = int(round(float(s.warmup_ratio) * total))
+  config = _with_warmup(config, warm, total)
+  learner = runtime.build_learner(config, total_steps=total, params=params)
+  runtime.check_vocab(tokenizer, learner.model_config)
+  js = learner.jitted
+  rows = -(-bs // learner.row_multiple) * learner.row_multiple
+  pad_id = _pad(tokenizer)
+
+  ckpt = Checkpointer(os.path.join(workdir, "ckpt"),
+                      max_to_keep=int(config.train.keep_checkpoints))
+  it = EpochIterator(list(range(len(seqs))), seed=int(config.train.seed),
+                     shuffle=bool(s.get("shuffle", True)))
+  resumed_step = None
+  if ckpt.latest_step() is not None:
+    learner.state, meta = ckpt.restore(learner.state)
+    it = EpochIterator.from_state(list(range(len(seqs))), meta["data"])
+    resumed_step = int(meta["step"])
+    log.info("SFT resumed at step %d (epoch %d, index %d)", resumed_step, it.epoch, it.index)
+  writer = MetricsWriter(workdir, "sft_metrics", resume_step=resumed_step)
+  step = int(jax.device_get(learner.state.step))
+  every = int(config.train.checkpoint_every)
+  prog = Progress("sft", total, every_s=float(s.get("log_every_s", 10.0)))
+  done_here = 0
+  last: dict = {}
+  try:
+    while step < total and (max_steps is None or done_here < max_steps):
+      t0 = time.monotonic()
+      idx = it.next_batch(bs)
+      chunk = [seqs[i] for i in idx]
+      pad_to = runtime.length_bucket(max(len(ids) for ids, _ in chunk))
+      b = batch_lib.make_sft_batch(chunk, pad_to, pad_id=pad_id, row_multiple=rows)
+      learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
+      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      step += 1
+      done_here += 1
+      m.update(epoch=float(it.epoch), batch_len=pad_to, time_step_s=time.monotonic() - t0)
+      last = writer.write(step, m)
+      prog.update(step, extra=f"loss {m['loss']:.4f}")
+      if (every and step % every == 0) or step == total:
+        ckpt.save(learner.state, {"data": it.state_dict(), "phase": "sft"}, force=True)
+    ckpt.wait_until_finished()
+  finally:
+    writer.close()
+    ckpt.close()
+  out = {"steps": step, "total_steps": total, "num_items": len(seqs), "dropped_items": dropped,
+         "coldstart_selection": select_stats,
+         "final_loss": last.get("loss"), "wall_time_s": time.monotonic() - t_start}
+  if export and step >= total:
+    hf_dir = os.path.join(workdir, "hf")
+    export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer)
+    out["hf_dir"] = hf_dir
+  out["learner"] = learner
+  return out
+
+
+def export_with_tokenizer(out_dir: str, model_config, params, tokenizer) -> None:
+  """HF model directory + the tokenizer files (so the directory is self-contained)."""
+  export_hf(out_dir, model_config, params)
+  if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+    tokenizer.save_pretrained(out_dir)
+
+
+def _pad(tokenizer) -> int:
+  for attr in ("pad_token_id", "eos_token_id"):
+    v = getattr(tokenizer, attr, None)
+    if isinstance(v, int):
+      return v
+  return 0
+
+
+def _with_warmup(config, warm: int, total: int) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(config.to_dict())   # a writable copy (launchers lock theirs)
+  if float(config.sft.warmup_ratio) > 0:
+    c.optim.warmup_steps = warm
+  if c.optim.schedule == "cosine":
+    c.optim.total_steps = total
+    if c.optim.warmup_steps >= total:
+      c.optim.warmup_steps = max(0, total - 1)
+  return c

@@ -1,0 +1,102 @@
+"""The multi-stage RL recipe: stage records and the hard subset (SPEC §6.3, §8.3).
+
+rStar2-Agent stage 3 trains on the problems left after dropping those the policy at the stage
+start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prompts that are
+consistently solved. `build_hard_subset` is the pure selection; the RL loop produces the counts
+by sampling k rollouts per problem with the current policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One RL stage.
+
+  Attributes:
+    name: label used in logs and checkpoints.
+    steps: RL steps in this stage.
+    response_budget: generated + tool tokens per trajectory.
+    max_turns: assistant turns per trajectory.
+    data: "full" (the whole problem set) or "hard" (the subset built at the stage start).
+    reset_optimizer: fresh optimizer state (and warm-up) at the stage start.
+    drop_solved_k_of_k: k for the hard subset (problems solved k of k are dropped).
+  """
+
+  name: str
+  steps: int
+  response_budget: int
+  max_turns: int
+  data: str = "full"
+  reset_optimizer: bool = False
+  drop_solved_k_of_k: int = 0
+
+  def __post_init__(self):
+    if self.steps < 1:
+      raise ValueError(f"Stage {self.name!r}.steps: expected >= 1, got {self.steps}")
+    if self.data not in ("full", "hard"):
+      raise ValueError(f"Stage {self.name!r}.data: expected 'full' or 'hard', got {self.data!r}")
+    if self.data == "hard" and self.drop_solved_k_of_k < 1:
+      raise ValueError(f"Stage {self.name!r}.drop_solved_k_of_k: expected >= 1 for a hard "
+                       f"stage, got {self.drop_solved_k_of_k}")
+
+  @classmethod
+  def from_config(cls, d: Mapping[str, Any]) -> "Stage":
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def stages_from_config(stages: Sequence[Mapping[str, Any]]) -> list[Stage]:
+  return [Stage.from_config(dict(s)) for s in stages]
+
+
+def locate(stages: Sequence[Stage], global_step: int) -> tuple[int, int]:
+  """(stage index, steps already done in it) for a run that has done ``global_step`` steps.
+
+  ``global_step`` equal to the total returns (len(stages), 0): the run is finished.
+  """
+  done = global_step
+  for i, st in enumerate(stages):
+    if done < st.steps:
+      return i, done
+    done -= st.steps
+  return len(stages), 0
+
+
+def build_hard_subset(problems: Sequence[T], num_correct: Sequence[int], k: int,
+                      num_sampled: Sequence[int] | None = None) -> tuple[list[T], dict]:
+  """Drops problems solved k of k; returns (kept problems in order, stats).
+
+  Args:
+    problems: the candidate problems.
+    num_correct: [P] correct rollouts per problem.
+    k: rollouts sampled per problem (solved k of k = always solved).
+    num_sampled: [P] rollouts actually sampled per problem (default k each). A problem with
+      fewer than k samples is kept: it was not shown to be always solved.
+  Returns:
+    kept: problems with num_correct < k (or fewer than k samples).
+    stats: {"hard_subset_candidates", "hard_subset_kept", "hard_subset_dropped",
+            "hard_subset_kept_frac"}.
+  """
+  if k < 1:
+    raise ValueError(f"build_hard_subset: k must be >= 1, got {k}")
+  correct = np.asarray(num_correct, np.int64)
+  sampled = np.full(len(problems), k, np.int64) if num_sampled is None else \
+      np.asarray(num_sampled, np.int64)
+  if correct.shape != (len(problems),) or sampled.shape != (len(problems),):
+    raise ValueError(f"build_hard_subset: num_correct {correct.shape} / num_sampled "
+                     f"{sampled.shape} must have shape ({len(problems)},)")
+  if np.any(correct < 0) or np.any(correct > sampled):
+    raise ValueError("build_hard_subset: num_correct must be in [0, num_sampled]")
+  always = (sampled >= k) & (correct >= sampled)
+  kept = [p for p, a in zip(problems, always) if not a]
+  n = len(problems)
+  stats = {"hard_subset_candidates": n, "hard_subset_kept": len(kept),
+           "hard_subset_dropped": n - len(kept),
+           "hard_subset_kept_frac": len(kept) / n if n else 0.0}
+  return kept, stats

@@ -1,0 +1,1 @@
+"""Answer-only outcome reward (math_reward) and trajectory quality signals (quality)."""

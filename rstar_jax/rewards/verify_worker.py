@@ -1,0 +1,53 @@
+"""math-verify equivalence, run out of process.
+
+`verify_strings` is the module-level function a function runner (e.g. the code pool's
+``run_function``) calls. Run as a script, this file is the persistent worker of
+`rstar_jax.rewards.math_reward.Verifier`: one JSON request per stdin line
+``{"pred": ..., "gold": ...}``, one JSON reply per stdout line ``{"ok": bool}``.
+
+It imports nothing from rstar_jax (starts fast, never touches jax) and calls math-verify with
+its own signal-based timeouts disabled: the parent enforces the time bound by killing the
+process, and math-verify's alarms do not work outside a main thread anyway.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _parse(math_verify, text: str):
+    """Parse an answer string: as a \\boxed{} body first, then as inline math, then bare."""
+    for wrapped in ("\\boxed{" + text + "}", "$" + text + "$", text):
+        parsed = math_verify.parse(wrapped, parsing_timeout=None)
+        if parsed:
+            return parsed
+    return []
+
+
+def verify_strings(pred: str, gold: str) -> bool:
+    """True when math-verify finds ``pred`` equivalent to ``gold`` (both answer bodies)."""
+    import math_verify
+    try:
+        g = _parse(math_verify, gold)
+        p = _parse(math_verify, pred)
+        if not g or not p:
+            return False
+        return bool(math_verify.verify(g, p, timeout_seconds=None))
+    except Exception:  # any parser/sympy failure means "not shown equal"
+        return False
+
+
+def _serve() -> None:
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
+    import math_verify  # noqa: F401  (warm the import before saying ready)
+    verify_strings("1", "1")
+    out.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        out.write(json.dumps({"ok": verify_strings(req["pred"], req["gold"])}) + "\n")
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,256 @@
+"""The async multi-turn agent loop (rStar2-Agent SPEC §3.4, §5): one coroutine per trajectory.
+
+Each trajectory generates until `<|im_end|>`, parses `<tool_call>` JSON, awaits the code pool and
+appends the tool turn as template ids with loss mask 0, then generates again. Trajectories never
+wait for one another (no per-turn barrier): while one awaits its tool call, others generate.
+
+Stop conditions, checked in this order after each assistant turn:
+  abort (engine) -> length (budget used up, or the turn hit max_new_tokens) -> stop (no tool
+  call) -> max_turns -> max_tool_calls (budget already spent) -> tool_error (the pool raised) ->
+  tool_overflow (the tool turn would not leave room for one more generated token; the loop stops
+  BEFORE appending it, so a trajectory always ends on an assistant turn; the calls of that
+  last turn are still recorded in `tool_calls`, since the model did issue them).
+The response budget counts tool tokens: each generate gets max_new_tokens = budget - used.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from rstar_jax.rollout.types import (GenerateRequest, SamplingParams, ToolCallRecord, Trajectory)
+from rstar_jax.tokenization import chat_format
+
+_TRAJ_COUNTER = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentLoopConfig:
+    """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, SPEC §3.4, §6.3).
+
+    max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval).
+    response_budget: max response tokens, generated + tool (8192 stage 1, 12288 later).
+    temperature / top_p / top_k: sampling (top_k -1 = off).
+    max_parallel_calls: calls executed per turn; 0 = all (paper), 1 = released verl behaviour.
+    max_tool_calls: tool-call budget per trajectory (ASTER); 0 = unlimited. A turn's calls are
+        cut to the remaining budget; once spent, a further call ends the trajectory.
+    tool_timeout_s: per-call execution limit passed to the pool (rStar README: 4 s).
+    max_tool_response_chars: middle-truncation limit of each rendered tool response.
+    stateful_tool: pass a per-trajectory session_id to the pool (ASTER); False = stateless.
+    seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
+    max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
+    """
+    max_turns: int = 10
+    response_budget: int = 8192
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_parallel_calls: int = 0
+    max_tool_calls: int = 0
+    tool_timeout_s: float = 4.0
+    max_tool_response_chars: int = 2048
+    stateful_tool: bool = False
+    seed: Optional[int] = None
+    max_concurrent: int = 0
+
+    def __post_init__(self):
+        def need(name, ok, what):
+            if not ok:
+                raise ValueError(f"AgentLoopConfig.{name}: expected {what}, got "
+                                 f"{getattr(self, name)!r}")
+        need("max_turns", self.max_turns >= 1, "an int >= 1")
+        need("response_budget", self.response_budget >= 1, "an int >= 1")
+        need("temperature", self.temperature >= 0, ">= 0")
+        need("top_p", 0 < self.top_p <= 1, "a value in (0, 1]")
+        need("top_k", self.top_k == -1 or self.top_k >= 1, "-1 or >= 1")
+        need("max_parallel_calls", self.max_parallel_calls >= 0, ">= 0 (0 = all)")
+        need("max_tool_calls", self.max_tool_calls >= 0, ">= 0 (0 = unlimited)")
+        need("tool_timeout_s", self.tool_timeout_s > 0, "> 0")
+        need("max_tool_response_chars", self.max_tool_response_chars >= 1, ">= 1")
+        need("max_concurrent", self.max_concurrent >= 0, ">= 0 (0 = all)")
+
+
+def _turn_seed(seed: Optional[int], *keys: Any) -> Optional[int]:
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(repr((seed,) + keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _default_render(result, max_chars: int) -> str:
+    from rstar_jax.tools.render import render_tool_response
+    return render_tool_response(result, max_chars)
+
+
+@dataclasses.dataclass
+class _Builder:
+    """Accumulates the per-token fields of one trajectory."""
+    ids: list = dataclasses.field(default_factory=list)
+    mask: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    versions: list = dataclasses.field(default_factory=list)
+
+    def add_generated(self, ids, logprobs, versions):
+        self.ids += [int(t) for t in ids]
+        self.mask += [1] * len(ids)
+        self.logprobs += [float(x) for x in logprobs]
+        self.versions += [int(v) for v in versions]
+
+    def add_template(self, ids):
+        last = self.versions[-1] if self.versions else -1
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [last] * len(ids)
+
+
+async def _execute(pool, call: chat_format.ToolCall, cfg: AgentLoopConfig, session_id,
+                   render) -> tuple[ToolCallRecord, bool]:
+    """Runs one parsed call; returns its record and whether the pool itself raised."""
+    if call.error is not None:
+        return ToolCallRecord("parse_error", 0.0, "", call.error), False
+    t0 = time.perf_counter()
+    try:
+        res = await pool.execute(call.code, call.stdin, cfg.tool_timeout_s, session_id)
+    except Exception as e:  # noqa: BLE001 - the pool failing is an outcome, not a crash
+        return ToolCallRecord("internal_error", time.perf_counter() - t0, call.code,
+                              f"Error when executing tool: {type(e).__name__}: {e}"), True
+    return (ToolCallRecord(res.status, float(res.duration_s), call.code,
+                           render(res, cfg.max_tool_response_chars)), False)
+
+
+async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLoopConfig, *,
+                         problem_index: int = 0, sample_index: int = 0,
+                         prompt_ids: Optional[Sequence[int]] = None,
+                         render: Callable[[Any, int], str] = _default_render,
+                         trajectory_id: Optional[str] = None) -> Trajectory:
+    """One rollout of `question` (or of pre-rendered `prompt_ids`) to a Trajectory.
+
+    engine: anything with `async generate([GenerateRequest]) -> [GenerateResult]`; if it also has
+        `trajectory_lease(tid, budget_tokens)` (an async context manager, e.g. SGLangEngine's
+        KV-capacity scheduler) the trajectory holds a lease for its whole life.
+    pool: `await pool.execute(code, stdin, timeout_s, session_id) -> ExecResult`.
+    """
+    prompt = list(prompt_ids) if prompt_ids is not None else \
+        chat_format.build_prompt_ids(tokenizer, question)
+    stop_id = chat_format.stop_token_id(tokenizer)
+    tid = trajectory_id or f"traj{next(_TRAJ_COUNTER)}-p{problem_index}-s{sample_index}"
+    session_id = tid if config.stateful_tool else None
+    lease_fn = getattr(engine, "trajectory_lease", None)
+    lease = lease_fn(tid, len(prompt) + config.response_budget) if lease_fn is not None \
+        else contextlib.nullcontext()
+    b = _Builder()
+    calls: list[ToolCallRecord] = []
+    turns = 0
+    finish = "length"
+    async with lease:
+        try:
+            while True:
+                remaining = config.response_budget - len(b.ids)
+                if remaining <= 0:
+                    finish = "length"
+                    break
+                sp = SamplingParams(max_new_tokens=remaining, temperature=config.temperature,
+                                    top_p=config.top_p, top_k=config.top_k,
+                                    stop_token_ids=(stop_id,),
+                                    seed=_turn_seed(config.seed, problem_index, sample_index,
+                                                    turns))
+                req = GenerateRequest(prompt + b.ids, sp, rid=f"{tid}:{turns}")
+                res = (await engine.generate([req]))[0]
+                turns += 1
+                out = list(res.output_ids)[:remaining]  # an engine must not exceed the budget
+                b.add_generated(out, list(res.logprobs)[:len(out)], res.token_versions()[:len(out)])
+                if res.finish_reason == "abort":
+                    finish = "abort"
+                    break
+                if len(b.ids) >= config.response_budget or res.finish_reason == "length":
+                    finish = "length"
+                    break
+                # Decoded only to find tool calls; the ids above are what the trajectory keeps.
+                parsed = chat_format.parse_tool_calls(
+                    tokenizer.decode(out, skip_special_tokens=False))
+                if not parsed:
+                    finish = "stop"
+                    break
+                if turns >= config.max_turns:
+                    finish = "max_turns"
+                    break
+                if config.max_parallel_calls:
+                    parsed = parsed[:config.max_parallel_calls]
+                if config.max_tool_calls:
+                    left = config.max_tool_calls - len(calls)
+                    if left <= 0:
+                        finish = "max_tool_calls"
+                        break
+                    parsed = parsed[:left]
+                outcomes = await asyncio.gather(*[
+                    _execute(pool, c, config, session_id, render) for c in parsed])
+                records = [dataclasses.replace(r, turn=turns - 1) for r, _ in outcomes]
+                calls += records
+                if any(raised for _, raised in outcomes):
+                    finish = "tool_error"
+                    break
+                tool_ids = chat_format.tool_turn_ids(tokenizer, [r.output_text for r in records])
+                if len(b.ids) + len(tool_ids) >= config.response_budget:
+                    finish = "tool_overflow"
+                    break
+                b.add_template(tool_ids)
+        finally:
+            if session_id is not None and hasattr(pool, "close_session"):
+                with contextlib.suppress(Exception):
+                    await pool.close_session(session_id)
+    text = tokenizer.decode(b.ids, skip_special_tokens=False)
+    return Trajectory(prompt_ids=prompt, response_ids=b.ids, loss_mask=b.mask,
+                      logprobs=b.logprobs, weight_versions=b.versions, num_turns=turns,
+                      tool_calls=calls, finish_reason=finish,
+                      num_answer_tags=text.count("<answer>"), response_text=text,
+                      problem_index=problem_index, sample_index=sample_index)
+
+
+def _question(p: Any) -> str:
+    if isinstance(p, str):
+        return p
+    q = getattr(p, "problem", None)
+    if q is None and isinstance(p, dict):
+        q = p.get("problem", p.get("question"))
+    if not isinstance(q, str):
+        raise TypeError(f"run_agent_loop: a problem must be a str, have a .problem str or a "
+                        f"'problem' key; got {type(p).__name__}")
+    return q
+
+
+async def run_agent_loop(engine, tokenizer, pool, problems: Sequence[Any], n_samples: int,
+                         config: AgentLoopConfig,
+                         progress: Optional[Callable[[int, int, Trajectory], Any]] = None,
+                         render: Callable[[Any, int], str] = _default_render
+                         ) -> list[Trajectory]:
+    """`n_samples` trajectories per problem, all concurrent; returned problem-major
+    ([p0s0, p0s1, ..., p1s0, ...]). `progress(done, total, trajectory)` runs as each finishes
+    (it may be a coroutine function)."""
+    if n_samples < 1:
+        raise ValueError(f"run_agent_loop: n_samples must be >= 1, got {n_samples}")
+    questions = [_question(p) for p in problems]
+    prompts = [chat_format.build_prompt_ids(tokenizer, q) for q in questions]
+    total = len(questions) * n_samples
+    sem = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
+    done = 0
+
+    async def one(pi: int, si: int) -> Trajectory:
+        nonlocal done
+        async with (sem if sem is not None else contextlib.nullcontext()):
+            t = await run_trajectory(engine, tokenizer, pool, questions[pi], config,
+                                     problem_index=pi, sample_index=si, prompt_ids=prompts[pi],
+                                     render=render)
+        done += 1
+        if progress is not None:
+            r = progress(done, total, t)
+            if asyncio.iscoroutine(r):
+                await r
+        return t
+
+    return list(await asyncio.gather(*[one(pi, si) for pi in range(len(questions))
+                                       for si in range(n_samples)]))

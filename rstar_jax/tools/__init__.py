@@ -1,0 +1,1 @@
+"""The code tool: sandboxed Python execution pool, renderer, HTTP service and Ray scale-out."""

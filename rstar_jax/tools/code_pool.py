@@ -1,0 +1,638 @@
+"""Asyncio pool that runs model-written Python in isolated, rlimited, forked sandboxes.
+
+    async with CodePool(num_workers=4) as pool:
+        r = await pool.execute("print(1+1)", stdin="", timeout_s=4.0)   # ExecResult
+        rs = await pool.execute_many([{"code": ..., "stdin": ...}, ...])
+        r = await pool.execute("x = 1", session_id="traj-7")          # stateful (ASTER)
+        await pool.close_session("traj-7")
+        v = await pool.run_function(fn, *args, timeout_s=5.0)          # e.g. the verifier
+
+Design (SPEC §4, Part III; MACHINE_NOTES §7, §10): `num_templates` long-lived template processes
+(`sandbox_template.py`) each import numpy/sympy once and then fork one child per call, so a call
+costs a fork, not an interpreter start. With bubblewrap each template lives in its own sandbox
+(read-only system view, private /tmp, no network, own PID/IPC/UTS namespaces) and gives every call
+a fresh nested PID namespace, so one SIGKILL removes everything the call started. The isolation
+level actually in force is chosen at start-up, logged, and exposed as `pool.isolation_level`:
+
+  "namespaces"  bubblewrap sandbox + per-call PID namespace + per-call unprivileged uid
+  "pidns"       root without bubblewrap: per-call PID namespace + unprivileged uid (host fs/net)
+  "uid"         root: unprivileged uid per call; escapees killed by uid after every call
+  "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
+
+All levels apply RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC when a uid is dropped), a scrubbed
+environment with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+import pickle
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("ok", "error", "timeout", "memory_limit", "output_limit", "internal_error")
+FAILURE_STATUSES = frozenset({"error", "timeout", "memory_limit", "output_limit",
+                              "internal_error", "parse_error"})
+ISOLATION_LEVELS = ("namespaces", "pidns", "uid", "rlimits")
+_TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_template.py")
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Accelerators are hidden by setting these empty (an absent variable would expose every device).
+_HIDDEN_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                   "GPU_DEVICE_ORDINAL")
+_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "NUMEXPR_NUM_THREADS": "1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+  """Outcome of one tool call.
+
+  status: one of STATUSES. stdout/stderr: decoded text, each capped at max_output_bytes.
+  duration_s: wall time inside the sandbox (fork to exit). exit_code: the user process's exit
+  code (128+n when killed by signal n), None when the call never ran.
+  """
+  status: str
+  stdout: str = ""
+  stderr: str = ""
+  duration_s: float = 0.0
+  exit_code: Optional[int] = None
+
+  @property
+  def ok(self) -> bool:
+    return self.status == "ok"
+
+
+class FunctionRunError(RuntimeError):
+  """`run_function` failed: `status` is an ExecResult status, `detail` the traceback or reason."""
+
+  def __init__(self, status: str, detail: str):
+    super().__init__(f"run_function {status}: {detail}")
+    self.status = status
+    self.detail = detail
+
+
+class QueueTimeout(Exception):
+  """No worker became free within the queue timeout."""
+
+
+_DEFAULT_WARMUP = """
+try:
+    import numpy as _np, sympy as _sp
+    _x, _y = _sp.symbols('x y')
+    _sp.solve(_x**2 - 3*_x + 2, _x); _sp.simplify(_sp.sin(_x)**2 + _sp.cos(_x)**2)
+    _sp.factor(_x**2 - _y**2); _sp.integrate(_x**2, _x); _sp.Rational(1, 3) + 1
+    _sp.nsimplify(0.5); _sp.sqrt(8); _sp.latex(_x**2); _sp.isprime(97); _sp.factorint(360)
+    _np.linalg.det(_np.eye(2)); _np.linalg.solve(_np.eye(2), _np.ones(2)); _np.fft.fft(_np.ones(4))
+    _np.random.default_rng(0).random(2)
+except Exception:
+    pass
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+  """Limits and layout of a CodePool. Sizes in MiB/bytes, times in seconds."""
+  num_workers: int = 4                 # max calls executing at once (sessions idle for free)
+  num_templates: Optional[int] = None  # warm template processes; default min(workers, cpus)
+  timeout_s: float = 4.0               # default wall-clock limit per call (rStar README: 4 s)
+  memory_limit_mb: int = 1024          # address space a call may add on top of the template's
+  max_output_bytes: int = 1 << 20      # cap on stdout and on stderr (and on any file written)
+  max_procs: int = 64                  # RLIMIT_NPROC per call (processes + threads)
+  max_open_files: int = 128            # RLIMIT_NOFILE
+  scratch_mb: int = 512                # size of the sandbox's private /tmp (namespaces level)
+  isolation: str = "auto"              # "auto" (strongest available) or exactly one level
+  preload: tuple[str, ...] = ("numpy", "sympy")
+  # Run once in each template after preloading: pulls in the lazily imported submodules that
+  # typical math snippets touch, so each call does not import them again after its fork.
+  warmup_code: str = _DEFAULT_WARMUP
+  python: str = sys.executable
+  session_timeout_cpu_s: int = 3600    # RLIMIT_CPU of a whole session process
+  startup_timeout_s: float = 180.0
+  reply_grace_s: float = 30.0          # host-side backstop past the call timeout
+  queue_timeout_s: Optional[float] = None
+  uid_base: Optional[int] = None       # first sandbox uid; default derived from the pid
+  uids_per_template: int = 1024
+  extra_ro_binds: tuple[str, ...] = ()  # more host paths visible read-only (namespaces level)
+
+  def __post_init__(self):
+    if self.num_workers < 1:
+      raise ValueError(f"PoolConfig.num_workers must be >= 1, got {self.num_workers}")
+    if self.num_templates is not None and self.num_templates < 1:
+      raise ValueError(f"PoolConfig.num_templates must be >= 1, got {self.num_templates}")
+    if self.timeout_s <= 0:
+      raise ValueError(f"PoolConfig.timeout_s must be > 0, got {self.timeout_s}")
+    if self.memory_limit_mb < 16:
+      raise ValueError(f"PoolConfig.memory_limit_mb must be >= 16, got {self.memory_limit_mb}")
+    if self.max_output_bytes < 1024:
+      raise ValueError(f"PoolConfig.max_output_bytes must be >= 1024, got {self.max_output_bytes}")
+    if self.max_procs < 1 or self.max_open_files < 16:
+      raise ValueError("PoolConfig.max_procs must be >= 1 and max_open_files >= 16, got "
+                       f"{self.max_procs} and {self.max_open_files}")
+    if self.isolation not in ("auto",) + ISOLATION_LEVELS:
+      raise ValueError(f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, "
+                       f"got {self.isolation!r}")
+    if self.uids_per_template < 8:
+      raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
+
+
+# ---------------------------------------------------------------------------------------------
+# isolation detection
+def _is_root() -> bool:
+  return os.geteuid() == 0
+
+
+def _bwrap_binds(cfg: PoolConfig) -> list[str]:
+  # Only what imports need: the Python install, the venv and this package (not the rest of the
+  # project tree, which may hold checkpoints, logs or credentials). Add more via extra_ro_binds.
+  paths = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
+                                         os.path.join(_PROJECT_ROOT, "rstar_jax"),
+                                         os.path.dirname(os.path.realpath(cfg.python)))]
+  paths += list(cfg.extra_ro_binds)
+  out: list[str] = []
+  for p in sorted(set(paths), key=len):
+    if p.startswith("/usr/") or p == "/usr" or any(p.startswith(q + "/") for q in out) or p in out:
+      continue
+    out.append(p)
+  return out
+
+
+def _bwrap_argv(cfg: PoolConfig) -> list[str]:
+  bwrap = shutil.which("bwrap")
+  if bwrap is None:
+    raise FileNotFoundError("bwrap")
+  argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+          "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+          "--ro-bind", "/usr", "/usr"]
+  for name in ("lib", "lib64", "bin", "sbin"):
+    if os.path.exists(f"/usr/{name}"):
+      argv += ["--symlink", f"usr/{name}", f"/{name}"]
+  argv += ["--proc", "/proc", "--dev", "/dev",
+           "--perms", "0755", "--size", str(cfg.scratch_mb << 20), "--tmpfs", "/tmp"]
+  made = {"/", "/usr", "/tmp", "/proc", "/dev"}
+  for p in _bwrap_binds(cfg):
+    # bwrap would create missing parents as 0700, which the sandbox uid could not traverse.
+    parts = p.strip("/").split("/")
+    for i in range(1, len(parts)):
+      d = "/" + "/".join(parts[:i])
+      if d not in made:
+        argv += ["--perms", "0755", "--dir", d]
+        made.add(d)
+    argv += ["--ro-bind", p, p]
+    made.add(p)
+  for cap in ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+              "CAP_FOWNER", "CAP_KILL"):
+    argv += ["--cap-add", cap]
+  for k, v in _THREAD_ENV.items():
+    argv += ["--setenv", k, v]
+  argv += ["--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--chdir", "/tmp"]
+  return argv
+
+
+def _probe(argv: list[str]) -> bool:
+  try:
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=60,
+                          start_new_session=True).returncode == 0
+  except (OSError, subprocess.SubprocessError):
+    return False
+
+
+_PIDNS_PROBE = ("import ctypes,os,sys;l=ctypes.CDLL(None,use_errno=True);"
+                "sys.exit(0 if l.unshare(0x20000000)==0 else 1)")
+
+
+def detect_isolation(cfg: PoolConfig) -> str:
+  """"auto": the strongest level this machine allows; a level name: exactly that level."""
+  candidates = list(ISOLATION_LEVELS) if cfg.isolation == "auto" else [cfg.isolation]
+  for level in candidates:
+    if level == "namespaces":
+      if _is_root() and shutil.which("bwrap") and _probe(
+          _bwrap_argv(cfg) + ["--", cfg.python, "-I", "-c", _PIDNS_PROBE]):
+        return level
+    elif level == "pidns":
+      if _is_root() and _probe([cfg.python, "-I", "-c", _PIDNS_PROBE]):
+        return level
+    elif level == "uid":
+      if _is_root():
+        return level
+    else:
+      return level
+  raise RuntimeError(f"isolation {cfg.isolation!r} is not available on this machine "
+                     f"(root={_is_root()}, bwrap={shutil.which('bwrap')})")
+
+
+_DESCRIPTIONS = {
+    "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
+                  "private /tmp) + per-call PID namespace + unprivileged uid + rlimits",
+    "pidns": "per-call PID namespace + unprivileged uid + rlimits (host filesystem and network)",
+    "uid": "unprivileged uid per call, escapees killed by uid + rlimits (host fs and network)",
+    "rlimits": "rlimits + process group only: NOT isolated (setsid escapees, host fs, network)",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+def _frame(obj: Any) -> bytes:
+  data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+  return struct.pack("<I", len(data)) + data
+
+
+def _internal(msg: str, retryable: bool = False) -> dict:
+  return {"status": "internal_error", "stdout": b"", "stderr": msg.encode(), "duration_s": 0.0,
+          "exit_code": None, "retryable": retryable}
+
+
+class _Template:
+  """Host-side handle of one template process; restarts it when it dies."""
+
+  def __init__(self, pool: "CodePool", index: int):
+    self.pool = pool
+    self.index = index
+    self.proc: Optional[asyncio.subprocess.Process] = None
+    self.pending: dict[int, asyncio.Future] = {}
+    self.reader: Optional[asyncio.Task] = None
+    self.ready = asyncio.Event()
+    self.generation = 0
+    self.inflight = 0
+    self.restarts = 0
+    self.restarting = False
+    self.info: dict = {}
+    self._write_lock = asyncio.Lock()
+
+  @property
+  def uid_range(self) -> tuple[int, int]:
+    lo = self.pool._uid_base + self.index * self.pool.config.uids_per_template
+    return lo, lo + self.pool.config.uids_per_template
+
+  def _template_cfg(self) -> dict:
+    c = self.pool.config
+    level = self.pool.isolation_level
+    lo, hi = self.uid_range
+    user_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+                **_THREAD_ENV, **{k: "" for k in _HIDDEN_DEVICES}}
+    scratch = "/tmp/code_pool" if level == "namespaces" else self.pool._scratch_dir(self.index)
+    return {"preload": tuple(c.preload), "warmup_code": c.warmup_code if c.preload else "",
+            "template_env": dict(_THREAD_ENV), "user_env": user_env,
+            "limits": {"memory_limit_mb": c.memory_limit_mb, "max_output_bytes": c.max_output_bytes,
+                       "max_procs": c.max_procs, "max_open_files": c.max_open_files},
+            "pidns": level in ("namespaces", "pidns"), "drop_uid": level != "rlimits",
+            "uid_lo": lo, "uid_hi": hi, "scratch_root": scratch,
+            "session_cpu_s": c.session_timeout_cpu_s}
+
+  async def start(self) -> None:
+    c = self.pool.config
+    argv = [c.python, "-I", "-B", _TEMPLATE_PATH]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **_THREAD_ENV}
+    if self.pool.isolation_level == "namespaces":
+      argv = _bwrap_argv(c) + ["--"] + argv
+    self.proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+        start_new_session=True, close_fds=True)
+    self.proc.stdin.write(_frame(self._template_cfg()))
+    await self.proc.stdin.drain()
+    try:
+      self.info = await asyncio.wait_for(self._read_frame(), c.startup_timeout_s)
+    except BaseException:
+      self._kill()
+      raise
+    self.generation += 1
+    self.reader = asyncio.create_task(self._read_loop())
+    self.restarting = False
+    self.ready.set()
+    log.info("code pool template %d ready (pid %s, preloaded %s in %.2fs)", self.index,
+             self.proc.pid, self.info.get("preloaded"), self.info.get("startup_s", 0.0))
+
+  async def _read_frame(self) -> dict:
+    (n,) = struct.unpack("<I", await self.proc.stdout.readexactly(4))
+    return pickle.loads(await self.proc.stdout.readexactly(n))
+
+  async def _read_loop(self) -> None:
+    try:
+      while True:
+        msg = await self._read_frame()
+        fut = self.pending.pop(msg.pop("rid"), None)
+        if fut is not None and not fut.done():
+          fut.set_result(msg)
+    except (asyncio.IncompleteReadError, ConnectionError, EOFError, pickle.UnpicklingError):
+      pass
+    except asyncio.CancelledError:
+      return
+    self._on_death("the sandbox template process died")
+
+  def _on_death(self, why: str) -> None:
+    pending, self.pending = self.pending, {}
+    for fut in pending.values():
+      if not fut.done():
+        fut.set_result(_internal(why + "\n", retryable=True))
+    if self.restarting:
+      return  # this death is already being handled
+    self.restarting = True
+    self.ready.clear()
+    self.generation += 1  # sessions pinned to the dead process are gone
+    self._kill()
+    if not self.pool._closing:
+      self.restarts += 1
+      log.warning("code pool template %d: %s; restarting", self.index, why)
+      self.pool._spawn(self._restart())
+
+  async def _restart(self) -> None:
+    delay = 0.1
+    while not self.pool._closing:
+      try:
+        await self.start()
+        return
+      except Exception as e:  # keep trying: a pool that cannot start answers internal_error
+        log.error("code pool template %d failed to restart: %r", self.index, e)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+  def _kill(self) -> None:
+    if self.reader is not None and self.reader is not asyncio.current_task():
+      self.reader.cancel()
+    if self.proc is not None and self.proc.returncode is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+      except OSError:
+        pass
+    if self.proc is not None:
+      self.pool._spawn(self._reap(self.proc))
+
+  @staticmethod
+  async def _reap(proc) -> None:
+    try:
+      await asyncio.wait_for(proc.wait(), 10)
+    except (asyncio.TimeoutError, ProcessLookupError):
+      pass
+
+  async def request(self, req: dict, timeout: Optional[float]) -> dict:
+    try:
+      await asyncio.wait_for(self.ready.wait(), self.pool.config.startup_timeout_s)
+    except asyncio.TimeoutError:
+      return _internal("no sandbox template available (it keeps failing to start)\n")
+    rid = next(self.pool._rids)
+    req["rid"] = rid
+    fut = asyncio.get_running_loop().create_future()
+    self.pending[rid] = fut
+    try:
+      async with self._write_lock:
+        self.proc.stdin.write(_frame(req))
+        await self.proc.stdin.drain()
+    except (ConnectionError, RuntimeError, AttributeError) as e:
+      self.pending.pop(rid, None)
+      self._on_death(f"could not reach the sandbox template: {e!r}")
+      return _internal(f"could not reach the sandbox template: {e!r}\n", retryable=True)
+    try:
+      return await asyncio.wait_for(asyncio.shield(fut), timeout)
+    except asyncio.TimeoutError:
+      # The template did not answer long after the call's own deadline: it is wedged.
+      self._on_death("the sandbox template stopped answering")
+      return _internal("the sandbox template stopped answering\n", retryable=True)
+    finally:
+      self.pending.pop(rid, None)
+
+  async def shutdown(self) -> None:
+    self.ready.clear()
+    if self.proc is None:
+      return
+    try:
+      if self.proc.returncode is None:
+        self.proc.stdin.write(_frame({"kind": "shutdown", "rid": 0}))
+        await self.proc.stdin.drain()
+        self.proc.stdin.close()
+        await asyncio.wait_for(self.proc.wait(), 10)
+    except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+      pass
+    if self.reader is not None:
+      self.reader.cancel()
+    if self.proc.returncode is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+      except OSError:
+        pass
+      await self._reap(self.proc)
+
+
+class CodePool:
+  """Sandboxed Python execution pool (see module docstring). Use as `async with CodePool()`."""
+
+  def __init__(self, num_workers: int = 4, *, config: Optional[PoolConfig] = None, **overrides):
+    if config is None:
+      config = PoolConfig(num_workers=num_workers, **overrides)
+    elif overrides:
+      config = dataclasses.replace(config, **overrides)
+    self.config = config
+    self.isolation_level: Optional[str] = None
+    self._templates: list[_Template] = []
+    self._sem: Optional[asyncio.Semaphore] = None
+    self._rids = itertools.count(1)
+    self._sessions: dict[str, tuple[int, int]] = {}
+    self._session_locks: dict[str, asyncio.Lock] = {}
+    self._closing = False
+    self._tasks: set[asyncio.Task] = set()
+    self._tmpdir: Optional[str] = None
+    self._uid_base = config.uid_base if config.uid_base is not None else \
+        10_000_000 + (os.getpid() % 100_000) * 4096 * 4
+    self.stats = {"calls": 0, "queue_timeouts": 0}
+
+  # -- lifecycle
+  async def start(self) -> "CodePool":
+    c = self.config
+    loop = asyncio.get_running_loop()
+    self.isolation_level = await loop.run_in_executor(None, detect_isolation, c)
+    n = c.num_templates or max(1, min(c.num_workers, os.cpu_count() or 1))
+    if (n + 1) * c.uids_per_template > 4096 * 4:
+      raise ValueError(f"{n} templates x {c.uids_per_template} uids exceed the pool's uid range")
+    if self.isolation_level != "namespaces":
+      self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
+      os.chmod(self._tmpdir, 0o711)
+    log.warning("CodePool isolation level: %s (%s)", self.isolation_level,
+                _DESCRIPTIONS[self.isolation_level])
+    self._sem = asyncio.Semaphore(c.num_workers)
+    self._templates = [_Template(self, i) for i in range(n)]
+    try:
+      await asyncio.gather(*(t.start() for t in self._templates))
+    except BaseException:
+      await self.close()
+      raise
+    return self
+
+  @property
+  def isolation_description(self) -> str:
+    return _DESCRIPTIONS.get(self.isolation_level or "", "not started")
+
+  def _scratch_dir(self, index: int) -> str:
+    return os.path.join(self._tmpdir, f"t{index}")
+
+  async def close(self) -> None:
+    self._closing = True
+    await asyncio.gather(*(t.shutdown() for t in self._templates), return_exceptions=True)
+    if self._tasks:  # reaping of replaced templates: let it finish rather than orphan it
+      await asyncio.wait(list(self._tasks), timeout=5)
+    for task in list(self._tasks):
+      task.cancel()
+    if self._tmpdir:
+      shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+  async def __aenter__(self) -> "CodePool":
+    return await self.start()
+
+  async def __aexit__(self, *exc) -> None:
+    await self.close()
+
+  def _spawn(self, coro) -> None:
+    task = asyncio.ensure_future(coro)
+    self._tasks.add(task)
+    task.add_done_callback(self._tasks.discard)
+
+  # -- scheduling
+  def _pick(self) -> _Template:
+    alive = [t for t in self._templates if t.ready.is_set()] or self._templates
+    return min(alive, key=lambda t: t.inflight)
+
+  async def _acquire(self, queue_timeout_s: Optional[float]) -> None:
+    if self._sem is None or self._closing:
+      raise RuntimeError("CodePool is not running: use `async with CodePool(...)` or start()")
+    timeout = queue_timeout_s if queue_timeout_s is not None else self.config.queue_timeout_s
+    if timeout is None:
+      await self._sem.acquire()
+      return
+    try:
+      await asyncio.wait_for(self._sem.acquire(), timeout)
+    except asyncio.TimeoutError:
+      self.stats["queue_timeouts"] += 1
+      raise QueueTimeout(f"no sandbox worker free within {timeout:.1f}s") from None
+
+  async def _run(self, tpl: Optional[_Template], req: dict, timeout_s: float,
+                 queue_timeout_s: Optional[float]) -> dict:
+    await self._acquire(queue_timeout_s)
+    if tpl is None:
+      tpl = self._pick()  # after the wait, so the least busy template at start time gets it
+    try:
+      for attempt in range(2):
+        tpl.inflight += 1
+        try:
+          msg = await tpl.request(dict(req), timeout_s + self.config.reply_grace_s)
+        finally:
+          tpl.inflight -= 1
+        # The template itself died (infrastructure, not the user's code): retry once on its
+        # replacement. A session then starts fresh and says so.
+        if not msg.get("retryable") or attempt or self._closing:
+          return msg
+        if req["kind"] == "session":
+          tpl, req["note"] = self._session_template(req["session_id"])
+        else:
+          tpl = self._pick()
+      return msg
+    finally:
+      self._sem.release()
+
+  # -- public API
+  async def execute(self, code: str, stdin: str = "", timeout_s: Optional[float] = None,
+                    session_id: Optional[str] = None, *,
+                    queue_timeout_s: Optional[float] = None) -> ExecResult:
+    """Runs `code` with `stdin`; never raises for anything the code does."""
+    try:
+      return await self._execute(code, stdin, timeout_s, session_id, queue_timeout_s)
+    except QueueTimeout as e:
+      return ExecResult("internal_error", "", f"queue_timeout: {e}\n", 0.0)
+
+  async def _execute(self, code, stdin, timeout_s, session_id, queue_timeout_s) -> ExecResult:
+    """Like `execute` but raises QueueTimeout (the HTTP service reports it distinctly)."""
+    if not isinstance(code, str):
+      raise TypeError(f"code must be str, got {type(code).__name__}")
+    if not isinstance(stdin, (str, bytes)):
+      raise TypeError(f"stdin must be str or bytes, got {type(stdin).__name__}")
+    timeout = float(timeout_s if timeout_s is not None else self.config.timeout_s)
+    if timeout <= 0:
+      raise ValueError(f"timeout_s must be > 0, got {timeout}")
+    stdin_b = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
+    self.stats["calls"] += 1
+    req = {"kind": "exec", "code": code, "stdin": stdin_b, "timeout_s": timeout}
+    if session_id is not None:
+      req["kind"] = "session"
+      req["session_id"] = str(session_id)
+      # One call at a time per session, in arrival order (a session is one interpreter).
+      lock = self._session_locks.setdefault(str(session_id), asyncio.Lock())
+      async with lock:
+        tpl, req["note"] = self._session_template(str(session_id))
+        msg = await self._run(tpl, req, timeout, queue_timeout_s)
+      return self._result(msg)
+    msg = await self._run(None, req, timeout, queue_timeout_s)
+    return self._result(msg)
+
+  @staticmethod
+  def _result(msg: dict) -> ExecResult:
+    return ExecResult(status=msg["status"],
+                      stdout=msg["stdout"].decode("utf-8", "replace"),
+                      stderr=msg["stderr"].decode("utf-8", "replace"),
+                      duration_s=float(msg["duration_s"]), exit_code=msg.get("exit_code"))
+
+  def _session_template(self, sid: str) -> tuple[_Template, bytes]:
+    known = self._sessions.get(sid)
+    if known is not None:
+      tpl = self._templates[known[0]]
+      if tpl.generation == known[1]:
+        return tpl, b""
+    tpl = self._pick()
+    self._sessions[sid] = (tpl.index, tpl.generation)
+    note = b"" if known is None else \
+        b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+    return tpl, note
+
+  async def execute_many(self, requests: Iterable[Mapping[str, Any]]) -> list[ExecResult]:
+    """Runs each {"code", "stdin"?, "timeout_s"?, "session_id"?} concurrently, in order."""
+    reqs = list(requests)
+    for i, r in enumerate(reqs):
+      if "code" not in r:
+        raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
+    return list(await asyncio.gather(*(
+        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
+        for r in reqs)))
+
+  async def close_session(self, session_id: str) -> bool:
+    """Kills the session's interpreter; returns whether it was alive."""
+    known = self._sessions.pop(str(session_id), None)
+    self._session_locks.pop(str(session_id), None)
+    if known is None:
+      return False
+    tpl = self._templates[known[0]]
+    if tpl.generation != known[1] or not tpl.ready.is_set():
+      return False
+    msg = await tpl.request({"kind": "close_session", "session_id": str(session_id)}, 30.0)
+    return bool(msg.get("closed"))
+
+  async def run_function(self, fn: Callable, *args, timeout_s: float = 5.0, **kwargs) -> Any:
+    """Runs module-level `fn(*args, **kwargs)` in a fresh sandboxed worker; returns its value.
+
+    Raises FunctionRunError (status timeout / memory_limit / error / ...) when it fails.
+    """
+    try:
+      payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+      raise TypeError(f"run_function needs a module-level picklable callable and arguments: {e}")
+    req = {"kind": "func", "payload": payload, "timeout_s": float(timeout_s),
+           "sys_path": [p for p in sys.path if p and os.path.isdir(p)]}
+    msg = await self._run(None, req, float(timeout_s), None)
+    stderr = msg["stderr"].decode("utf-8", "replace")
+    if msg["status"] != "ok":
+      raise FunctionRunError(msg["status"], stderr[-2000:])
+    try:
+      good, value = pickle.loads(msg["stdout"])
+    except Exception as e:
+      raise FunctionRunError("error", f"bad result record ({e!r}); stderr: {stderr[-1000:]}")
+    if not good:
+      raise FunctionRunError("error", value)
+    return value
+
+  async def ping(self) -> list[dict]:
+    """Round trip to every template (health check)."""
+    return list(await asyncio.gather(*(t.request({"kind": "ping"}, 30.0) for t in self._templates)))

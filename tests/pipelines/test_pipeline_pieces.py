@@ -1,0 +1,223 @@
+"""Pure pieces of the pipelines: config validation, hard subset, collapse monitor, RoC selection,
+metrics log. No model, no engine."""
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs import aster_qwen3_4b, rstar2_qwen3_14b
+from rstar_jax.pipelines import rl_metrics, stages
+from rstar_jax.pipelines.config_validation import ConfigError, validate_config
+from rstar_jax.pipelines.metrics_log import MetricsWriter, read_jsonl_metrics
+from rstar_jax.pipelines.rl_loop import group_advantages, length_bucket, select_rollouts
+from rstar_jax.rollout.types import ToolCallRecord, Trajectory
+
+
+# ----------------------------------------------------------------------------- config validation
+@pytest.mark.parametrize("module", [rstar2_qwen3_14b, aster_qwen3_4b])
+@pytest.mark.parametrize("mode", ["rl", "sft"])
+def test_recipe_configs_validate(module, mode):
+  validate_config(module.get_config(mode))
+
+
+def _problems(cfg, mode="rl"):
+  with pytest.raises(ConfigError) as e:
+    validate_config(cfg, mode)
+  return e.value.problems, str(e.value)
+
+
+def test_bad_values_name_field_expected_and_got():
+  cfg = rstar2_qwen3_14b.get_config("rl")
+  cfg.rl.group_size = 0
+  cfg.rl.roc_mode = "greedy"
+  cfg.optim.lr = -1.0
+  cfg.rollout.top_p = 1.5
+  probs, msg = _problems(cfg)
+  paths = [p for p, _ in probs]
+  assert "rl.group_size" in paths and "rl.roc_mode" in paths
+  assert "optim.lr" in paths and "rollout.top_p" in paths
+  assert "config.rl.roc_mode: expected one of ['paper', 'released', 'random'], got 'greedy'" in msg
+  assert "config.rl.group_size: expected an int >= 1, got 0 (int)" in msg
+
+
+def test_typo_missing_and_stage_errors():
+  cfg = rstar2_qwen3_14b.get_config("rl")
+  cfg.rl.grup_size = 4                       # typo: would silently keep the default
+  del cfg.train.batch_prompts
+  cfg.stages[2]["drop_solved_k_of_k"] = 0    # hard stage without k
+  cfg.stages[1]["steps"] = "85"
+  probs, msg = _problems(cfg)
+  paths = [p for p, _ in probs]
+  assert "rl.grup_size" in paths and "unknown field" in msg
+  assert "train.batch_prompts" in paths
+  assert "stages[2].drop_solved_k_of_k" in paths
+  assert "stages[1].steps" in paths and "got '85' (str)" in msg
+
+
+def test_cross_field_checks():
+  cfg = rstar2_qwen3_14b.get_config("rl")
+  cfg.rl.min_pos, cfg.rl.min_neg, cfg.rl.group_size = 3, 3, 4
+  cfg.model.num_key_value_heads = 3
+  cfg.mesh.data = -1
+  probs, _ = _problems(cfg)
+  paths = [p for p, _ in probs]
+  assert {"rl.min_pos", "model.num_key_value_heads", "mesh"} <= set(paths)
+
+
+def test_missing_data_file_named(tmp_path):
+  cfg = aster_qwen3_4b.get_config("sft")
+  cfg.data.sft_path = str(tmp_path / "nope.jsonl")
+  with pytest.raises(ConfigError, match=r"config.data.sft_path: expected an existing file"):
+    validate_config(cfg, check_paths=True)
+
+
+# ----------------------------------------------------------------------------- stages
+def test_build_hard_subset_drops_only_k_of_k():
+  probs = ["a", "b", "c", "d", "e"]
+  kept, st = stages.build_hard_subset(probs, [8, 7, 0, 5, 3], k=8, num_sampled=[8, 8, 8, 5, 8])
+  # "a" solved 8/8 -> dropped; "d" solved 5/5 but only 5 samples (< k) -> kept.
+  assert kept == ["b", "c", "d", "e"]
+  assert st["hard_subset_dropped"] == 1 and st["hard_subset_kept"] == 4
+  with pytest.raises(ValueError, match="num_correct"):
+    stages.build_hard_subset(probs, [9, 0, 0, 0, 0], k=8)
+
+
+def test_locate_stage():
+  sts = [stages.Stage("s1", 3, 64, 2), stages.Stage("s2", 2, 64, 2),
+         stages.Stage("s3", 1, 64, 3, data="hard", drop_solved_k_of_k=2)]
+  assert stages.locate(sts, 0) == (0, 0)
+  assert stages.locate(sts, 4) == (1, 1)
+  assert stages.locate(sts, 5) == (2, 0)
+  assert stages.locate(sts, 6) == (3, 0)
+  with pytest.raises(ValueError, match="drop_solved_k_of_k"):
+    stages.Stage("bad", 1, 64, 2, data="hard")
+
+
+# ----------------------------------------------------------------------------- collapse monitor
+def test_collapse_monitor_warns_on_sustained_fall_only(caplog):
+  m = rl_metrics.CollapseMonitor(window=3, ratio=0.8)
+  assert not any(m.update(x) for x in [5.0, 5.2, 4.9, 5.1])     # noisy, no trend
+  fired = [m.update(x) for x in [4.5, 4.0, 3.0]]                 # 5.1 -> 3.0 falling 3 steps
+  assert fired == [False, False, True]
+  assert "interaction collapse" in caplog.text
+  m2 = rl_metrics.CollapseMonitor(window=3, ratio=0.5)
+  assert not any(m2.update(x) for x in [5.0, 4.9, 4.8, 4.7])     # falling but only 6%
+  s = m.state_dict()
+  m3 = rl_metrics.CollapseMonitor(window=3, ratio=0.8)
+  m3.load_state_dict(json.loads(json.dumps(s)))
+  assert m3.history == m.history
+
+
+# ----------------------------------------------------------------------------- selection
+def test_select_rollouts_filters_zero_variance_and_keeps_g():
+  rewards = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0]], np.float32)
+  pen = np.zeros_like(rewards)
+  for mode in ("paper", "released", "random"):
+    idx, keep = select_rollouts(jax.random.key(0), rewards, pen, group_size=2, mode=mode,
+                                min_pos=1, min_neg=1, eps=1e-6, drop_zero_variance=True)
+    assert keep.tolist() == [False, False, True, True]
+    assert idx.shape == (4, 2)
+    for g in (2, 3):
+      assert len(set(idx[g])) == 2
+      if mode != "random":   # RoC keeps min 1 of each side in mixed groups; random is uniform
+        sel = rewards[g, idx[g]]
+        assert sel.max() == 1 and sel.min() == 0
+  _, keep = select_rollouts(jax.random.key(0), rewards, pen, group_size=2, mode="paper",
+                            min_pos=1, min_neg=1, eps=1e-6, drop_zero_variance=False)
+  assert keep.all()
+
+
+def test_select_rollouts_paper_mode_prefers_low_penalty():
+  rewards = np.array([[1, 1, 1, 1, 0, 0, 0, 0]], np.float32)
+  pen = np.array([[1.5, 0.0, 1.5, 0.0, 0, 0, 0, 0]], np.float32)
+  for seed in range(5):
+    idx, _ = select_rollouts(jax.random.key(seed), rewards, pen, group_size=4, mode="paper",
+                             min_pos=2, min_neg=2, eps=1e-6, drop_zero_variance=True)
+    assert set(idx[0]) & {0, 1, 2, 3} == {1, 3}
+
+
+def test_random_mode_is_uniform_not_penalty_driven():
+  rewards = np.array([[1, 1, 1, 1, 0, 0, 0, 0]], np.float32)
+  pen = np.array([[1.5, 0.0, 1.5, 0.0, 0, 0, 0, 0]], np.float32)
+  picked_high_penalty = 0
+  for seed in range(40):
+    idx, _ = select_rollouts(jax.random.key(seed), rewards, pen, group_size=4, mode="random",
+                             min_pos=0, min_neg=0, eps=1e-6, drop_zero_variance=True)
+    picked_high_penalty += len(set(idx[0]) & {0, 2})
+  assert picked_high_penalty > 10
+
+
+def test_group_advantages_zero_for_dropped_groups():
+  sel = np.array([[1, 0, 1, 0], [1, 1, 1, 1]], np.float32)
+  adv = group_advantages(sel, np.array([True, False]), eps=1e-6, unbiased_std=True)
+  np.testing.assert_allclose(adv[1], 0.0)
+  std = np.std([1, 0, 1, 0], ddof=1)
+  np.testing.assert_allclose(adv[0], (sel[0] - 0.5) / (std + 1e-6), rtol=1e-5)
+
+
+def test_length_bucket():
+  assert length_bucket(1) == 64 and length_bucket(64) == 64 and length_bucket(65) == 128
+  assert length_bucket(300, 16) == 512
+
+
+# ----------------------------------------------------------------------------- metrics
+def _traj(reward_calls, n_resp=10, finish="stop", tags=1, turns=2):
+  calls = [ToolCallRecord(status=s, duration_s=0.1, code="", output_text="") for s in reward_calls]
+  return Trajectory(prompt_ids=[1, 2], response_ids=list(range(n_resp)), loss_mask=[1] * n_resp,
+                    logprobs=[0.0] * n_resp, weight_versions=[0] * n_resp, num_turns=turns,
+                    tool_calls=calls, finish_reason=finish, num_answer_tags=tags)
+
+
+def test_trajectory_metrics_values():
+  trajs = [_traj(["ok", "error"]), _traj(["ok"]), _traj([], finish="length", tags=0),
+           _traj(["timeout", "ok", "ok", "ok"])]
+  m = rl_metrics.trajectory_metrics(trajs, [1, 1, 0, 0])
+  assert m["tool_calls_per_traj"] == pytest.approx(7 / 4)
+  assert m["pos_tool_error_ratio"] == pytest.approx(1 / 3)   # positives: ok,error,ok
+  assert m["tool_error_ratio"] == pytest.approx(2 / 7)
+  assert m["truncation_ratio"] == pytest.approx(0.25)
+  assert m["answer_tags_0_frac"] == pytest.approx(0.25)
+  g = rl_metrics.group_outcome_metrics(np.array([[1, 1], [0, 0], [1, 0]]))
+  assert g["all_correct_frac"] == pytest.approx(1 / 3) and g["all_wrong_frac"] == pytest.approx(1 / 3)
+
+
+def test_metrics_writer_resume_drops_later_records(tmp_path):
+  with MetricsWriter(tmp_path, tensorboard=False) as w:
+    for s in range(1, 6):
+      w.write(s, {"x": float(s), "arr": np.float32(2.5)})
+  with MetricsWriter(tmp_path, resume_step=3, tensorboard=False) as w:
+    w.write(4, {"x": 40.0})
+  recs = read_jsonl_metrics(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in recs] == [1, 2, 3, 4] and recs[-1]["x"] == 40.0
+  assert recs[0]["arr"] == 2.5
+
+
+# ----------------------------------------------------------------------------- cold start
+def _chat(answer_written, gold, statuses):
+  from rstar_jax.data.sft_data import ChatExample
+  msgs = [{"role": "user", "content": "q"}]
+  for s in statuses:
+    msgs.append({"role": "assistant", "content": "call", "tool_calls": [
+        {"function": {"name": "execute_python_code_with_standard_io",
+                      "arguments": {"code": "print(1)", "input": ""}}}]})
+    msgs.append({"role": "tool", "content": f"Tool call {s}\nstdout: 1"})
+  msgs.append({"role": "assistant",
+               "content": f"</reason><answer>\\boxed{{{answer_written}}}</answer>"})
+  return ChatExample(messages=tuple(msgs), extra={"answer": gold})
+
+
+def test_select_interaction_dense():
+  from rstar_jax.pipelines.data_sources import select_interaction_dense
+  chats = [_chat(5, 5, ["success"] * 3),               # kept (3 calls)
+           _chat(5, 6, ["success"] * 4),               # wrong answer
+           _chat(7, 7, ["success", "failure"]),        # a failed call
+           _chat(8, 8, ["success"]),                   # too sparse
+           _chat(9, 9, ["success"] * 5)]               # kept (5 calls, densest)
+  kept, st = select_interaction_dense(chats, min_tool_calls=2)
+  assert [c.extra["answer"] for c in kept] == [5, 9]
+  assert (st["dropped_incorrect"], st["dropped_failed_call"], st["dropped_sparse"]) == (1, 1, 1)
+  kept, st = select_interaction_dense(chats, min_tool_calls=2, max_trajectories=1)
+  assert [c.extra["answer"] for c in kept] == [9] and st["mean_tool_calls_kept"] == 5
+  kept, _ = select_interaction_dense(chats, min_tool_calls=1, require_all_calls_ok=False)
+  assert [c.extra["answer"] for c in kept] == [5, 7, 8, 9]

@@ -1,0 +1,80 @@
+"""Helpers shared by the code-tool tests (importable; conftest.py is not)."""
+import asyncio
+import os
+
+# conftest.py plants it in the host's environment before any pool starts; no sandboxed call may
+# ever see it. (Not planted here: sandboxed functions import this module too.)
+SECRET = "rstar-secret-canary-7f3a"
+
+
+class Runner:
+  """Runs coroutines on one persistent loop (the pool's subprocess pipes belong to it)."""
+
+  def __init__(self):
+    self.loop = asyncio.new_event_loop()
+
+  def run(self, coro, timeout=120):
+    return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+  def close(self):
+    self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+    self.loop.close()
+
+
+def sandbox_pids(uid_lo, uid_hi):
+  """Host pids of processes running as a sandbox uid (anything a call left behind)."""
+  out = []
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/status") as f:
+        for line in f:
+          if line.startswith("Uid:"):
+            if uid_lo <= int(line.split()[1]) < uid_hi:
+              out.append(int(name))
+            break
+    except OSError:
+      pass
+  return out
+
+
+def pool_uid_range(pool):
+  lo = pool._uid_base
+  return lo, lo + len(pool._templates) * pool.config.uids_per_template
+
+
+
+
+def descendants(root):
+  """Host pids of every process below `root` (any uid: also the root-owned PID-1 helpers)."""
+  children = {}
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue
+    children.setdefault(ppid, []).append(int(name))
+  out, todo = set(), [root]
+  while todo:
+    for c in children.get(todo.pop(), []):
+      if c not in out:
+        out.add(c)
+        todo.append(c)
+  return out
+
+
+def template_host_pid(pool, index=0):
+  """Host pid of template `index` (inside bwrap it is a grandchild of the spawned process)."""
+  root = pool._templates[index].proc.pid
+  for pid in sorted(descendants(root) | {root}):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"sandbox_template.py" in f.read() and b"bwrap" not in open(f"/proc/{pid}/comm", "rb").read():
+          return pid
+    except OSError:
+      pass
+  raise AssertionError("template process not found")
