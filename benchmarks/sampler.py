@@ -6,8 +6,9 @@ One random Qwen3 is built with transformers, saved, and loaded into JAX with
 `qwen3.load_hf_params`, so both engines run the same weights in float32. Each engine gets the
 same batch of prompts (equal lengths, so transformers needs no padding) and generates exactly
 `--new-tokens` tokens per row, greedy and sampled (temperature 1, top-p 0.95). Each engine is
-warmed up first (JAX: compilation; torch: first-call allocation), then timed over `--repeats`
-runs; the table reports the median. Generated tokens/s counts output tokens (prefill included
+warmed up first (JAX: compilation; torch: first-call allocation), then the engines' timed
+runs alternate (`--repeats` each, so both see the same machine load); the table reports the
+median. Generated tokens/s counts output tokens (prefill included
 in the time for both). Greedy outputs are compared token for token as a sanity check.
 """
 import argparse
@@ -52,38 +53,39 @@ def build_model(size, out_dir):
     return model, n_params
 
 
-def time_hf(model, prompts, new_tokens, sample, repeats):
+def hf_runner(model, prompts, new_tokens, sample):
     ids = torch.tensor(prompts)
     kw = dict(do_sample=True, temperature=1.0, top_p=0.95, top_k=0) if sample else dict(
         do_sample=False)
 
-    def run():
+    def run(_):
         with torch.no_grad():
-            return model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-    run()  # warm-up
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out[:, ids.shape[1]:].tolist()
+            out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        return out[:, ids.shape[1]:].tolist()
+    return run
 
 
-def time_jax(sampler, prompts, new_tokens, sample, repeats):
+def jax_runner(sampler, prompts, new_tokens, sample):
     sp = (SamplingParams(new_tokens, temperature=1.0, top_p=0.95) if sample
           else SamplingParams(new_tokens, temperature=0.0))
 
     def run(seed0):
         reqs = [GenerateRequest(p, dataclasses.replace(sp, seed=seed0 + i))
                 for i, p in enumerate(prompts)]
-        return asyncio.run(sampler.generate(reqs))
-    run(0)  # warm-up: compiles prefill and decode
-    times, out = [], None
+        return [r.output_ids for r in asyncio.run(sampler.generate(reqs))]
+    return run
+
+
+def time_interleaved(runners, repeats):
+    """Warm every runner up, then alternate timed runs so both see the same machine load."""
+    outs = [run(0) for run in runners]
+    times = [[] for _ in runners]
     for r in range(repeats):
-        t = time.perf_counter()
-        out = run(1000 * (r + 1))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), [res.output_ids for res in out]
+        for i, run in enumerate(runners):
+            t = time.perf_counter()
+            outs[i] = run(1000 * (r + 1))
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times], outs
 
 
 def main():
@@ -95,8 +97,11 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--decode-chunk", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--torch-threads", type=int, default=0, help="0 = torch's default")
     args = ap.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     if args.quick:
         args.sizes, args.new_tokens, args.repeats = "tiny", 32, 1
     for size in args.sizes.split(","):
@@ -121,8 +126,9 @@ def bench_size(size, args):
           f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
     print(f"{'mode':<8} {'engine':<22} {'time s':>8} {'tok/s':>9} {'ratio':>7}")
     for sample in (False, True):
-        t_hf, out_hf = time_hf(hf_model, prompts, args.new_tokens, sample, args.repeats)
-        t_jax, out_jax = time_jax(sampler, prompts, args.new_tokens, sample, args.repeats)
+        (t_hf, t_jax), (out_hf, out_jax) = time_interleaved(
+            [hf_runner(hf_model, prompts, args.new_tokens, sample),
+             jax_runner(sampler, prompts, args.new_tokens, sample)], args.repeats)
         mode = "sampled" if sample else "greedy"
         print(f"{mode:<8} {'transformers generate':<22} {t_hf:>8.3f} {n_tok / t_hf:>9.0f} "
               f"{1.0:>6.2f}x")

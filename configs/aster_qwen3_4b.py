@@ -14,7 +14,9 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.model = common.model_config(hf_dir="/checkpoints/Qwen3-4B-Thinking-2507")
   c.model.dtype = "bfloat16"
   c.model.remat = True
-  c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
+  # 8 nodes x 8 MI300X: tensor-parallel inside a node, FSDP across nodes; a 32k-token row's
+  # (T, T) attention scores need the heads split 8 ways (plan: third_party/rocm/README.md).
+  c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
   c.rl = common.rl_config()
   c.rl.group_size = 8          # [REPRO] n = 8
   c.rl.oversample = 1          # ASTER is plain GRPO: no oversampling
@@ -30,8 +32,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.tool.memory_limit_mb = 1024
   c.train = common.train_config()
   c.train.batch_prompts = 128
-  c.train.micro_batches = 32
+  # RL: 128 prompts x 8 = 1024 rows over 8 data shards = 128 per shard -> 1 row of T = 32768
+  # per shard per micro-batch. SFT: 16 rows / 8 shards / 2 = 1 row of 32768 per micro-batch.
+  c.train.micro_batches = 128 if mode == "rl" else 2
   c.eval = common.eval_config()
+  # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
+  # on the planning machine, and the accelerator assumptions.
+  c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-4b", hbm_gib=192.0,
+                                          mem_fraction=0.55, mfu=0.35))
   c.data = ml_collections.ConfigDict(dict(train_path="/data/dapo17k.jsonl",
                                           sft_path="/data/aster_dense_4k.jsonl"))
   # Cold-start selection (ASTER §8.2): correct answer, every tool call succeeded, > 9 calls.

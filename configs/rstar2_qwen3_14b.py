@@ -15,7 +15,10 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   c.model.remat = True
-  c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)   # 64-way FSDP; see README scale plan
+  # 8 nodes x 8 MI300X: tensor-parallel inside a node (xGMI), FSDP across the 8 nodes; the
+  # (B, T, T) attention scores of a 16k-token row only fit with heads split 8 ways.
+  # Plan: python -m launchers.plan --config=configs/rstar2_qwen3_14b.py (third_party/rocm/README.md)
+  c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
   c.rl = common.rl_config()
   c.rollout = common.rollout_config(engine="sglang")
   c.rollout.sglang_urls = ["http://sglang-router:30000"]
@@ -23,8 +26,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.tool = common.tool_config()
   c.tool.num_workers = 64
   c.train = common.train_config()
-  c.train.micro_batches = 64
+  # RL: 512 prompts x 16 = 8192 rows over 8 data shards = 1024 rows per shard; 512
+  # micro-batches -> 2 rows of T = 16384 per shard per micro-batch (the plan's fit).
+  c.train.micro_batches = 512 if mode == "rl" else 2
   c.eval = common.eval_config()
+  # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
+  # on the planning machine, and the accelerator assumptions.
+  c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-14b", hbm_gib=192.0,
+                                          mem_fraction=0.55, mfu=0.35))
   c.data = ml_collections.ConfigDict(dict(
       train_path="/data/rstar2_rl_42k.jsonl",
       sft_path="/data/nonreasoning_sft.jsonl",

@@ -231,19 +231,24 @@ def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, ca
     allowed = jnp.arange(S)[None, None, :] <= positions[:, :, None]             # [B, T, S]
     rows = jnp.arange(B)[:, None]
 
-    def layer(x, xs):
-        p, k_cache, v_cache = xs
+    # The stacked cache rides in the scan carry and is updated at layer i in place; passing it
+    # as scanned xs/ys would copy the whole [L, B, S, ...] cache on every decode step.
+    def layer(carry, xs):
+        x, k_all, v_all = carry
+        p, i = xs
         h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
         q, k, v = _qkv(h, p["self_attn"], positions, c)
-        k_cache = k_cache.at[rows, slots].set(k.astype(k_cache.dtype), mode="drop")
-        v_cache = v_cache.at[rows, slots].set(v.astype(v_cache.dtype), mode="drop")
-        x = x + _dense(_attend(q, k_cache, v_cache, allowed, c), p["self_attn"]["o_proj"])
+        k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
+        x = x + _dense(_attend(q, k_all[i], v_all[i], allowed, c), p["self_attn"]["o_proj"])
         h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
         x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
-        return x, (k_cache, v_cache)
+        return (x, k_all, v_all), None
 
-    x, (k_new, v_new) = jax.lax.scan(_maybe_remat(layer, c), _embed(params, input_ids, c),
-                                     (params["layers"], cache.k, cache.v))
+    num_layers = cache.k.shape[0]
+    (x, k_new, v_new), _ = jax.lax.scan(
+        _maybe_remat(layer, c), (_embed(params, input_ids, c), cache.k, cache.v),
+        (params["layers"], jnp.arange(num_layers, dtype=jnp.int32)))
     lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
     return _logits(params, x, c), KVCache(k=k_new, v=v_new, lengths=lengths)
 

@@ -90,7 +90,8 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
     config: validated config with ``mode == "sft"`` sections.
     workdir: checkpoints (``ckpt/``), metrics (``sft_metrics.jsonl``), export (``hf/``).
     tokenizer: defaults to the one in ``model.tokenizer_dir`` / ``model.hf_dir``.
-    examples: in-memory items (see `encode_example`); default: ``data.sft_path``.
+    examples: in-memory items (see `encode_example`), used as given; default: the config's
+      ``data.sft_path`` (or scripted chats), filtered by the ``coldstart`` section if present.
     params: initial params (default: from ``config.model``).
     max_steps: stop after this many steps in this call (for tests / time-boxed runs).
     export: write ``<workdir>/hf`` (HF model + tokenizer) when training finishes.
@@ -101,10 +102,13 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
   validate_config(config, "sft", check_paths=examples is None)
   os.makedirs(workdir, exist_ok=True)
   s = config.sft
-  if examples is None:
-    examples = data_sources.sft_examples(config)
   select_stats = None
-  if "coldstart" in config and any(isinstance(e, ChatExample) for e in examples):
+  from_config = examples is None
+  if from_config:
+    examples = data_sources.sft_examples(config)
+  # ASTER selection applies to chats read from the config's sources; in-memory examples are
+  # taken as already selected by their builder (e.g. `rstar_jax.data.coldstart`).
+  if from_config and "coldstart" in config:
     cs = config.coldstart
     examples, select_stats = data_sources.select_interaction_dense(
         [e for e in examples if isinstance(e, ChatExample)],
@@ -171,6 +175,7 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
     export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer)
     out["hf_dir"] = hf_dir
   out["learner"] = learner
+  out["tokenizer"] = tokenizer
   return out
 
 

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import aster_qwen3_4b, rstar2_qwen3_14b
+from configs import aster_qwen3_4b, aster_tiny_cpu, rstar2_qwen3_14b, rstar2_tiny_cpu
 from rstar_jax.pipelines import rl_metrics, stages
 from rstar_jax.pipelines.config_validation import ConfigError, validate_config
 from rstar_jax.pipelines.metrics_log import MetricsWriter, read_jsonl_metrics
@@ -15,10 +15,34 @@ from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 
 # ----------------------------------------------------------------------------- config validation
-@pytest.mark.parametrize("module", [rstar2_qwen3_14b, aster_qwen3_4b])
-@pytest.mark.parametrize("mode", ["rl", "sft"])
+@pytest.mark.parametrize("module", [rstar2_qwen3_14b, aster_qwen3_4b, rstar2_tiny_cpu,
+                                    aster_tiny_cpu])
+@pytest.mark.parametrize("mode", ["rl", "sft", "eval"])
 def test_recipe_configs_validate(module, mode):
   validate_config(module.get_config(mode))
+
+
+def test_recipe_stage_plans():
+  r = rstar2_qwen3_14b.get_config("rl")
+  assert [(s["response_budget"], s["max_turns"], s["steps"]) for s in r.stages] == \
+      [(8192, 10, 300), (12288, 10, 85), (12288, 15, 125)]
+  assert r.stages[2]["data"] == "hard" and r.stages[2]["reset_optimizer"]
+  assert r.stages[2]["drop_solved_k_of_k"] == 8
+  a = aster_qwen3_4b.get_config("rl")
+  assert a.rl.roc_mode == "random" and a.rollout.max_tool_calls == 50 and a.tool.stateful
+  assert [s["data"] for s in a.stages] == ["full", "hard"]
+
+
+def test_distributed_init_only_with_multi_process_env(monkeypatch):
+  from rstar_jax.pipelines import runtime
+  for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID", "SLURM_NTASKS",
+            "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS",
+            "JAX_NUM_PROCESSES"):
+    monkeypatch.delenv(k, raising=False)
+  assert runtime.maybe_initialize_distributed() is False
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  monkeypatch.setenv("SLURM_NTASKS", "1")            # a one-task job: nothing to join
+  assert runtime.maybe_initialize_distributed() is False
 
 
 def _problems(cfg, mode="rl"):

@@ -23,6 +23,7 @@ from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 def _config():
   cfg = rstar2_tiny_cpu.get_config("rl")
+  cfg.mesh.num_devices = 2          # 2-way FSDP: sharded batches and row padding, kept cheap
   cfg.train.batch_prompts = 2
   cfg.rollout.response_budget = 16
   cfg.rollout.max_turns = 1

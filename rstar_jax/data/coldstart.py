@@ -1,0 +1,215 @@
+"""Interaction-dense cold-start trajectories (ASTER, SPEC §8.2) from a scripted solver.
+
+The solver really runs every call through the code pool. Per problem (with `solution_code`):
+  1. optionally an exploratory call that prints the problem's numbers (a partial step);
+  2. optionally a deliberately broken version of the solving code (a misspelt `print` or a
+     missing parenthesis); the pool reports the error and the next turn says so and fixes it;
+  3. the solving call (the reference `solution_code`);
+  4. the answer `<answer>\\boxed{N}</answer>` with N copied from the last call's stdout.
+A trajectory is kept only when N equals the gold answer and the last call succeeded (every
+failed call was corrected by a later successful one); then ASTER's interaction-density
+selection keeps trajectories with at least `min_tool_calls` calls, the densest
+`max_trajectories` first (0 = all).
+
+Trajectories are chat messages (`rstar_jax.data.sft_data.ChatExample`); tool messages hold the
+response text rendered by `rstar_jax.tools.render` exactly as the agent loop renders it, and
+`render_examples` turns them into (ids, loss_mask) with `chat_format.render_chat_ids`, i.e. the
+same ids the agent loop produces for the same conversation.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from typing import Any, Optional, Sequence
+
+from rstar_jax.data.problems import Problem
+from rstar_jax.data.sft_data import ChatExample
+from rstar_jax.tokenization import chat_format
+
+EXPLORE_TEXT = "I check the numbers first.</reason>"
+SOLVE_TEXT = "Now I compute the answer.</reason>"
+BUGGY_TEXT = "I compute the answer.</reason>"
+FIX_TEXT = "The code failed. I fix it.</reason>"
+FINAL_TEXT = "The output is {n}.</reason><answer>\\boxed{{{n}}}</answer>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ColdStartConfig:
+  """Scripted-solver and selection settings.
+
+  Attributes:
+    explore_prob: probability of an exploratory first call.
+    bug_prob: probability of a broken call that is then corrected.
+    min_tool_calls: ASTER density threshold (calls per kept trajectory).
+    max_trajectories: keep at most this many, densest first (0 = all).
+    max_calls: at most this many calls per trajectory (0 = no cap); the exploratory call is
+      left out first.
+    max_response_chars: tool-response body limit (must equal the agent loop's).
+    show_time: whether tool responses carry the "execution time" line (must equal the agent
+      loop's rendering).
+    tool_timeout_s: per-call limit.
+    system_prompt: written as the chats' system message ("" = the chat format's default).
+    seed: seeds the per-problem choices.
+  """
+
+  explore_prob: float = 0.8
+  bug_prob: float = 0.3
+  min_tool_calls: int = 2
+  max_trajectories: int = 0
+  max_calls: int = 0
+  max_response_chars: int = 256
+  show_time: bool = True
+  tool_timeout_s: float = 4.0
+  system_prompt: str = ""
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("explore_prob", "bug_prob"):
+      v = getattr(self, name)
+      if not 0.0 <= v <= 1.0:
+        raise ValueError(f"ColdStartConfig.{name}: expected a probability in [0, 1], got {v!r}")
+    if self.min_tool_calls < 0:
+      raise ValueError(f"ColdStartConfig.min_tool_calls: expected >= 0, got {self.min_tool_calls}")
+    if self.max_trajectories < 0:
+      raise ValueError("ColdStartConfig.max_trajectories: expected >= 0 (0 = all), got "
+                       f"{self.max_trajectories}")
+    if self.max_calls < 0:
+      raise ValueError(f"ColdStartConfig.max_calls: expected >= 0 (0 = no cap), got {self.max_calls}")
+    if self.max_response_chars < 32:
+      raise ValueError("ColdStartConfig.max_response_chars: expected >= 32, got "
+                       f"{self.max_response_chars}")
+
+
+def explore_code(problem: Problem) -> str:
+  """A partial first step: print the problem's numbers (in the generator's parameter order)."""
+  vals = [v for v in problem.params.values() if isinstance(v, int)]
+  return "print(" + ", ".join(str(v) for v in vals) + ")" if vals else "print('start')"
+
+
+def break_code(code: str, rng: random.Random) -> str:
+  """A broken variant of `code`: a NameError (misspelt print) or a SyntaxError."""
+  if "print(" in code and rng.random() < 0.5:
+    i = code.rfind("print(")
+    return code[:i] + "prnt(" + code[i + len("print("):]
+  i = code.rfind(")")
+  return code[:i] + code[i + 1:] if i >= 0 else code + "("
+
+
+def _call_msg(text: str, code: str) -> dict:
+  return {"role": "assistant", "content": text, "tool_calls": [
+      {"function": {"name": chat_format.TOOL_NAME, "arguments": {"code": code, "input": ""}}}]}
+
+
+async def solve_one(pool, problem: Problem, config: ColdStartConfig, index: int
+                    ) -> Optional[ChatExample]:
+  """The scripted trajectory of one problem, or None when it is not kept (wrong answer or a
+  final call that failed)."""
+  from rstar_jax.tools.render import render_tool_response
+  if not problem.solution_code:
+    return None
+  rng = random.Random(f"coldstart:{config.seed}:{index}")
+  plan = []
+  if rng.random() < config.explore_prob:
+    plan.append((EXPLORE_TEXT, explore_code(problem)))
+  if rng.random() < config.bug_prob:
+    plan.append((BUGGY_TEXT, break_code(problem.solution_code, rng)))
+    plan.append((FIX_TEXT, problem.solution_code))
+  else:
+    plan.append((SOLVE_TEXT, problem.solution_code))
+  if config.max_calls and len(plan) > config.max_calls and plan[0][0] == EXPLORE_TEXT:
+    plan = plan[1:]
+  plan = plan[-config.max_calls:] if config.max_calls else plan
+  if plan[0][0] == FIX_TEXT:    # a fix without its broken call reads as the plain solve
+    plan[0] = (SOLVE_TEXT, plan[0][1])
+  messages: list[dict] = []
+  if config.system_prompt:
+    messages.append({"role": "system", "content": config.system_prompt})
+  messages.append({"role": "user", "content": problem.problem})
+  statuses = []
+  last = None
+  for text, code in plan:
+    res = await pool.execute(code, "", config.tool_timeout_s)
+    statuses.append(res.status)
+    last = res
+    messages.append(_call_msg(text, code))
+    messages.append({"role": "tool",
+                     "content": render_tool_response(res, config.max_response_chars,
+                                                     show_time=config.show_time)})
+  if last is None or last.status != "ok":
+    return None
+  n = last.stdout.strip()
+  if n != problem.answer.strip():
+    return None
+  messages.append({"role": "assistant", "content": FINAL_TEXT.format(n=n)})
+  return ChatExample(messages=tuple(messages), extra={
+      "problem": problem.problem, "answer": problem.answer, "family": problem.family,
+      "num_tool_calls": len(plan), "tool_statuses": statuses})
+
+
+def select_dense(examples: Sequence[ChatExample], min_tool_calls: int,
+                 max_trajectories: int = 0) -> tuple[list[ChatExample], dict]:
+  """ASTER's density selection: keep chats with >= `min_tool_calls` tool calls, then the
+  `max_trajectories` densest (0 = all; ties in input order); the kept ones stay in input order.
+  """
+  dense = [i for i, e in enumerate(examples) if e.num_tool_calls >= min_tool_calls]
+  if max_trajectories:
+    dense = sorted(sorted(dense, key=lambda i: -examples[i].num_tool_calls)[:max_trajectories])
+  kept = [examples[i] for i in dense]
+  return kept, {"dense_candidates": len(examples),
+                "dropped_sparse": sum(e.num_tool_calls < min_tool_calls for e in examples),
+                "kept": len(kept),
+                "mean_tool_calls_kept": (sum(e.num_tool_calls for e in kept) / len(kept))
+                if kept else 0.0}
+
+
+async def build_coldstart(problems: Sequence[Problem], pool, config: ColdStartConfig
+                          ) -> tuple[list[ChatExample], dict]:
+  """Runs the scripted solver on every problem through `pool`, filters and selects.
+
+  Returns (kept chats in problem order, counts: problems, solved, dropped_wrong,
+  calls_total, calls_failed, dropped_sparse, kept, mean_tool_calls_kept).
+  """
+  outs = await asyncio.gather(*(solve_one(pool, p, config, i) for i, p in enumerate(problems)))
+  solved = [o for o in outs if o is not None]
+  kept, stats = select_dense(solved, config.min_tool_calls, config.max_trajectories)
+  statuses = [s for o in solved for s in o.extra["tool_statuses"]]
+  return kept, {"problems": len(problems), "solved": len(solved),
+                "dropped_wrong": len(problems) - len(solved), "calls_total": len(statuses),
+                "calls_failed": sum(s != "ok" for s in statuses), **stats}
+
+
+def build_coldstart_sync(problems: Sequence[Problem], config: ColdStartConfig,
+                         num_workers: int = 2) -> tuple[list[ChatExample], dict]:
+  """`build_coldstart` with its own CodePool (for scripts)."""
+  from rstar_jax.tools.code_pool import CodePool
+
+  async def main():
+    async with CodePool(num_workers=num_workers) as pool:
+      return await build_coldstart(problems, pool, config)
+  return asyncio.run(main())
+
+
+def render_examples(tokenizer, examples: Sequence[ChatExample], *, with_tools: bool = True
+                    ) -> list[tuple[list[int], list[int]]]:
+  """(input_ids [P+R], loss_mask [P+R]) per chat; mask 1 exactly on assistant-written tokens
+  (the chat's own system message, if any, is the system prompt)."""
+  out = []
+  for i, ex in enumerate(examples):
+    try:
+      rc = chat_format.render_chat_ids(tokenizer, list(ex.messages), with_tools=with_tools)
+    except (ValueError, TypeError, KeyError) as e:
+      raise ValueError(f"cold-start chat {i}: cannot render: {e}") from e
+    out.append((rc.input_ids, rc.full_loss_mask))
+  return out
+
+
+def chat_texts(examples: Sequence[ChatExample]) -> list[Any]:
+  """Texts of every message (tokenizer training corpus)."""
+  texts = []
+  for ex in examples:
+    for m in ex.messages:
+      texts.append(str(m.get("content", "")))
+      for c in m.get("tool_calls") or ():
+        texts.append(chat_format.format_tool_call(c["function"]["arguments"]["code"]))
+  return texts

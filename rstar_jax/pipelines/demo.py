@@ -1,0 +1,384 @@
+"""The end-to-end CPU demo: interaction-dense cold start, SFT, eval, GRPO-RoC, eval.
+
+Phases (each leaves a file; rerunning with the same workdir skips finished phases and the
+unfinished one resumes from its checkpoint):
+  1. data       synthetic train / held-out problems; scripted solver through the code pool
+                -> ``coldstart.jsonl`` (+ ``coldstart_stats.json``)
+  2. tokenizer  byte-level BPE trained on the run's texts -> ``tokenizer/``
+  3. sft        tiny Qwen3 from scratch, cold-start SFT -> ``sft/`` (ckpt, metrics, ``hf/``)
+  4. eval_sft   held-out avg@k with the agent loop + code pool -> ``eval_sft.json``
+  5. rl         GRPO-RoC (JaxSampler + code pool) -> ``rl/`` (ckpt, ``metrics.jsonl``, ``hf/``)
+  6. eval_rl    same problems and settings as 4 -> ``eval_rl.json``
+  7. report     ``summary.json`` and ``demo_plot.png``
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any, Sequence
+
+import ml_collections
+
+from rstar_jax.data.problems import Problem
+from rstar_jax.pipelines.agent_runner import AgentRunner
+
+log = logging.getLogger(__name__)
+
+SUMMARY_KEYS = ("sft_eval_accuracy", "rl_eval_accuracy", "eval_problems", "rl_steps",
+                "tool_calls_per_trajectory", "positive_tool_error_ratio", "wall_time_s")
+
+
+def _say(msg: str) -> None:
+  print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class DemoRunner(AgentRunner):
+  """AgentRunner whose prompts use the demo's system prompt (and optional tool block), the
+  same rendering the cold-start chats were trained with."""
+
+  def __init__(self, *args, system_prompt: str, with_tools: bool, show_tool_time: bool = True,
+               **kw):
+    super().__init__(*args, **kw)
+    self.system_prompt = system_prompt
+    self.with_tools = with_tools
+    self.show_tool_time = show_tool_time
+
+  def _render(self, result, max_chars: int) -> str:
+    from rstar_jax.tools.render import render_tool_response
+    return render_tool_response(result, max_chars, show_time=self.show_tool_time)
+
+  async def rollout(self, problem: Problem, *, seed: int, settings):
+    """`AgentRunner.rollout` with the demo's prompt and tool-response rendering."""
+    from rstar_jax.rollout import agent_loop
+    cfg = agent_loop.AgentLoopConfig(
+        max_turns=settings.max_turns, response_budget=settings.response_budget,
+        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+        max_parallel_calls=settings.max_parallel_calls, max_tool_calls=settings.max_tool_calls,
+        tool_timeout_s=self.tool_timeout_s, max_tool_response_chars=self.max_response_chars,
+        stateful_tool=self.stateful_tools, seed=int(seed))
+    return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
+                                           problem.problem, cfg,
+                                           prompt_ids=self.prompt_ids(problem),
+                                           render=self._render)
+
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    ids = self._prompt_cache.get(problem.problem)
+    if ids is None:
+      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem,
+                                             self.system_prompt, self.with_tools))
+      if len(ids) > self.max_prompt_tokens:
+        raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
+                         f"{self.max_prompt_tokens}: {problem.problem[:80]!r}")
+      self._prompt_cache[problem.problem] = ids
+    return ids
+
+
+@contextlib.asynccontextmanager
+async def open_demo_runner(cfg: ml_collections.ConfigDict, model_config, params, tokenizer):
+  from rstar_jax.pipelines.agent_runner import build_engine
+  from rstar_jax.tools.code_pool import CodePool
+  t = cfg.tool
+  engine = build_engine(cfg, model_config, params, tokenizer)
+  pool = CodePool(num_workers=int(t.num_workers), timeout_s=float(t.timeout_s),
+                  memory_limit_mb=int(t.memory_limit_mb))
+  await pool.start()
+  try:
+    yield DemoRunner(engine, pool, tokenizer, tool_timeout_s=float(t.timeout_s),
+                     max_response_chars=int(t.max_response_chars), stateful_tools=bool(t.stateful),
+                     max_prompt_tokens=int(cfg.rollout.max_prompt_tokens),
+                     answer_mode=cfg.rl.get("answer_mode", "answer_tag"),
+                     system_prompt=_system_prompt(cfg), with_tools=bool(cfg.demo.with_tools),
+                     show_tool_time=bool(cfg.demo.show_tool_time))
+  finally:
+    await pool.close()
+
+
+def _system_prompt(cfg) -> str:
+  from rstar_jax.tokenization import chat_format
+  return cfg.demo.system_prompt or chat_format.SYSTEM_PROMPT
+
+
+def _derived(cfg: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
+  """The SFT / RL config the library loops validate, taken from the demo config."""
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  c.mode = mode
+  if mode == "sft":
+    c.optim = c.sft_optim
+    c.stages = []
+  return c
+
+
+def _write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def _read_json(path: str) -> Any:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def problems_for(cfg) -> tuple[list[Problem], list[Problem]]:
+  from rstar_jax.pipelines import data_sources
+  train = data_sources.train_problems(cfg)
+  held = data_sources.eval_problems(cfg)
+  return train, held
+
+
+def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
+  from rstar_jax.data import coldstart
+  from rstar_jax.data.sft_data import load_sft_jsonl, write_sft_jsonl
+  path = os.path.join(workdir, "coldstart.jsonl")
+  if os.path.isfile(path):
+    _say(f"data: reusing {path}")
+    return load_sft_jsonl(path)
+  cs = cfg.coldstart
+  csc = coldstart.ColdStartConfig(
+      explore_prob=float(cs.explore_prob), bug_prob=float(cs.bug_prob),
+      min_tool_calls=int(cs.min_tool_calls), max_trajectories=int(cs.max_trajectories),
+      max_calls=int(cs.max_calls), show_time=bool(cfg.demo.show_tool_time),
+      max_response_chars=int(cfg.tool.max_response_chars), tool_timeout_s=float(cfg.tool.timeout_s),
+      system_prompt=_system_prompt(cfg), seed=int(cs.seed))
+  t0 = time.monotonic()
+  kept, stats = coldstart.build_coldstart_sync(train, csc, num_workers=int(cfg.tool.num_workers))
+  stats["wall_time_s"] = time.monotonic() - t0
+  _write_json(os.path.join(workdir, "coldstart_stats.json"), stats)
+  write_sft_jsonl(path + ".tmp", kept)
+  os.replace(path + ".tmp", path)
+  _say(f"data: cold start {stats} -> {path}")
+  return load_sft_jsonl(path)
+
+
+def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
+  from rstar_jax.data import coldstart
+  from rstar_jax.tokenization import bpe, chat_format
+  out = os.path.join(workdir, "tokenizer")
+  if os.path.isfile(os.path.join(out, "tokenizer.json")):
+    return bpe.load_tokenizer(out)
+  sp, wt = _system_prompt(cfg), bool(cfg.demo.with_tools)
+  texts = coldstart.chat_texts(chats)
+  texts += [chat_format.build_prompt_text(p.problem, sp, wt) for p in train[:2000]]
+  texts += [chat_format.tool_turn_text("Tool call success\nstdout: 0")]
+  tok = bpe.train_bpe_tokenizer(texts, int(cfg.model.vocab_size), out)
+  _say(f"tokenizer: {len(tok)} tokens -> {out}")
+  return tok
+
+
+def phase_sft(cfg, workdir: str, chats, tokenizer):
+  """Returns the SFT params (from ``sft/hf`` once finished)."""
+  from rstar_jax.data import coldstart
+  from rstar_jax.models import qwen3
+  from rstar_jax.pipelines import runtime, sft_loop
+  hf = os.path.join(workdir, "sft", "hf")
+  model_config = runtime.model_config_from(cfg)
+  if not os.path.isfile(os.path.join(hf, "config.json")):
+    scfg = _derived(cfg, "sft")
+    pairs = coldstart.render_examples(tokenizer, chats, with_tools=bool(cfg.demo.with_tools))
+    _say(f"sft: {len(pairs)} chats, {scfg.sft.epochs} epochs, batch {scfg.sft.batch_size}")
+    out = sft_loop.run_sft(scfg, os.path.join(workdir, "sft"), tokenizer=tokenizer,
+                           examples=pairs)
+    _say(f"sft: done, {out['steps']} steps, final loss {out['final_loss']:.4f}, "
+         f"{out['wall_time_s']:.0f}s")
+  else:
+    _say(f"sft: reusing {hf}")
+  return qwen3.load_hf_params(hf, model_config)
+
+
+async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict:
+  from rstar_jax.pipelines import evaluation, runtime
+  from rstar_jax.pipelines.rl_loop import eval_settings
+  mc = runtime.model_config_from(cfg)
+  async with open_demo_runner(cfg, mc, params, tokenizer) as runner:
+    return await evaluation.evaluate(runner, problems, eval_settings(cfg), k=k, seed=seed,
+                                     progress_every_s=float(cfg.train.progress_every_s),
+                                     keep_samples=4)
+
+
+def phase_eval(cfg, workdir: str, name: str, params, tokenizer, problems) -> dict:
+  path = os.path.join(workdir, f"eval_{name}.json")
+  if os.path.isfile(path):
+    rep = _read_json(path)
+    _say(f"eval_{name}: reusing {path}: accuracy {rep['metrics']['accuracy']:.3f}")
+    return rep
+  rep = asyncio.run(_evaluate(cfg, params, tokenizer, problems, int(cfg.eval.k),
+                              int(cfg.eval.seed)))
+  _write_json(path, rep)
+  m = rep["metrics"]
+  _say(f"eval_{name}: accuracy {m['accuracy']:.3f} on {m['num_problems']} problems x "
+       f"{m['k']}, tool calls/traj {m['tool_calls_per_traj']:.2f}, tool error ratio "
+       f"{m['tool_error_ratio']:.3f}, {m['wall_time_s']:.0f}s")
+  return rep
+
+
+def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
+  """GRPO-RoC from the SFT params; returns the final params (from ``rl/hf``)."""
+  from rstar_jax.learner.checkpoint import export_hf
+  from rstar_jax.models import qwen3
+  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines.config_validation import validate_config
+  rdir = os.path.join(workdir, "rl")
+  hf = os.path.join(rdir, "hf")
+  model_config = runtime.model_config_from(cfg)
+  if os.path.isfile(os.path.join(hf, "config.json")):
+    _say(f"rl: reusing {hf}")
+    return qwen3.load_hf_params(hf, model_config)
+  rcfg = _derived(cfg, "rl")
+  validate_config(rcfg, "rl")
+  os.makedirs(rdir, exist_ok=True)
+  learner = runtime.build_learner(rcfg, params=sft_params)
+  runtime.check_vocab(tokenizer, learner.model_config)
+  total = sum(int(s["steps"]) for s in rcfg.stages)
+  _say(f"rl: {total} steps of {rcfg.train.batch_prompts} prompts x "
+       f"{rcfg.rl.oversample * rcfg.rl.group_size} rollouts (keep {rcfg.rl.group_size}, "
+       f"roc_mode={rcfg.rl.roc_mode})")
+
+  async def main():
+    async with open_demo_runner(rcfg, learner.model_config, learner.params_copy(),
+                                tokenizer) as runner:
+      loop = rl_loop.RLLoop(rcfg, learner, runner, rdir, problems=train,
+                            eval_problems=curve_problems)
+      await loop.run()
+      loop.ckpt.close()
+      return loop
+
+  loop = asyncio.run(main())
+  export_hf(hf, learner.model_config, learner.state.params)
+  _say(f"rl: done at step {loop.pos.rl_step} -> {hf}")
+  return qwen3.load_hf_params(hf, model_config)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _first_last(rows: Sequence[dict], key: str) -> dict:
+  vals = [r[key] for r in rows if r.get(key) is not None]
+  return {"first": vals[0] if vals else None, "last": vals[-1] if vals else None}
+
+
+def build_summary(workdir: str, wall_time_s: float, cfg) -> dict:
+  from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+  sft, rl = _read_json(os.path.join(workdir, "eval_sft.json")), \
+      _read_json(os.path.join(workdir, "eval_rl.json"))
+  rows = read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl"))
+  sm, rm = sft["metrics"], rl["metrics"]
+  out = {
+      "sft_eval_accuracy": sm["accuracy"], "rl_eval_accuracy": rm["accuracy"],
+      "accuracy_gain": rm["accuracy"] - sm["accuracy"],
+      "eval_problems": sm["num_problems"], "eval_k": sm["k"],
+      "rl_steps": len(rows), "roc_mode": cfg.rl.roc_mode,
+      "tool_calls_per_trajectory": _first_last(rows, "tool_calls_per_traj"),
+      "positive_tool_error_ratio": _first_last(rows, "pos_tool_error_ratio"),
+      "tool_error_ratio": _first_last(rows, "tool_error_ratio"),
+      "reward": _first_last(rows, "reward_mean"),
+      "eval": {"sft": {k: sm[k] for k in ("tool_calls_per_traj", "tool_error_ratio",
+                                          "pos_tool_error_ratio", "response_length_mean")},
+               "rl": {k: rm[k] for k in ("tool_calls_per_traj", "tool_error_ratio",
+                                         "pos_tool_error_ratio", "response_length_mean")}},
+      "wall_time_s": wall_time_s,
+  }
+  cs = os.path.join(workdir, "coldstart_stats.json")
+  if os.path.isfile(cs):
+    out["coldstart"] = _read_json(cs)
+  return out
+
+
+def plot(workdir: str, summary: dict, path: str) -> None:
+  """reward, held-out accuracy, tool calls / trajectory, tool-error ratios over RL steps."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+  rows = read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl"))
+  steps = [r["step"] for r in rows]
+  fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+  ax[0, 0].plot(steps, [r.get("reward_mean") for r in rows], marker=".")
+  ax[0, 0].set_title("mean reward of sampled rollouts")
+  ev = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
+  last = steps[-1] if steps else 1
+  ax[0, 1].plot([0] + [s for s, _ in ev], [summary["sft_eval_accuracy"]] + [a for _, a in ev],
+                marker="o", label="held-out subset (in-loop)")
+  ax[0, 1].scatter([0, last], [summary["sft_eval_accuracy"], summary["rl_eval_accuracy"]],
+                   color="red", zorder=3, label=f"full held-out ({summary['eval_problems']})")
+  ax[0, 1].set_title("held-out accuracy")
+  ax[0, 1].legend(fontsize=8)
+  ax[1, 0].plot(steps, [r.get("tool_calls_per_traj") for r in rows], marker=".")
+  ax[1, 0].set_title("tool calls per trajectory")
+  ax[1, 1].plot(steps, [r.get("tool_error_ratio") for r in rows], marker=".", label="all")
+  ax[1, 1].plot(steps, [r.get("pos_tool_error_ratio") for r in rows], marker=".",
+                label="positive trajectories")
+  ax[1, 1].set_title("tool-error ratio")
+  ax[1, 1].legend(fontsize=8)
+  for a in ax.flat:
+    a.set_xlabel("RL step")
+  fig.suptitle(f"rstar_jax CPU demo (roc_mode={summary.get('roc_mode')}): SFT "
+               f"{summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _reuse(src: str, dst: str) -> None:
+  """Copies the SFT-side phases (data, tokenizer, SFT export, SFT eval) of another run."""
+  for name in ("coldstart.jsonl", "coldstart_stats.json", "eval_sft.json"):
+    s, d = os.path.join(src, name), os.path.join(dst, name)
+    if os.path.isfile(s) and not os.path.exists(d):
+      shutil.copy(s, d)
+  for name in ("tokenizer", os.path.join("sft", "hf")):
+    s, d = os.path.join(src, name), os.path.join(dst, name)
+    if not os.path.isdir(s):
+      raise FileNotFoundError(f"demo.reuse_sft_from: {s!r} is missing (run that demo first)")
+    if not os.path.exists(d):
+      shutil.copytree(s, d)
+
+
+def run_demo(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs (or resumes) every phase; returns the summary dict (also in summary.json)."""
+  t0 = time.monotonic()
+  os.makedirs(workdir, exist_ok=True)
+  state_path = os.path.join(workdir, "demo_state.json")
+  prior = _read_json(state_path)["elapsed_s"] if os.path.isfile(state_path) else 0.0
+  if cfg.demo.reuse_sft_from:
+    _reuse(cfg.demo.reuse_sft_from, workdir)
+  train, held = problems_for(cfg)
+  _say(f"{len(train)} train / {len(held)} held-out problems")
+
+  def mark(phase):
+    _write_json(state_path, {"last_phase": phase, "elapsed_s": prior + time.monotonic() - t0})
+
+  chats = phase_data(cfg, workdir, train)
+  mark("data")
+  tok = phase_tokenizer(cfg, workdir, chats, train)
+  mark("tokenizer")
+  sft_params = phase_sft(cfg, workdir, chats, tok)
+  mark("sft")
+  phase_eval(cfg, workdir, "sft", sft_params, tok, held)
+  mark("eval_sft")
+  n_curve = int(cfg.demo.curve_eval_problems)
+  rl_params = phase_rl(cfg, workdir, sft_params, tok, train, held[:n_curve] if n_curve else [])
+  mark("rl")
+  phase_eval(cfg, workdir, "rl", rl_params, tok, held)
+  mark("eval_rl")
+  wall = prior + time.monotonic() - t0
+  summary = build_summary(workdir, wall, cfg)
+  _write_json(os.path.join(workdir, "summary.json"), summary)
+  if cfg.demo.plot:
+    plot(workdir, summary, os.path.join(workdir, "demo_plot.png"))
+  mark("report")
+  _say(f"summary: SFT {summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f} "
+       f"on {summary['eval_problems']} held-out problems; {summary['rl_steps']} RL steps; "
+       f"wall {wall:.0f}s -> {os.path.join(workdir, 'summary.json')}")
+  return summary

@@ -1,0 +1,1 @@
+"""Ahead-of-time scale planning (memory / FLOPs of the learner steps on a fake mesh)."""
