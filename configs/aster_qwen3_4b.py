@@ -23,6 +23,8 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.rl.roc_mode = "random"
   c.rl.dual_clip_c = 10.0
   c.rollout = common.rollout_config(engine="sglang")
+  c.rollout.sglang_urls = [f"http://rstar-node{i}:30000" for i in range(8)]  # every worker
+  c.rollout.staging_dir = "/shared/rstar_jax/weights"
   c.rollout.max_turns = 50
   c.rollout.max_tool_calls = 50
   c.rollout.response_budget = 16384

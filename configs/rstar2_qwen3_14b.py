@@ -21,7 +21,9 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
   c.rl = common.rl_config()
   c.rollout = common.rollout_config(engine="sglang")
-  c.rollout.sglang_urls = ["http://sglang-router:30000"]
+  # Every SGLang worker is listed (not only sglang-router): the engine's KV-capacity scheduler
+  # spreads trajectories itself, and the weight push must reach each worker.
+  c.rollout.sglang_urls = [f"http://rstar-node{i}:30000" for i in range(8)]
   c.rollout.staging_dir = "/shared/rstar_jax/weights"
   c.tool = common.tool_config()
   c.tool.num_workers = 64

@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import qwen3
+from rstar_jax.pipelines.runtime import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import activation_layout
 
@@ -102,12 +103,6 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
     return runtime.model_config_from(cfg)
 
 
-def length_bucket(longest: int, minimum: int = 64) -> int:
-    """Same padding rule as the RL loop: smallest power of two >= max(longest, minimum)."""
-    t = max(int(longest), minimum, 2)
-    return 1 << (t - 1).bit_length()
-
-
 def data_parallel_size(mesh_sizes: dict[str, int]) -> int:
     return mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
 
@@ -129,11 +124,11 @@ def rl_shape(cfg: ml_collections.ConfigDict, mesh_sizes: dict[str, int],
 
 def sft_shape(sft_cfg: ml_collections.ConfigDict, mesh_sizes: dict[str, int]) -> StepShape:
     """SFT step as the SFT loop runs it: sft.batch_size rows (rounded up to the row multiple),
-    padded to sft.max_seq_len."""
+    padded to the bucket of sft.max_seq_len (the longest a row can be)."""
     m = int(sft_cfg.train.micro_batches)
     rows = _round_up(int(sft_cfg.sft.batch_size), data_parallel_size(mesh_sizes) * m)
-    return StepShape(kind="sft", rows=rows, seq_len=int(sft_cfg.sft.max_seq_len),
-                     num_micro_batches=m)
+    seq = length_bucket(int(sft_cfg.sft.max_seq_len))
+    return StepShape(kind="sft", rows=rows, seq_len=seq, num_micro_batches=m)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -354,6 +349,59 @@ def make_plan(cfg: ml_collections.ConfigDict, mesh, hw: Hardware,
                   "counts a scanned loop body once; raw value in xla_flops_raw); collectives: "
                   "static op counts in the optimized HLO"),
     }
+
+
+def sft_variant(main_cfg: ml_collections.ConfigDict,
+                config_path: str | None) -> ml_collections.ConfigDict:
+    """The SFT shapes for a run config: the config itself in SFT mode, else the same file's
+    ``get_config("sft")`` with this config's ``model``, ``mesh`` and ``plan`` sections (so
+    command-line overrides of those apply to both steps)."""
+    if main_cfg.mode == "sft":
+        return main_cfg
+    if not config_path:
+        raise ValueError("planning the SFT step of an RL config needs its file path "
+                         "(to load its ':sft' variant)")
+    import importlib.util
+    path = config_path.split(":")[0]
+    spec = importlib.util.spec_from_file_location("_rstar_plan_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sft = mod.get_config("sft")
+    sft.unlock()
+    for section in ("model", "mesh", "plan"):
+        if section in main_cfg:
+            sft[section] = main_cfg[section]
+    return sft
+
+
+def plan_config(cfg: ml_collections.ConfigDict, *, num_devices: int, hw: Hardware,
+                steps_to_plan=("rl", "sft"), stage_index: int = 0,
+                config_path: str | None = None) -> dict[str, Any]:
+    """`make_plan` for a run config on the first ``num_devices`` devices and its own mesh.
+
+    ``steps_to_plan``: "rl" (needs an RL-mode config; shapes of stage ``stage_index``) and/or
+    "sft" (shapes from `sft_variant`).
+    """
+    from rstar_jax.sharding.mesh import make_mesh
+    if jax.device_count() < num_devices:
+        raise ValueError(f"only {jax.device_count()} devices for num_devices={num_devices}; set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={num_devices} "
+                         "before jax starts (launchers.plan does)")
+    mesh = make_mesh({k: int(cfg.mesh[k]) for k in ("data", "fsdp", "tensor")},
+                     jax.devices()[:num_devices])
+    sizes = dict(mesh.shape)
+    shapes = []
+    for kind in steps_to_plan:
+        if kind == "rl":
+            if cfg.mode != "rl":
+                raise ValueError(f"planning rl_step needs an RL-mode config, got mode "
+                                 f"{cfg.mode!r}")
+            shapes.append(rl_shape(cfg, sizes, stage_index))
+        elif kind == "sft":
+            shapes.append(sft_shape(sft_variant(cfg, config_path), sizes))
+        else:
+            raise ValueError(f"unknown step {kind!r}; expected 'rl' or 'sft'")
+    return make_plan(cfg, mesh, hw, shapes)
 
 
 def format_table(plan: dict[str, Any]) -> str:

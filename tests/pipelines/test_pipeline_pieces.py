@@ -83,7 +83,7 @@ def test_cross_field_checks():
   cfg = rstar2_qwen3_14b.get_config("rl")
   cfg.rl.min_pos, cfg.rl.min_neg, cfg.rl.group_size = 3, 3, 4
   cfg.model.num_key_value_heads = 3
-  cfg.mesh.data = -1
+  cfg.mesh.data, cfg.mesh.fsdp = -1, -1        # two "rest" axes are ambiguous
   probs, _ = _problems(cfg)
   paths = [p for p, _ in probs]
   assert {"rl.min_pos", "model.num_key_value_heads", "mesh"} <= set(paths)

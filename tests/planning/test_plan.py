@@ -165,3 +165,44 @@ def test_plan_launcher_help():
                        capture_output=True, text=True, timeout=120)
   assert out.returncode in (0, 1), out.stderr  # absl exits 1 after printing --help
   assert "--num_devices" in out.stdout and "--hbm_gib" in out.stdout
+
+
+TINY_CONFIG_FILE = '''
+import ml_collections
+from configs import common
+
+
+def get_config(mode="rl"):
+  c = ml_collections.ConfigDict()
+  c.mode = mode
+  c.model = common.model_config(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                num_hidden_layers=1, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=16)
+  c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
+  c.train = common.train_config()
+  c.train.micro_batches = 1
+  c.optim = common.optim_config()
+  c.sft = ml_collections.ConfigDict(dict(batch_size=8, max_seq_len=32))
+  return c
+'''
+
+
+def test_plan_launcher_writes_json(tmp_path):
+  # End to end through the launcher: --num_devices reaches XLA before jax starts, and an HBM
+  # too small for anything gives fits: false in plan.json.
+  cfg_file = tmp_path / "tiny_cfg.py"
+  cfg_file.write_text(TINY_CONFIG_FILE)
+  out = tmp_path / "plan.json"
+  r = subprocess.run([sys.executable, "-m", "launchers.plan", f"--config={cfg_file}:sft",
+                      "--num_devices=4", "--steps=sft", "--hbm_gib=1e-9", f"--out={out}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=300,
+                     env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert r.returncode == 0, r.stderr[-2000:]
+  import json
+  plan = json.loads(out.read_text())
+  assert plan["num_devices"] == 4 and plan["mesh"]["fsdp"] == 4
+  assert plan["fits"] is False
+  assert plan["per_device_bytes"] > 0 and plan["flops_per_step"] > 0
+  assert plan["param_count"] == 256 * 64 + 64 + 1 * (64 * 64 + 2 * 64 * 32 + 64 * 64 +
+                                                    3 * 64 * 128 + 2 * 64 + 2 * 16)
+  assert "fits" in r.stdout and "sft" in r.stdout

@@ -48,6 +48,6 @@ for ((i = 0; i < n; i++)); do
        -v /shared:/shared -v /checkpoints:/checkpoints "${IMAGE}"
        python3 -m sglang.launch_server --model-path "${MODEL}" --tp "${TP}"
        --host 0.0.0.0 --port "${port}" --mem-fraction-static "${MEM_FRACTION}"
-       --dtype bfloat16 --trust-remote-code)
+       --dtype bfloat16 --skip-tokenizer-init)
   if [[ "${DRY_RUN:-0}" == "1" ]]; then echo "${cmd[*]}"; else "${cmd[@]}"; fi
 done
