@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Iterable, Mapping, Optional
+from typing import Optional
 
 import aiohttp
 
-from rstar_jax.tools.code_pool import ExecResult
+from rstar_jax.tools.code_pool import BatchExecuteMixin, ExecResult
 
 log = logging.getLogger(__name__)
 
 
-class CodePoolClient:
+class CodePoolClient(BatchExecuteMixin):
 
   def __init__(self, url: str, *, max_batch: int = 64, max_wait_s: float = 0.005,
                concurrency: int = 8, max_retries: int = 4, backoff_s: float = 0.5,
@@ -79,14 +79,6 @@ class CodePoolClient:
     await self._queue.put((item, fut, 0))
     return await fut
 
-  async def execute_many(self, requests: Iterable[Mapping[str, Any]]) -> list[ExecResult]:
-    reqs = list(requests)
-    for i, r in enumerate(reqs):
-      if "code" not in r:
-        raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
-    return list(await asyncio.gather(*(
-        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
-        for r in reqs)))
 
   async def close_session(self, session_id: str) -> bool:
     async with self._session.post(self.url + "/close_session",

@@ -421,7 +421,21 @@ class _Template:
       await self._reap(self.proc)
 
 
-class CodePool:
+class BatchExecuteMixin:
+  """`execute_many` for anything with the pool's `execute` (CodePool, CodePoolClient, RayCodePool)."""
+
+  async def execute_many(self, requests: Iterable[Mapping[str, Any]]) -> list[ExecResult]:
+    """Runs each {"code", "stdin"?, "timeout_s"?, "session_id"?} concurrently, in order."""
+    reqs = list(requests)
+    for i, r in enumerate(reqs):
+      if "code" not in r:
+        raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
+    return list(await asyncio.gather(*(
+        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
+        for r in reqs)))
+
+
+class CodePool(BatchExecuteMixin):
   """Sandboxed Python execution pool (see module docstring). Use as `async with CodePool()`."""
 
   def __init__(self, num_workers: int = 4, *, config: Optional[PoolConfig] = None, **overrides):
@@ -588,15 +602,6 @@ class CodePool:
         b"[session restarted: the sandbox was replaced and previous state is lost]\n"
     return tpl, note
 
-  async def execute_many(self, requests: Iterable[Mapping[str, Any]]) -> list[ExecResult]:
-    """Runs each {"code", "stdin"?, "timeout_s"?, "session_id"?} concurrently, in order."""
-    reqs = list(requests)
-    for i, r in enumerate(reqs):
-      if "code" not in r:
-        raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
-    return list(await asyncio.gather(*(
-        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
-        for r in reqs)))
 
   async def close_session(self, session_id: str) -> bool:
     """Kills the session's interpreter; returns whether it was alive."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Optional
 
-from rstar_jax.tools.code_pool import CodePool, ExecResult, FunctionRunError, PoolConfig
+from rstar_jax.tools.code_pool import (BatchExecuteMixin, CodePool, ExecResult, FunctionRunError,
+                                       PoolConfig)
 
 
 class _PoolActor:
@@ -48,7 +49,7 @@ class _PoolActor:
       await self.pool.close()
 
 
-class RayCodePool:
+class RayCodePool(BatchExecuteMixin):
   """CodePool interface over one `_PoolActor` per alive Ray node (ray must be initialised)."""
 
   def __init__(self, config: Optional[PoolConfig] = None, *, max_concurrency: int = 4096,
@@ -110,14 +111,6 @@ class RayCodePool:
       self._sessions[str(session_id)] = actor
     return await actor.execute.remote(code, stdin, timeout_s, session_id)
 
-  async def execute_many(self, requests: Iterable[Mapping[str, Any]]) -> list[ExecResult]:
-    reqs = list(requests)
-    for i, r in enumerate(reqs):
-      if "code" not in r:
-        raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
-    return list(await asyncio.gather(*(
-        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
-        for r in reqs)))
 
   async def close_session(self, session_id: str) -> bool:
     actor = self._sessions.pop(str(session_id), None)
