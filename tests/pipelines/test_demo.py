@@ -1,0 +1,123 @@
+"""The CPU demo: config, prompt/SFT token agreement, and a smoke run of every phase through the
+launcher (tiny `configs/demo.py:smoke`), stopped after one RL step and resumed."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import demo as demo_config
+from rstar_jax.data import coldstart
+from rstar_jax.data.problems import Problem
+from rstar_jax.data.sft_data import load_sft_jsonl
+from rstar_jax.pipelines import demo
+from rstar_jax.pipelines.config_validation import validate_config
+from rstar_jax.tokenization import bpe, chat_format
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_demo_config_derives_valid_sft_and_rl_configs():
+  for variant in ("", "smoke"):
+    cfg = demo_config.get_config(variant)
+    validate_config(demo._derived(cfg, "sft"), "sft")
+    validate_config(demo._derived(cfg, "rl"), "rl")
+    assert demo._derived(cfg, "sft").optim.lr == cfg.sft_optim.lr
+  full = demo_config.get_config()
+  assert full.eval.max_problems >= 200 and full.data.synthetic.n_eval >= 200
+  with pytest.raises(ValueError, match="variant"):
+    demo_config.get_config("huge")
+
+
+def test_runner_prompt_equals_the_sft_rendering(tmp_path):
+  """The prompt the RL/eval runner sends is the prompt part of the SFT sequences, and the
+  domain tokens are whole tokens that decode back to the same text."""
+  cfg = demo_config.get_config("smoke")
+  p = Problem("Compute 12 * 34.", "408", "mul", {"a": 12, "b": 34}, "print(12 * 34)")
+  chat = coldstart.ChatExample(messages=(
+      {"role": "system", "content": demo._system_prompt(cfg)},
+      {"role": "user", "content": p.problem},
+      {"role": "assistant", "content": "x</reason>", "tool_calls": [
+          {"function": {"name": chat_format.TOOL_NAME,
+                        "arguments": {"code": p.solution_code, "input": ""}}}]},
+      {"role": "tool", "content": "Tool call success\nstdout: 408"},
+      {"role": "assistant", "content": "<answer>\\boxed{408}</answer>"}))
+  tok = demo.train_demo_tokenizer(coldstart.chat_texts([chat]) * 5, 400, str(tmp_path / "tok"),
+                                  demo.domain_tokens())
+  assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400 for t in demo.domain_tokens())
+  runner = demo.DemoRunner(None, None, tok, system_prompt=demo._system_prompt(cfg),
+                           with_tools=bool(cfg.demo.with_tools))
+  (ids, mask), = coldstart.render_examples(tok, [chat], with_tools=bool(cfg.demo.with_tools))
+  prompt = runner.prompt_ids(p)
+  assert ids[:len(prompt)] == prompt and sum(mask[:len(prompt)]) == 0
+  head_id = tok.convert_tokens_to_ids(demo.domain_tokens()[1])
+  assert ids.count(head_id) == 1 and tok.decode(ids, skip_special_tokens=False).count(
+      '"name": "execute_python_code_with_standard_io"') == 1
+  parsed = chat_format.parse_tool_calls(tok.decode(ids, skip_special_tokens=False))
+  assert [c.code for c in parsed] == [p.solution_code]
+
+
+def _launch(*args, timeout=300):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = ""
+  env["JAX_PLATFORMS"] = "cpu"
+  proc = subprocess.run([sys.executable, "-m", "launchers.demo", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, f"demo failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+  return proc.stdout + proc.stderr
+
+
+def test_demo_smoke_run_artifacts_and_resume(tmp_path):
+  w = str(tmp_path / "run")
+  base = [f"--workdir={w}", "--config=configs/demo.py:smoke", "--rl.roc_mode=random"]
+  out1 = _launch(*base, "--config.demo.rl_max_steps=1")
+  assert "stopped at step 1 of 2" in out1
+  assert not os.path.exists(os.path.join(w, "summary.json"))
+  rows1 = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
+  assert [r["step"] for r in rows1] == [1]
+
+  out2 = _launch(*base)
+  for phase in ("data: reusing", "sft: reusing", "eval_sft: reusing", "resumed at RL step 1"):
+    assert phase in out2, phase
+  assert "[demo " in out2 and "[eval]" in out2          # progress lines
+
+  summary = json.load(open(os.path.join(w, "summary.json")))
+  for key in demo.SUMMARY_KEYS:
+    assert key in summary, key
+  assert summary["eval_problems"] == 6 and summary["rl_steps"] == 2
+  assert summary["roc_mode"] == "random"
+  for key in ("tool_calls_per_trajectory", "positive_tool_error_ratio"):
+    assert set(summary[key]) == {"first", "last"}
+    assert all(v is None or 0 <= v for v in summary[key].values())
+  assert 0 <= summary["sft_eval_accuracy"] <= 1 and 0 <= summary["rl_eval_accuracy"] <= 1
+  assert summary["wall_time_s"] > 0
+
+  rows = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == [1, 2]
+  assert all("reward_mean" in r and "tool_calls_per_traj" in r and "eval_accuracy" in r
+             for r in rows)
+  for name in ("sft", "rl"):
+    rep = json.load(open(os.path.join(w, f"eval_{name}.json")))
+    assert rep["metrics"]["num_problems"] == 6 and len(rep["per_problem"]) == 6
+    assert rep["settings"]["temperature"] == 0.6
+  assert json.load(open(os.path.join(w, "eval_sft.json")))["settings"] == \
+      json.load(open(os.path.join(w, "eval_rl.json")))["settings"]
+
+  chats = load_sft_jsonl(os.path.join(w, "coldstart.jsonl"))
+  assert chats and all(c.num_tool_calls >= 2 for c in chats)
+  stats = json.load(open(os.path.join(w, "coldstart_stats.json")))
+  assert stats["kept"] == len(chats) and stats["problems"] == 32
+  assert 1000 < len(bpe.load_tokenizer(os.path.join(w, "tokenizer"))) <= 1536
+  for d in ("sft/hf", "rl/hf"):
+    assert {"config.json", "model.safetensors"} <= set(os.listdir(os.path.join(w, d)))
+
+  import matplotlib.image
+  png = os.path.join(w, "demo_plot.png")
+  assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  img = matplotlib.image.imread(png)
+  assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300 and np.ptp(img) > 0
+
+  state = json.load(open(os.path.join(w, "demo_state.json")))
+  assert state["last_phase"] == "report"
