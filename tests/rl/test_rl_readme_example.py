@@ -33,3 +33,9 @@ def test_readme_snippet_runs(capsys):
     # The all-correct second group is dropped, so its rows get no gradient.
     assert float(abs(namespace["grad"][4:]).sum()) == 0.0
     assert bool(namespace["keep"][0]) and not bool(namespace["keep"][1])
+
+
+def test_readme_holds_this_snippet():
+    import pathlib
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    assert SNIPPET.strip() in readme.read_text(), "README's GRPO-RoC snippet drifted from the test"
