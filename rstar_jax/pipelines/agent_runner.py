@@ -101,7 +101,13 @@ class AgentRunner:
         stateful_tool=self.stateful_tools, seed=int(seed))
     return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
                                            problem.problem, cfg,
-                                           prompt_ids=self.prompt_ids(problem))
+                                           prompt_ids=self.prompt_ids(problem),
+                                           render=self.render_tool_response)
+
+  def render_tool_response(self, result, max_chars: int) -> str:
+    """The `<tool_response>` body the model sees; subclasses change the rendering here."""
+    from rstar_jax.tools.render import render_tool_response
+    return render_tool_response(result, max_chars)
 
   async def rewards(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
     """Binary outcome rewards (1.0 correct, 0.0 otherwise), one per trajectory."""

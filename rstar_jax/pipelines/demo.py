@@ -48,23 +48,9 @@ class DemoRunner(AgentRunner):
     self.with_tools = with_tools
     self.show_tool_time = show_tool_time
 
-  def _render(self, result, max_chars: int) -> str:
+  def render_tool_response(self, result, max_chars: int) -> str:
     from rstar_jax.tools.render import render_tool_response
     return render_tool_response(result, max_chars, show_time=self.show_tool_time)
-
-  async def rollout(self, problem: Problem, *, seed: int, settings):
-    """`AgentRunner.rollout` with the demo's prompt and tool-response rendering."""
-    from rstar_jax.rollout import agent_loop
-    cfg = agent_loop.AgentLoopConfig(
-        max_turns=settings.max_turns, response_budget=settings.response_budget,
-        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-        max_parallel_calls=settings.max_parallel_calls, max_tool_calls=settings.max_tool_calls,
-        tool_timeout_s=self.tool_timeout_s, max_tool_response_chars=self.max_response_chars,
-        stateful_tool=self.stateful_tools, seed=int(seed))
-    return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
-                                           problem.problem, cfg,
-                                           prompt_ids=self.prompt_ids(problem),
-                                           render=self._render)
 
   def prompt_ids(self, problem: Problem) -> list[int]:
     ids = self._prompt_cache.get(problem.problem)
