@@ -71,6 +71,8 @@ def rl_config() -> ml_collections.ConfigDict:
       unbiased_std=True,
       eps_low=0.2, eps_high=0.28,
       dual_clip_c=0.0,               # 0 = off (released code: 3.0)
+      ppo_mini_batches=1,            # optimizer updates per RL step, each on a shuffled slice (1 = on-policy, paper code)
+      ppo_epochs=1,                  # passes over the step's trajectories
       kl_coef=0.0,
       entropy_coef=0.0,
       loss_agg="token-mean",         # "token-mean" | "seq-mean-token-mean" ("seq-mean") | "seq-mean-token-sum"

@@ -131,3 +131,46 @@ def _empty(n: int, pad_to: int, pad_id: int) -> dict[str, np.ndarray]:
         "attention_mask": np.zeros((n, pad_to), np.int32),
         "loss_mask": np.zeros((n, pad_to), np.float32),
     }
+
+
+def split_rl_batch(batch: dict[str, np.ndarray], num_mini_batches: int, rng: np.random.Generator,
+                   *, rows: int | None = None, pad_id: int = 0) -> list[dict[str, np.ndarray]]:
+    """Splits an RL batch into mini-batches of one fixed shape, for several PPO updates per step.
+
+    Real rows (any attention) are shuffled with ``rng`` and dealt out round-robin, so the
+    mini-batches differ by at most one real row. Each is padded with empty rows (no tokens, no
+    loss) to ``rows`` rows, so every update reuses one compiled step whatever the number of
+    surviving trajectories. When there are fewer real rows than ``num_mini_batches``, fewer
+    (non-empty) mini-batches come back: an update on an empty batch would still move Adam.
+
+    Args:
+        batch: ``make_rl_batch`` layout, N rows.
+        num_mini_batches: M >= 1; M = 1 returns ``[batch]`` unchanged (no shuffle, no re-pad).
+        rng: numpy Generator for the shuffle.
+        rows: R, rows of every mini-batch; default ceil(N / M). Must hold ceil(real / M).
+        pad_id: id written into the padding rows' input_ids.
+    Returns:
+        up to M dicts with the batch's keys, each [R, ...].
+    """
+    if not isinstance(num_mini_batches, int) or num_mini_batches < 1:
+        raise ValueError(f"num_mini_batches: expected an int >= 1, got {num_mini_batches!r}")
+    if num_mini_batches == 1:
+        return [batch]
+    n = len(batch["attention_mask"])
+    rows = -(-n // num_mini_batches) if rows is None else rows
+    real = np.flatnonzero(batch["attention_mask"].any(axis=1))
+    order = rng.permutation(real)
+    parts = [order[m::num_mini_batches] for m in range(num_mini_batches)]
+    parts = [p for p in parts if len(p)]
+    if parts and len(parts[0]) > rows:
+        raise ValueError(f"split_rl_batch: {len(real)} real rows in {num_mini_batches} "
+                         f"mini-batches need {len(parts[0])} rows each, got rows={rows}")
+    out = []
+    for part in parts:
+        mb = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+        if "input_ids" in mb:
+            mb["input_ids"][:] = pad_id
+        for k, v in batch.items():
+            mb[k][: len(part)] = v[part]
+        out.append(mb)
+    return out

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Sequence
 
@@ -25,8 +26,17 @@ def _synthetic_splits(cfg: ml_collections.ConfigDict) -> tuple[list[Problem], li
   from rstar_jax.data import synthetic_tasks
   s = cfg.data.synthetic
   fams = list(s.families) if s.get("families") else None
+  difficulty = s.get("difficulty") or None
+  if isinstance(difficulty, (dict, ml_collections.ConfigDict)):
+    # A custom preset: Difficulty's own __post_init__ names any bad field.
+    d = difficulty.to_dict() if isinstance(difficulty, ml_collections.ConfigDict) else difficulty
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(synthetic_tasks.Difficulty)})
+    if unknown:
+      raise ValueError(f"config.data.synthetic.difficulty: unknown fields {unknown}; expected "
+                       "fields of rstar_jax.data.synthetic_tasks.Difficulty")
+    difficulty = synthetic_tasks.Difficulty(**d)
   return synthetic_tasks.make_splits(int(s.seed), int(s.n_train), int(s.n_eval),
-                                     families=fams, difficulty=s.get("difficulty") or None)
+                                     families=fams, difficulty=difficulty)
 
 
 def _has_synthetic(cfg) -> bool:

@@ -364,6 +364,21 @@ class RLLoop:
     await asyncio.gather(*(one(i, j) for i, j in jobs))
     return [[out[(i, j)] for j in range(n)] for i in range(len(problems))]
 
+  def _updates(self, batch: dict, sharded: dict, rng: np.random.Generator) -> list[dict]:
+    """The step's PPO updates: ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled
+    mini-batches of one fixed shape (old log-probs come from the params before the first)."""
+    rl = self.cfg.rl
+    m, epochs = int(rl.get("ppo_mini_batches", 1)), int(rl.get("ppo_epochs", 1))
+    if m == 1 and epochs == 1:
+      return [sharded]
+    rm = self.learner.row_multiple
+    per_mb = -(-self.rows // m)
+    rows = -(-per_mb // rm) * rm
+    js = self.learner.jitted
+    return [js.shard_batch(mb) for _ in range(epochs)
+            for mb in batch_lib.split_rl_batch(batch, m, rng, rows=rows,
+                                               pad_id=self.runner.pad_id)]
+
   async def _push_weights(self) -> float:
     t0 = time.monotonic()
     version = int(jax.device_get(self.learner.state.step))
@@ -442,10 +457,16 @@ class RLLoop:
       if rl.recompute_old_logprobs:
         lp = js.compute_logprobs(self.learner.state.params, sharded)
         sharded = steps_lib.with_old_logprobs(sharded, lp)
-        metrics["sampler_logprob_drift"] = _drift(batch, np.asarray(lp))
-      self.learner.state, m = js.rl_step(self.learner.state, sharded)
-      m = jax.device_get(m)
-      metrics.update({k: float(v) for k, v in m.items()})
+        lp = np.asarray(lp)
+        metrics["sampler_logprob_drift"] = _drift(batch, lp)
+        batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
+      updates = self._updates(batch, sharded, np.random.default_rng(seed0 + 1))
+      for mb in updates:
+        self.learner.state, m = js.rl_step(self.learner.state, mb)
+        m = jax.device_get(m)
+        for k, v in m.items():   # mean over the step's updates
+          metrics[k] = metrics.get(k, 0.0) + float(v) / len(updates)
+      metrics["ppo_updates"] = float(len(updates))
       metrics["batch_rows"], metrics["batch_len"] = float(batch["input_ids"].shape[0]), pad_to
       t_update = time.monotonic() - t0
       # 10. weight push

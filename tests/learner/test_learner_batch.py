@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rstar_jax.learner.batch import make_rl_batch, make_sft_batch
+from rstar_jax.learner.batch import make_rl_batch, make_sft_batch, split_rl_batch
 
 
 @dataclasses.dataclass
@@ -68,3 +68,51 @@ def test_rl_batch_from_rollout_trajectory():
     np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 5, 0])
     np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 0, 1, 0])
     np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
+
+
+def _seven_row_batch():
+  trajs = [Traj([1 + i], [10 + i] * (i + 1), [1] * (i + 1), [-0.1 * i] * (i + 1)) for i in range(7)]
+  return make_rl_batch(trajs, [float(i) for i in range(7)], pad_to=12, pad_id=3, row_multiple=10)
+
+
+def test_split_rl_batch_partitions_real_rows_into_fixed_shapes():
+  b = _seven_row_batch()
+  mbs = split_rl_batch(b, 3, np.random.default_rng(0), rows=4, pad_id=3)
+  assert len(mbs) == 3
+  for mb in mbs:
+    assert set(mb) == set(b)
+    assert all(mb[k].shape == (4,) + b[k].shape[1:] and mb[k].dtype == b[k].dtype for k in b)
+  # Every real row lands in exactly one mini-batch, intact (advantage identifies the row).
+  got = []
+  for mb in mbs:
+    real = mb["attention_mask"].any(axis=1)
+    assert 2 <= real.sum() <= 3
+    for r in np.flatnonzero(real):
+      i = int(mb["advantages"][r])
+      got.append(i)
+      for k in b:
+        np.testing.assert_array_equal(mb[k][r], b[k][i])
+    # Padding rows: no tokens, no loss, no advantage, the pad id.
+    pad = ~real
+    assert mb["loss_mask"][pad].sum() == 0 and mb["advantages"][pad].sum() == 0
+    assert (mb["input_ids"][pad] == 3).all()
+  assert sorted(got) == list(range(7))
+  # The shuffle follows the rng: same seed, same split; another seed, another order.
+  again = split_rl_batch(b, 3, np.random.default_rng(0), rows=4, pad_id=3)
+  assert all((x["advantages"] == y["advantages"]).all() for x, y in zip(mbs, again))
+  other = split_rl_batch(b, 3, np.random.default_rng(1), rows=4, pad_id=3)
+  assert any((x["advantages"] != y["advantages"]).any() for x, y in zip(mbs, other))
+
+
+def test_split_rl_batch_edge_cases():
+  b = _seven_row_batch()
+  assert split_rl_batch(b, 1, np.random.default_rng(0))[0] is b
+  # Default rows = ceil(N / M) over all N rows (here 10 / 2).
+  assert split_rl_batch(b, 2, np.random.default_rng(0))[0]["input_ids"].shape == (5, 12)
+  # Fewer real rows than mini-batches: only non-empty mini-batches come back.
+  few = make_rl_batch([Traj([1], [2], [1], [0.0])] * 2, [1.0, -1.0], pad_to=4, row_multiple=8)
+  assert len(split_rl_batch(few, 4, np.random.default_rng(0), rows=2)) == 2
+  with pytest.raises(ValueError, match="need 3 rows each, got rows=2"):
+    split_rl_batch(b, 3, np.random.default_rng(0), rows=2)
+  with pytest.raises(ValueError, match="num_mini_batches"):
+    split_rl_batch(b, 0, np.random.default_rng(0))

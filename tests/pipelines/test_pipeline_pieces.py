@@ -245,3 +245,26 @@ def test_select_interaction_dense():
   assert [c.extra["answer"] for c in kept] == [9] and st["mean_tool_calls_kept"] == 5
   kept, _ = select_interaction_dense(chats, min_tool_calls=1, require_all_calls_ok=False)
   assert [c.extra["answer"] for c in kept] == [5, 7, 8, 9]
+
+
+def test_synthetic_difficulty_from_config_dict():
+  import ml_collections
+  from rstar_jax.pipelines import data_sources
+  cfg = rstar2_tiny_cpu.get_config("rl")
+  cfg.data.synthetic = ml_collections.ConfigDict(dict(
+      seed=1, n_train=30, n_eval=10, families=["mulmod"],
+      difficulty=ml_collections.ConfigDict(dict(operand_digits=2, modulus_digits=2))))
+  cfg.eval.max_problems = 0
+  train = data_sources.train_problems(cfg)
+  held = data_sources.eval_problems(cfg)
+  assert len(train) == 30 and len(held) == 10
+  # Every operand of "Compute (A * B) mod M." has two digits, as the custom preset says.
+  for p in train + held:
+    nums = [int(t.strip("().")) for t in p.problem.split() if t.strip("().").isdigit()]
+    assert len(nums) == 3 and all(10 <= n <= 99 for n in nums), p.problem
+  cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digit=2))
+  with pytest.raises(ValueError, match=r"difficulty: unknown fields \['operand_digit'\]"):
+    data_sources.train_problems(cfg)
+  cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digits=0))
+  with pytest.raises(ValueError, match="operand_digits"):
+    data_sources.train_problems(cfg)

@@ -256,3 +256,23 @@ def test_resume_after_steps_without_update(setup, tmp_path):
   assert not np.array_equal(np.asarray(second.learner.state.rng), rng_after_two)
   resumed_rng = np.asarray(jax.random.split(rng_after_two)[0])
   assert np.array_equal(np.asarray(second.learner.state.rng), resumed_rng)
+
+
+def test_ppo_mini_batches_and_epochs_make_several_updates_per_step(setup, tmp_path):
+  """rl.ppo_mini_batches x rl.ppo_epochs optimizer updates per RL step; old log-probs come from
+  the policy before the first update, so later updates see a ratio away from 1."""
+  cfg, problems, tok = setup
+  cfg = _config()
+  cfg.rl.ppo_mini_batches, cfg.rl.ppo_epochs = 2, 2
+  cfg.optim.warmup_steps = 0
+  cfg.stages = [dict(name="s", steps=1, response_budget=16, max_turns=1, data="full",
+                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.train.eval_every = 0
+  loop, _ = _run(cfg, tmp_path, problems, tok, max_steps=None)
+  rec = read_jsonl_metrics(tmp_path / "metrics.jsonl")[0]
+  assert rec["ppo_updates"] == 4 and rec["optimizer_step"] == 4
+  assert int(loop.learner.state.step) == 4
+  # Weight versions name optimizer steps: the engine serves the policy after the 4th update.
+  assert rec["weight_version"] == 4 and loop.runner.engine.weight_version == 4
+  # Averaged over 4 updates, 3 of them off-policy: the ratio moved away from exactly 1.
+  assert rec["ratio_abs_dev"] > 0
