@@ -221,6 +221,14 @@ def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, ca
       position ``lengths[b] + t``; ``lengths`` grows by the row's valid count. Each token
       attends to its row's slots ``<=`` its own position. Tokens past the cache end are dropped.
     """
+    if input_ids.shape[1] == 1:
+        return _forward_cached_decode(params, config, input_ids, cache, input_mask)
+    return _forward_cached_general(params, config, input_ids, cache, input_mask)
+
+
+def _forward_cached_general(params: Params, config: Qwen3Config, input_ids: jax.Array,
+                            cache: KVCache, input_mask: jax.Array | None):
+    """``forward_cached`` for any T: writes each layer's k/v into the cache, then attends."""
     c = config
     B, T = input_ids.shape
     S = cache.k.shape[2]
@@ -252,3 +260,80 @@ def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, ca
     lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
     return _logits(params, x, c), KVCache(k=k_new, v=v_new, lengths=lengths)
 
+
+
+def _attend_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+                   k_new: jax.Array, v_new: jax.Array, old_ok: jax.Array, new_ok: jax.Array,
+                   c: Qwen3Config) -> jax.Array:
+    """One-token GQA attention over layer ``layer`` of the stacked cache plus the new token.
+
+    q: [B, 1, Hq, Dh]; k_cache, v_cache: [L, B, S, Hkv, Dh]; k_new, v_new: [B, 1, Hkv, Dh];
+    old_ok: [B, S] bool (cached slots attended); new_ok: [B] bool (the new token attends to
+    itself). Returns [B, 1, Hq*Dh]; scores and softmax in float32.
+
+    Written as masked multiply-reduces instead of einsums on purpose: XLA:CPU turns an einsum
+    against the cache into a library dot whose operand (the layer's [B, S, Hkv, Dh] slice, in
+    [B, Hkv, S, Dh] order) is first copied out every step; the masked reduce is a loop fusion
+    that reads the cache in place, once.
+    """
+    B, _, Hq, Dh = q.shape
+    Hkv = k_cache.shape[3]
+    k_old = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)   # [B, S, Hkv, Dh]
+    v_old = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)
+    qg = q.reshape(B, 1, Hkv, Hq // Hkv, Dh).astype(jnp.float32)
+    ok = old_ok[:, :, None, None]                                            # [B, S, 1, 1]
+    prod = qg * k_old.astype(jnp.float32)[:, :, :, None, :]                   # [B, S, Hkv, G, Dh]
+    s_old = jnp.sum(jnp.where(ok[..., None], prod, 0.0), axis=-1) * (Dh ** -0.5)
+    s_old = jnp.where(ok, s_old, _MASK_VALUE)                                # [B, S, Hkv, G]
+    s_new = jnp.sum(qg * k_new.astype(jnp.float32)[:, :, :, None, :], axis=-1) * (Dh ** -0.5)
+    s_new = jnp.where(new_ok[:, None, None, None], s_new, _MASK_VALUE)       # [B, 1, Hkv, G]
+    m = jnp.maximum(jnp.max(s_old, axis=1, keepdims=True), s_new)
+    e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
+    den = jnp.sum(e_old, axis=1, keepdims=True) + e_new
+    # The softmax weights are cast to the compute dtype before weighting v, as in ``_attend``.
+    w_old, w_new = (e_old / den).astype(q.dtype), (e_new / den).astype(q.dtype)
+    pv = w_old[..., None] * v_old.astype(q.dtype)[:, :, :, None, :]
+    o = (jnp.sum(jnp.where(ok[..., None], pv, 0), axis=1, keepdims=True,
+                 dtype=jnp.float32)
+         + (w_new[..., None] * v_new.astype(q.dtype)[:, :, :, None, :]).astype(jnp.float32))
+    return o.astype(q.dtype).reshape(B, 1, Hq * Dh)
+
+
+def _forward_cached_decode(params: Params, config: Qwen3Config, input_ids: jax.Array,
+                           cache: KVCache, input_mask: jax.Array | None):
+    """``forward_cached`` for T = 1 (same contract and numerics up to float rounding).
+
+    Each layer attends to its cached slots ``< lengths`` plus the new token's own k/v (held in
+    registers), and the new k/v of every layer are written with one scatter after the layer
+    scan. The cache is only read inside the scan, so XLA neither carries nor copies it per
+    layer; the general path's per-layer write-then-read made it copy and transpose each
+    layer's cache slice on every step.
+    """
+    c = config
+    B = input_ids.shape[0]
+    S = cache.k.shape[2]
+    mask = jnp.ones((B, 1), bool) if input_mask is None else input_mask.astype(bool)
+    positions = cache.lengths[:, None]                                       # [B, 1]
+    slots = jnp.where(mask, positions, S)                                    # S = dropped
+    old_ok = jnp.arange(S)[None, :] < cache.lengths[:, None]                 # [B, S]
+    new_ok = slots[:, 0] < S   # a token past the cache end is not stored, so not attended
+
+    def layer(x, xs):
+        p, i = xs
+        h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
+        q, k, v = _qkv(h, p["self_attn"], positions, c)
+        attn = _attend_decode(q, cache.k, cache.v, i, k, v, old_ok, new_ok, c)
+        x = x + _dense(attn, p["self_attn"]["o_proj"])
+        h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
+        x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
+        return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
+
+    num_layers = cache.k.shape[0]
+    x, (k_new, v_new) = jax.lax.scan(
+        _maybe_remat(layer, c), _embed(params, input_ids, c),
+        (params["layers"], jnp.arange(num_layers, dtype=jnp.int32)))
+    rows = jnp.arange(B)[:, None]
+    k_all = cache.k.at[:, rows, slots].set(k_new, mode="drop")               # k_new [L, B, 1, ...]
+    v_all = cache.v.at[:, rows, slots].set(v_new, mode="drop")
+    lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
+    return _logits(params, x, c), KVCache(k=k_all, v=v_all, lengths=lengths)

@@ -136,6 +136,16 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.take_along_axis(logp, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
 
 
+def argmax_first(x: jax.Array) -> jax.Array:
+    """[B, V] -> [B] int32 index of each row's maximum, the lowest id on ties (``jnp.argmax``'s
+    rule). A max then a masked min: two plain reductions, ~5x faster than XLA:CPU's variadic
+    argmax reduction at V = 4096. A row with a NaN gives V - 1 (unspecified, in range)."""
+    V = x.shape[-1]
+    m = jnp.max(x, axis=-1, keepdims=True)
+    idx = jnp.min(jnp.where(x == m, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
+    return jnp.minimum(idx, V - 1).astype(jnp.int32)
+
+
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
                   top_p: jax.Array) -> tuple[jax.Array, jax.Array]:
     """One sampling step for a batch of rows with per-row settings.
@@ -150,29 +160,52 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
       logprobs: [B] float32, the log-probability of each token under the RAW model
         distribution (temperature 1, no filtering): the quantity the learner recomputes, so
         sampler/learner drift can be measured directly. Not the filtered distribution's.
+
+    When every row is greedy the filters and the draw are skipped (``lax.cond``): they cost
+    more than the argmax and the log-softmax together.
     """
     logits = logits.astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    filtered = filter_logits(scale_by_temperature(logits, temperature), top_k, top_p)
-    sampled = _inverse_cdf_sample(filtered, keys)
-    tokens = jnp.where(temperature > 0, sampled, greedy)
+    greedy = argmax_first(logits)
+
+    def draw(_):
+        filtered = filter_logits(scale_by_temperature(logits, temperature), top_k, top_p)
+        return jnp.where(temperature > 0, _inverse_cdf_sample(filtered, keys), greedy)
+
+    tokens = jax.lax.cond(jnp.any(temperature > 0), draw, lambda _: greedy, None)
     return tokens, token_logprobs(logits, tokens)
+
+
+# Tokens per block of the two-level inverse-CDF search (the vocabulary is padded to a multiple).
+_CDF_BLOCK = 64
 
 
 def _inverse_cdf_sample(logits: jax.Array, keys: jax.Array) -> jax.Array:
     """One draw per row from softmax(logits) [B, V] via one uniform and the CDF (one random
     number per row instead of V Gumbels). Tokens at ``NEG_INF`` have probability exactly 0 and
     are never returned: a draw that lands on one through float rounding of the CDF falls back
-    to the row's last token of positive probability."""
+    to the row's last token of positive probability.
+
+    The CDF is searched in two levels (block sums, then the chosen block's own prefix sums)
+    instead of a full-vocabulary cumsum, which XLA:CPU lowers to a slow log-depth scan.
+    """
     B, V = logits.shape
     probs = jax.nn.softmax(logits, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    u = jax.vmap(jax.random.uniform)(keys) * cdf[:, -1]
-    idx = jnp.minimum(jnp.sum(cdf <= u[:, None], axis=-1), V - 1).astype(jnp.int32)
+    blk = min(_CDF_BLOCK, V)
+    nb = -(-V // blk)
+    padded = jnp.pad(probs, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
+    block_cdf = jnp.cumsum(padded.sum(-1), axis=-1)                        # [B, nb]
+    u = jax.vmap(jax.random.uniform)(keys) * block_cdf[:, -1]
+    jb = jnp.minimum(jnp.sum(block_cdf <= u[:, None], axis=-1), nb - 1)     # [B]
+    inner = jnp.take_along_axis(padded, jb[:, None, None], axis=1)[:, 0]     # [B, blk]
+    before = jnp.where(jb > 0, jnp.take_along_axis(
+        block_cdf, jnp.maximum(jb - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    inner_cdf = before[:, None] + jnp.cumsum(inner, axis=-1)
+    j = jnp.minimum(jnp.sum(inner_cdf <= u[:, None], axis=-1), blk - 1)
+    idx = jnp.minimum(jb * blk + j, V - 1).astype(jnp.int32)
     positive = probs > 0
-    last = (V - 1 - jnp.argmax(positive[:, ::-1], axis=-1)).astype(jnp.int32)
+    last = jnp.max(jnp.where(positive, jnp.arange(V, dtype=jnp.int32), -1), axis=-1)
     ok = jnp.take_along_axis(positive, idx[:, None], axis=-1)[:, 0]
-    return jnp.where(ok, idx, last)
+    return jnp.where(ok, idx, jnp.maximum(last, 0)).astype(jnp.int32)
 
 
 def split_seed(seed: int) -> tuple[int, int]:
