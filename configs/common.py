@@ -69,6 +69,7 @@ def rl_config() -> ml_collections.ConfigDict:
       p_format_mode="paper",
       adv_eps=1e-6,
       unbiased_std=True,
+      neg_adv_scale=1.0,             # negative advantages x this (1 = GRPO; <1 = asymmetric REINFORCE)
       eps_low=0.2, eps_high=0.28,
       dual_clip_c=0.0,               # 0 = off (released code: 3.0)
       ppo_mini_batches=1,            # optimizer updates per RL step, each on a shuffled slice (1 = on-policy, paper code)

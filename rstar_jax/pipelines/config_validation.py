@@ -243,7 +243,7 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     "mesh": {"num_devices": int_range(0)},
     "rl": {"answer_mode": one_of(("answer_tag", "anywhere")), "max_step_retries": int_range(0), "hard_subset_max_problems": int_range(0),
            "collapse_window": int_range(1), "ppo_mini_batches": int_range(1),
-           "ppo_epochs": int_range(1)},
+           "ppo_epochs": int_range(1), "neg_adv_scale": num_range(0, 1)},
     "rollout": {"decode_chunk": int_range(1), "max_len": int_range(0)},
     "train": {"progress_every_s": num_range(0), "length_bucket": int_range(2)},
     "eval": {"seed": int_range(0), "max_problems": int_range(0)},

@@ -94,12 +94,15 @@ def _roc_jit(group_size, mode, min_pos, min_neg, eps):
 
 
 def group_advantages(selected_rewards: np.ndarray, keep_group: np.ndarray, *, eps: float,
-                     unbiased_std: bool) -> np.ndarray:
-  """GRPO advantages [P, G] on the kept rollouts; dropped groups get 0 (static shapes)."""
+                     unbiased_std: bool, neg_scale: float = 1.0) -> np.ndarray:
+  """GRPO advantages [P, G] on the kept rollouts; dropped groups get 0 (static shapes);
+  negative ones multiplied by ``neg_scale`` (``rl.neg_adv_scale``)."""
   valid = np.broadcast_to(np.asarray(keep_group, bool)[:, None], selected_rewards.shape)
-  return np.asarray(adv_lib.grpo_advantages(jnp.asarray(selected_rewards, jnp.float32), eps=eps,
-                                            unbiased_std=unbiased_std,
-                                            valid=jnp.asarray(valid)))
+  adv = adv_lib.grpo_advantages(jnp.asarray(selected_rewards, jnp.float32), eps=eps,
+                                unbiased_std=unbiased_std, valid=jnp.asarray(valid))
+  if neg_scale != 1.0:
+    adv = adv_lib.scale_negative_advantages(adv, neg_scale)
+  return np.asarray(adv)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -424,7 +427,8 @@ class RLLoop:
         drop_zero_variance=bool(rl.drop_zero_variance))
     sel_rewards = np.take_along_axis(rewards, idx, axis=1)
     adv = group_advantages(sel_rewards, keep, eps=float(rl.adv_eps),
-                           unbiased_std=bool(rl.unbiased_std))
+                           unbiased_std=bool(rl.unbiased_std),
+                           neg_scale=float(rl.get("neg_adv_scale", 1.0)))
     kept_trajs, kept_adv, kept_rewards = [], [], []
     for g in np.flatnonzero(keep):
       for j, col in enumerate(idx[g]):

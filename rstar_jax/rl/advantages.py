@@ -39,3 +39,26 @@ def grpo_advantages(selected_rewards: jax.Array, eps: float = 1e-6, unbiased_std
     if normalize_by_std:
         adv = adv / (std + eps)
     return adv * v
+
+
+@registry.register("advantage_transform", "scale_negative")
+def scale_negative_advantages(advantages: jax.Array, scale: float | jax.Array) -> jax.Array:
+    """Multiplies the negative advantages by ``scale`` and leaves the others unchanged.
+
+        Â'_i = Â_i            if Â_i >= 0
+        Â'_i = scale * Â_i    otherwise
+
+    ``scale = 1`` is GRPO (rStar2-Agent, the default). ``scale < 1`` moves the effective baseline
+    below the group mean, i.e. asymmetric REINFORCE: pushing sampled tokens down is much
+    easier than pushing them up (their log-probabilities fall ~10x faster per update on a tiny
+    model), and an unweighted negative gradient spreads the freed probability mass over
+    other tokens, so the policy's entropy grows instead of the correct mode sharpening.
+
+    Args:
+        advantages: any shape, float.
+        scale: float or scalar array in [0, 1] (not checked here, so it can be traced).
+    Returns:
+        float32 array of the same shape.
+    """
+    a = advantages.astype(jnp.float32)
+    return jnp.where(a < 0, a * jnp.asarray(scale, jnp.float32), a)

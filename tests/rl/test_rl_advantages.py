@@ -40,3 +40,30 @@ class AdvantagesTest(chex.TestCase):
 
     def test_registered(self):
         self.assertIs(registry.get("advantage", "grpo"), advantages.grpo_advantages)
+
+
+class ScaleNegativeTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_only_negative_entries_scale(self):
+        adv = jnp.array([[1.5, -0.5, 0.0, -1.0], [-2.0, 2.0, 0.25, -0.25]])
+        out = np.asarray(self.variant(advantages.scale_negative_advantages)(adv, 0.1))
+        np.testing.assert_allclose(out, [[1.5, -0.05, 0.0, -0.1], [-0.2, 2.0, 0.25, -0.025]],
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(
+            self.variant(advantages.scale_negative_advantages)(adv, 1.0), adv)
+        # A traced scale (e.g. a schedule inside a jitted step) works too.
+        traced = self.variant(lambda a, s: advantages.scale_negative_advantages(a, s))(
+            adv, jnp.float32(0.0))
+        np.testing.assert_array_equal(np.asarray(traced) < 0, False)
+
+    def test_registered_and_used_by_the_rl_loop(self):
+        from rstar_jax.pipelines import rl_loop
+        assert registry.get("advantage_transform", "scale_negative") is \
+            advantages.scale_negative_advantages
+        r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
+        keep = np.array([True, False])
+        plain = rl_loop.group_advantages(r, keep, eps=1e-6, unbiased_std=True)
+        scaled = rl_loop.group_advantages(r, keep, eps=1e-6, unbiased_std=True, neg_scale=0.25)
+        np.testing.assert_allclose(scaled[0], np.where(plain[0] < 0, 0.25 * plain[0], plain[0]))
+        np.testing.assert_array_equal(scaled[1], 0.0)
