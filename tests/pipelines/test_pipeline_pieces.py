@@ -57,10 +57,11 @@ def test_bad_values_name_field_expected_and_got():
   cfg.rl.roc_mode = "greedy"
   cfg.optim.lr = -1.0
   cfg.rollout.top_p = 1.5
+  cfg.rl.neg_adv_scale = 1.5
   probs, msg = _problems(cfg)
   paths = [p for p, _ in probs]
   assert "rl.group_size" in paths and "rl.roc_mode" in paths
-  assert "optim.lr" in paths and "rollout.top_p" in paths
+  assert "optim.lr" in paths and "rollout.top_p" in paths and "rl.neg_adv_scale" in paths
   assert "config.rl.roc_mode: expected one of ['paper', 'released', 'random'], got 'greedy'" in msg
   assert "config.rl.group_size: expected an int >= 1, got 0 (int)" in msg
 
