@@ -261,10 +261,9 @@ def _forward_cached_general(params: Params, config: Qwen3Config, input_ids: jax.
     return _logits(params, x, c), KVCache(k=k_new, v=v_new, lengths=lengths)
 
 
-
 def _attend_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                   k_new: jax.Array, v_new: jax.Array, old_ok: jax.Array, new_ok: jax.Array,
-                   c: Qwen3Config) -> jax.Array:
+                   k_new: jax.Array, v_new: jax.Array, old_ok: jax.Array,
+                   new_ok: jax.Array) -> jax.Array:
     """One-token GQA attention over layer ``layer`` of the stacked cache plus the new token.
 
     q: [B, 1, Hq, Dh]; k_cache, v_cache: [L, B, S, Hkv, Dh]; k_new, v_new: [B, 1, Hkv, Dh];
@@ -283,8 +282,7 @@ def _attend_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: 
     qg = q.reshape(B, 1, Hkv, Hq // Hkv, Dh).astype(jnp.float32)
     ok = old_ok[:, :, None, None]                                            # [B, S, 1, 1]
     prod = qg * k_old.astype(jnp.float32)[:, :, :, None, :]                   # [B, S, Hkv, G, Dh]
-    s_old = jnp.sum(jnp.where(ok[..., None], prod, 0.0), axis=-1) * (Dh ** -0.5)
-    s_old = jnp.where(ok, s_old, _MASK_VALUE)                                # [B, S, Hkv, G]
+    s_old = jnp.where(ok, jnp.sum(prod, axis=-1) * (Dh ** -0.5), _MASK_VALUE)                                # [B, S, Hkv, G]
     s_new = jnp.sum(qg * k_new.astype(jnp.float32)[:, :, :, None, :], axis=-1) * (Dh ** -0.5)
     s_new = jnp.where(new_ok[:, None, None, None], s_new, _MASK_VALUE)       # [B, 1, Hkv, G]
     m = jnp.maximum(jnp.max(s_old, axis=1, keepdims=True), s_new)
@@ -322,7 +320,7 @@ def _forward_cached_decode(params: Params, config: Qwen3Config, input_ids: jax.A
         p, i = xs
         h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
         q, k, v = _qkv(h, p["self_attn"], positions, c)
-        attn = _attend_decode(q, cache.k, cache.v, i, k, v, old_ok, new_ok, c)
+        attn = _attend_decode(q, cache.k, cache.v, i, k, v, old_ok, new_ok)
         x = x + _dense(attn, p["self_attn"]["o_proj"])
         h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
         x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
