@@ -23,8 +23,8 @@ from rstar_jax.sharding.rules import constrain, logical_to_shardings
 Params = dict[str, Any]
 
 __all__ = ["Qwen3Config", "KVCache", "init_cache", "cache_logical_axes", "cache_shardings",
-           "init_params", "forward", "forward_cached", "param_logical_axes", "param_shapes",
-           "param_shardings", "load_hf_params", "save_hf",
+           "init_params", "forward", "forward_cached", "inference_params", "layer_params",
+           "param_logical_axes", "param_shapes", "param_shardings", "load_hf_params", "save_hf",
            "CheckpointError", "hf_names", "default_positions", "rms_norm", "rope",
            "SUPPORTED_MODEL_TYPES"]
 
@@ -150,10 +150,10 @@ def _embed(params: Params, input_ids: jax.Array, c: Qwen3Config) -> jax.Array:
 
 def _logits(params: Params, x: jax.Array, c: Qwen3Config) -> jax.Array:
     x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
-    if c.tie_word_embeddings:
-        w = params["embed_tokens"]["embedding"].astype(x.dtype).T
-    else:
+    if "lm_head" in params:   # untied, or tied in the ``inference_params`` layout
         w = params["lm_head"]["kernel"].astype(x.dtype)
+    else:
+        w = params["embed_tokens"]["embedding"].astype(x.dtype).T
     logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return constrain(logits, ("batch", "seq", "act_vocab"))
 
@@ -206,132 +206,97 @@ def forward(params: Params, config: Qwen3Config, input_ids: jax.Array,
     return _logits(params, x, c)
 
 
+def layer_params(params: Params, i: int) -> Params:
+    """Layer ``i``'s params from the stacked layout (``params["layers"]`` a dict of [L, ...]
+    arrays) or the per-layer layout of ``inference_params`` (a tuple of per-layer dicts)."""
+    layers = params["layers"]
+    if isinstance(layers, (list, tuple)):
+        return layers[i]
+    return jax.tree.map(lambda a: a[i], layers)
+
+
+def inference_params(params: Params, config: Qwen3Config) -> Params:
+    """The param layout ``forward_cached`` runs fastest on; pure, jittable (config static).
+
+    Layers become a tuple of per-layer dicts, so a decode step reads each weight in place
+    instead of slicing (on XLA:CPU: copying) it out of the stacked [L, ...] arrays; with tied
+    embeddings the LM head gets its own [D, V] kernel, a plain matmul instead of one against
+    the transposed [V, D] table. Costs one copy of the weights (plus V x D when tied).
+    ``forward`` and the learner keep the stacked layout.
+    """
+    out = {k: v for k, v in params.items() if k != "layers"}
+    out["layers"] = tuple(layer_params(params, i) for i in range(config.num_hidden_layers))
+    if config.tie_word_embeddings and "lm_head" not in params:
+        out["lm_head"] = {"kernel": params["embed_tokens"]["embedding"].T}
+    return out
+
+
 def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, cache: KVCache,
                    input_mask: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
     """Forward that reads and extends a KV cache (prefill T > 1 or decode T = 1); pure, jit with
     ``static_argnames="config"`` (donate ``cache`` to update it in place).
 
     Args:
+      params: stacked or ``inference_params`` layout (same result; the latter is faster).
       input_ids: [B, T] int32.
-      cache: KVCache with k, v [L, B, S, Hkv, Dh] and lengths [B].
+      cache: KVCache, L layers of k [B, Hkv, Dh, S] / v [B, Hkv, S, Dh], lengths [B].
       input_mask: [B, T] bool, valid tokens a prefix of each row (right padding); a row with no
         valid token leaves its cache untouched (idle slot). Default all valid.
     Returns:
       (logits [B, T, V] float32, new cache). Row b's valid token t is stored at slot and
       position ``lengths[b] + t``; ``lengths`` grows by the row's valid count. Each token
       attends to its row's slots ``<=`` its own position. Tokens past the cache end are dropped.
+
+    Layers run as a Python loop (the per-layer cache buffers are separate arrays): each layer
+    writes its new k/v into its buffers, then attends over them, so the buffers are updated in
+    place and read once.
     """
-    if input_ids.shape[1] == 1:
-        return _forward_cached_decode(params, config, input_ids, cache, input_mask)
-    return _forward_cached_general(params, config, input_ids, cache, input_mask)
-
-
-def _forward_cached_general(params: Params, config: Qwen3Config, input_ids: jax.Array,
-                            cache: KVCache, input_mask: jax.Array | None):
-    """``forward_cached`` for any T: writes each layer's k/v into the cache, then attends."""
     c = config
     B, T = input_ids.shape
-    S = cache.k.shape[2]
+    S = cache.max_len
+    if cache.num_layers != c.num_hidden_layers:
+        raise ValueError(f"forward_cached: cache has {cache.num_layers} layers, config "
+                         f"{c.num_hidden_layers}")
     mask = jnp.ones((B, T), bool) if input_mask is None else input_mask.astype(bool)
     positions = cache.lengths[:, None] + jnp.arange(T)[None, :]                  # [B, T]
     # Padded tokens get an out-of-range slot, and mode="drop" skips their writes.
     slots = jnp.where(mask, positions, S)
     allowed = jnp.arange(S)[None, None, :] <= positions[:, :, None]             # [B, T, S]
     rows = jnp.arange(B)[:, None]
-
-    # The stacked cache rides in the scan carry and is updated at layer i in place; passing it
-    # as scanned xs/ys would copy the whole [L, B, S, ...] cache on every decode step.
-    def layer(carry, xs):
-        x, k_all, v_all = carry
-        p, i = xs
+    x = _embed(params, input_ids, c)
+    k_all, v_all = list(cache.k), list(cache.v)
+    for i in range(c.num_hidden_layers):
+        p = layer_params(params, i)
         h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
         q, k, v = _qkv(h, p["self_attn"], positions, c)
-        k_all = k_all.at[i, rows, slots].set(k.astype(k_all.dtype), mode="drop")
-        v_all = v_all.at[i, rows, slots].set(v.astype(v_all.dtype), mode="drop")
-        x = x + _dense(_attend(q, k_all[i], v_all[i], allowed, c), p["self_attn"]["o_proj"])
+        # Advanced indices around sliced axes put [B, T] first: the update is [B, T, Hkv, Dh].
+        k_all[i] = k_all[i].at[rows, :, :, slots].set(k.astype(k_all[i].dtype), mode="drop")
+        v_all[i] = v_all[i].at[rows, :, slots].set(v.astype(v_all[i].dtype), mode="drop")
+        x = x + _dense(_attend_cached(q, k_all[i], v_all[i], allowed), p["self_attn"]["o_proj"])
         h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
         x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
-        return (x, k_all, v_all), None
-
-    num_layers = cache.k.shape[0]
-    (x, k_new, v_new), _ = jax.lax.scan(
-        _maybe_remat(layer, c), (_embed(params, input_ids, c), cache.k, cache.v),
-        (params["layers"], jnp.arange(num_layers, dtype=jnp.int32)))
     lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
-    return _logits(params, x, c), KVCache(k=k_new, v=v_new, lengths=lengths)
+    return _logits(params, x, c), KVCache(k=tuple(k_all), v=tuple(v_all), lengths=lengths)
 
 
-def _attend_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                   k_new: jax.Array, v_new: jax.Array, old_ok: jax.Array,
-                   new_ok: jax.Array) -> jax.Array:
-    """One-token GQA attention over layer ``layer`` of the stacked cache plus the new token.
+def _attend_cached(q: jax.Array, k_t: jax.Array, v: jax.Array, allowed: jax.Array) -> jax.Array:
+    """GQA attention over one layer's cache. q: [B, T, Hq, Dh]; k_t: [B, Hkv, Dh, S];
+    v: [B, Hkv, S, Dh]; allowed: [B, T, S] bool. Returns [B, T, Hq*Dh]; scores and softmax in
+    float32.
 
-    q: [B, 1, Hq, Dh]; k_cache, v_cache: [L, B, S, Hkv, Dh]; k_new, v_new: [B, 1, Hkv, Dh];
-    old_ok: [B, S] bool (cached slots attended); new_ok: [B] bool (the new token attends to
-    itself). Returns [B, 1, Hq*Dh]; scores and softmax in float32.
-
-    Written as masked multiply-reduces instead of einsums on purpose: XLA:CPU turns an einsum
-    against the cache into a library dot whose operand (the layer's [B, S, Hkv, Dh] slice, in
-    [B, Hkv, S, Dh] order) is first copied out every step; the masked reduce is a loop fusion
-    that reads the cache in place, once.
+    Both contractions are spelled as dot_generals with the queries first: batched (B, Hkv)
+    matmuls [G*T, Dh] @ [Dh, S] and [G*T, S] @ [S, Dh] on the cache in place. As einsums,
+    XLA:CPU put the cache first for T = 1 and ran a slower generic dot plus a transpose.
     """
-    B, _, Hq, Dh = q.shape
-    Hkv = k_cache.shape[3]
-    k_old = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)   # [B, S, Hkv, Dh]
-    v_old = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)
-    qg = q.reshape(B, 1, Hkv, Hq // Hkv, Dh).astype(jnp.float32)
-    ok = old_ok[:, :, None, None]                                            # [B, S, 1, 1]
-    prod = qg * k_old.astype(jnp.float32)[:, :, :, None, :]                   # [B, S, Hkv, G, Dh]
-    s_old = jnp.where(ok, jnp.sum(prod, axis=-1) * (Dh ** -0.5), _MASK_VALUE)                                # [B, S, Hkv, G]
-    s_new = jnp.sum(qg * k_new.astype(jnp.float32)[:, :, :, None, :], axis=-1) * (Dh ** -0.5)
-    s_new = jnp.where(new_ok[:, None, None, None], s_new, _MASK_VALUE)       # [B, 1, Hkv, G]
-    m = jnp.maximum(jnp.max(s_old, axis=1, keepdims=True), s_new)
-    e_old, e_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
-    den = jnp.sum(e_old, axis=1, keepdims=True) + e_new
-    # The softmax weights are cast to the compute dtype before weighting v, as in ``_attend``.
-    w_old, w_new = (e_old / den).astype(q.dtype), (e_new / den).astype(q.dtype)
-    pv = w_old[..., None] * v_old.astype(q.dtype)[:, :, :, None, :]
-    o = (jnp.sum(jnp.where(ok[..., None], pv, 0), axis=1, keepdims=True,
-                 dtype=jnp.float32)
-         + (w_new[..., None] * v_new.astype(q.dtype)[:, :, :, None, :]).astype(jnp.float32))
-    return o.astype(q.dtype).reshape(B, 1, Hq * Dh)
-
-
-def _forward_cached_decode(params: Params, config: Qwen3Config, input_ids: jax.Array,
-                           cache: KVCache, input_mask: jax.Array | None):
-    """``forward_cached`` for T = 1 (same contract and numerics up to float rounding).
-
-    Each layer attends to its cached slots ``< lengths`` plus the new token's own k/v (held in
-    registers), and the new k/v of every layer are written with one scatter after the layer
-    scan. The cache is only read inside the scan, so XLA neither carries nor copies it per
-    layer; the general path's per-layer write-then-read made it copy and transpose each
-    layer's cache slice on every step.
-    """
-    c = config
-    B = input_ids.shape[0]
-    S = cache.k.shape[2]
-    mask = jnp.ones((B, 1), bool) if input_mask is None else input_mask.astype(bool)
-    positions = cache.lengths[:, None]                                       # [B, 1]
-    slots = jnp.where(mask, positions, S)                                    # S = dropped
-    old_ok = jnp.arange(S)[None, :] < cache.lengths[:, None]                 # [B, S]
-    new_ok = slots[:, 0] < S   # a token past the cache end is not stored, so not attended
-
-    def layer(x, xs):
-        p, i = xs
-        h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
-        q, k, v = _qkv(h, p["self_attn"], positions, c)
-        attn = _attend_decode(q, cache.k, cache.v, i, k, v, old_ok, new_ok)
-        x = x + _dense(attn, p["self_attn"]["o_proj"])
-        h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
-        x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
-        return x, (k.astype(cache.k.dtype), v.astype(cache.v.dtype))
-
-    num_layers = cache.k.shape[0]
-    x, (k_new, v_new) = jax.lax.scan(
-        _maybe_remat(layer, c), _embed(params, input_ids, c),
-        (params["layers"], jnp.arange(num_layers, dtype=jnp.int32)))
-    rows = jnp.arange(B)[:, None]
-    k_all = cache.k.at[:, rows, slots].set(k_new, mode="drop")               # k_new [L, B, 1, ...]
-    v_all = cache.v.at[:, rows, slots].set(v_new, mode="drop")
-    lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
-    return _logits(params, x, c), KVCache(k=k_all, v=v_all, lengths=lengths)
+    B, T, Hq, Dh = q.shape
+    Hkv = k_t.shape[1]
+    G = Hq // Hkv
+    qh = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
+    batch = ((0, 1), (0, 1))
+    s = jax.lax.dot_general(qh, k_t.astype(q.dtype), (((3,), (2,)), batch),
+                            preferred_element_type=jnp.float32) * (Dh ** -0.5)   # [B,Hkv,G*T,S]
+    ok = jnp.broadcast_to(allowed[:, None, None], (B, 1, G, T, allowed.shape[-1]))
+    s = jnp.where(ok.reshape(B, 1, G * T, -1), s, _MASK_VALUE)
+    w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jax.lax.dot_general(w, v.astype(q.dtype), (((3,), (2,)), batch))      # [B,Hkv,G*T,Dh]
+    return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq * Dh)

@@ -10,7 +10,9 @@ Design:
     early once every row is done). The cache is donated to both. Every per-row setting is an
     array, so mixed temperatures / top-k / top-p / lengths never recompile; shapes only change
     with the prefill bucket, the prefill row bucket and (when ``max_len`` is not given) the
-    cache length bucket. ``compile_counts`` counts traces of each function.
+    cache length bucket. ``compile_counts`` counts traces of each function. The sampler
+    decodes with its own copy of the weights in ``qwen3.inference_params`` layout (made on
+    construction and on ``update_weights``).
   * Stops are decided on the host after each chunk, token by token: stop token ids, multi-token
     stop sequences (matched on token-id suffixes; generated ids are never decoded), and
     ``max_new_tokens``. The device also stops a row on its first few stop ids and at
@@ -75,7 +77,7 @@ def _prefill(params, cache: KVCache, slots, input_ids, input_mask, *, config, co
 
     Args:
       params: model params.
-      cache: KVCache [L, B, S, ...] (donated).
+      cache: KVCache, L layers of [B, ...] buffers (donated).
       slots: [P] int32 target slots; ``>= B`` marks a padding row (its writes are dropped).
       input_ids, input_mask: [P, T] right-padded prompt prefixes (a row may have no tokens).
     Returns:
@@ -83,10 +85,10 @@ def _prefill(params, cache: KVCache, slots, input_ids, input_mask, *, config, co
     """
     counter["prefill"] += 1
     P = input_ids.shape[0]
-    sub = qwen3.init_cache(config, P, cache.k.shape[2], dtype=cache.k.dtype)
+    sub = qwen3.init_cache(config, P, cache.max_len, dtype=cache.k[0].dtype)
     _, sub = qwen3.forward_cached(params, config, input_ids, sub, input_mask)
-    return KVCache(k=cache.k.at[:, slots].set(sub.k, mode="drop"),
-                   v=cache.v.at[:, slots].set(sub.v, mode="drop"),
+    return KVCache(k=tuple(c.at[slots].set(n, mode="drop") for c, n in zip(cache.k, sub.k)),
+                   v=tuple(c.at[slots].set(n, mode="drop") for c, n in zip(cache.v, sub.v)),
                    lengths=cache.lengths.at[slots].set(sub.lengths, mode="drop"))
 
 
@@ -133,8 +135,11 @@ def _decode(params, cache: KVCache, tokens, active, count, max_new, seeds, tempe
 
 
 def _grow(cache: KVCache, new_len: int) -> KVCache:
-    pad = ((0, 0), (0, 0), (0, new_len - cache.k.shape[2]), (0, 0), (0, 0))
-    return cache._replace(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))
+    """The cache with every row's positions extended to ``new_len`` (zeros, never attended)."""
+    extra = new_len - cache.max_len
+    return cache._replace(
+        k=tuple(jnp.pad(a, ((0, 0), (0, 0), (0, 0), (0, extra))) for a in cache.k),
+        v=tuple(jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0))) for a in cache.v))
 
 
 # ----------------------------------------------------------------------------- host state
@@ -242,7 +247,7 @@ class JaxSampler:
     @property
     def max_len(self) -> int | None:
         """Current cache length (None until the first request when not fixed)."""
-        return self._cache.k.shape[2] if self._cache is not None else self._fixed_max_len
+        return self._cache.max_len if self._cache is not None else self._fixed_max_len
 
     async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """Generates for every request; results in request order."""
@@ -286,10 +291,15 @@ class JaxSampler:
     # ------------------------------------------------------------------ setup
 
     def _set_model(self, config, params):
-        self._params = params
-        if getattr(self, "config", None) == config:
-            return   # same shapes: keep the compiled functions
+        if getattr(self, "config", None) != config:   # same shapes: keep the compiled functions
+            self._build_fns(config)
+        # The sampler's own copy in the decode-friendly layout (per-layer weights, an untied
+        # LM-head kernel); the caller's params stay as they are.
+        self._params = self._to_inference(params)
+
+    def _build_fns(self, config):
         self.config = config
+        self._to_inference = jax.jit(functools.partial(qwen3.inference_params, config=config))
         self._cache_dtype = jnp.dtype(config.dtype)
         self._prefill_fn = jax.jit(
             functools.partial(_prefill, config=config, counter=self.compile_counts),
@@ -420,11 +430,11 @@ class JaxSampler:
         if self._cache is None:
             self._cache = qwen3.init_cache(self.config, self.max_batch, size,
                                            dtype=self._cache_dtype)
-        elif self._cache.k.shape[2] < size:
+        elif self._cache.max_len < size:
             self._cache = jax.jit(_grow, static_argnums=1)(self._cache, size)
 
     def _bucket(self, n: int) -> int:
-        buckets = self._prefill_buckets or _default_buckets(self._cache.k.shape[2])
+        buckets = self._prefill_buckets or _default_buckets(self._cache.max_len)
         for b in buckets:
             if n <= b:
                 return b

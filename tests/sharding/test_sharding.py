@@ -114,7 +114,8 @@ def test_sampling_layout_cached_decode_equals_unsharded(hf_models):
         return l1, l2
     ref = run(ref_params, qwen3.init_cache(config, 4, 8))
     cache_sh = qwen3.cache_shardings(config, mesh, 4, 8)
-    assert cache_sh.k.spec == P(None, "fsdp", None, "tensor", None)
+    assert cache_sh.k[0].spec == P("fsdp", "tensor", None, None)
+    assert cache_sh.v[0].spec == P("fsdp", "tensor", None, None)
     with sharding.use_mesh(mesh), sharding.activation_layout("sampling"):
         out = run(params, jax.device_put(qwen3.init_cache(config, 4, 8), cache_sh))
     jax.tree.map(_close, out, ref)
