@@ -62,11 +62,19 @@ class KeepMaskTest(parameterized.TestCase):
         np.testing.assert_array_equal(keep[3], jax.nn.one_hot(jnp.argmax(logits[3]), 11) > 0)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_matches_a_sort_based_reference_with_many_ties(self):
-        rng = np.random.default_rng(0)
-        B, V = 64, 50
-        logits = np.round(rng.normal(size=(B, V)) * 2, 1).astype(np.float32)   # many ties
-        top_k = rng.integers(-1, 60, B).astype(np.int32)
+    @parameterized.named_parameters(
+        ("many_ties", 64, 50, 2.0, 1),          # logits rounded to 0.1: ties everywhere
+        ("flat_4k_vocab", 8, 4096, 0.5, None),  # a near-uniform row: the nucleus is most of V
+        ("peaked_4k_vocab", 8, 4096, 6.0, None),
+        ("peaked_with_ties", 8, 4096, 6.0, 0),  # integer logits: large tie groups at the cut
+    )
+    def test_matches_a_sort_based_reference(self, B, V, scale, decimals):
+        rng = np.random.default_rng(V + B)
+        logits = (rng.normal(size=(B, V)) * scale).astype(np.float32)
+        if decimals is not None:
+            logits = np.round(logits, decimals).astype(np.float32)
+        top_k = rng.integers(-1, V + 10, B).astype(np.int32)
+        top_k[: B // 2] = -1                     # half the rows: top-p alone
         top_p = rng.uniform(0.05, 1.2, B).clip(max=1.0).astype(np.float32)
         keep = np.asarray(self.variant(ops.top_k_top_p_keep_mask)(
             jnp.asarray(logits), jnp.asarray(top_k), jnp.asarray(top_p)))
@@ -163,3 +171,21 @@ class KeysTest(parameterized.TestCase):
         assert ops.split_seed((3 << 32) + 9) == (9, 3)
         lo, hi = ops.split_seed(-1)
         assert lo == hi == 0xFFFFFFFF
+
+
+class LargestTrueSearchTest(parameterized.TestCase):
+    """The bisection behind both filters, against brute force."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(("spread", 1 << 30), ("clustered", 40), ("all_tied", 1))
+    def test_kth_largest_key_exactly(self, spread):
+        rng = np.random.default_rng(spread % 97)
+        B, V = 16, 300
+        key = (rng.integers(0, spread, (B, V)) + (1 << 20)).astype(np.uint32)
+        k = rng.integers(1, V + 1, B).astype(np.int32)
+        k[:3] = [1, V, 2]
+        fn = self.variant(lambda key, k: ops._largest_true(
+            lambda t: jnp.sum(key >= t[:, None], -1) >= k, B))
+        got = np.asarray(fn(jnp.asarray(key), jnp.asarray(k)))
+        want = -np.sort(-key.astype(np.int64), axis=-1)[np.arange(B), k - 1]
+        np.testing.assert_array_equal(got, want)
