@@ -85,6 +85,7 @@ def top_k_top_p_keep_mask(logits: jax.Array, top_k: jax.Array, top_p: jax.Array)
 
     def top_p_mask(probs):
         pkey = _order_key(probs)
+
         def mass_from(t):   # probs >= 0, so comparing floats orders them like their keys
             tf = jax.lax.bitcast_convert_type(t ^ jnp.uint32(0x80000000), jnp.float32)
             return jnp.sum(jnp.where(probs >= tf[:, None], probs, 0.0), -1)
