@@ -134,9 +134,15 @@ def row_keys(seeds: jax.Array, token_index: jax.Array) -> jax.Array:
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log softmax(logits)[token] per row. logits: [B, V] float32; tokens: [B] int -> [B]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    """log softmax(logits)[token] per row. logits: [B, V] float32; tokens: [B] int -> [B].
+
+    As the picked logit minus the row's log-sum-exp: one reduction, no [B, V] log-softmax
+    written out (that cost ~7% of a greedy decode step on the 4k-vocabulary benchmark model).
+    """
+    x = logits.astype(jnp.float32)
+    m = jnp.max(x, axis=-1, keepdims=True)
+    lse = m[:, 0] + jnp.log(jnp.sum(jnp.exp(x - m), axis=-1))
+    return jnp.take_along_axis(x, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0] - lse
 
 
 def argmax_first(x: jax.Array) -> jax.Array:

@@ -189,3 +189,20 @@ class LargestTrueSearchTest(parameterized.TestCase):
         got = np.asarray(fn(jnp.asarray(key), jnp.asarray(k)))
         want = -np.sort(-key.astype(np.int64), axis=-1)[np.arange(B), k - 1]
         np.testing.assert_array_equal(got, want)
+
+
+class TokenLogprobsTest(parameterized.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_equals_the_gathered_log_softmax(self):
+        rng = np.random.default_rng(7)
+        logits = rng.normal(size=(6, 300)).astype(np.float32) * np.array(
+            [[0.1], [1.0], [10.0], [80.0], [1.0], [1.0]], np.float32)
+        logits[4, 5:] = ops.NEG_INF                     # masked tokens, as after filtering
+        logits[5] += 1e4                                # a large offset: needs the max shift
+        tokens = np.array([0, 17, 299, 123, 4, 250], np.int32)
+        got = self.variant(ops.token_logprobs)(jnp.asarray(logits), jnp.asarray(tokens))
+        ref = np.take_along_axis(np.asarray(jax.nn.log_softmax(jnp.asarray(logits), axis=-1)),
+                                 tokens[:, None], -1)[:, 0]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
+        assert np.all(np.isfinite(np.asarray(got)))
