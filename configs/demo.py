@@ -3,7 +3,7 @@
   python -m launchers.demo --workdir=/tmp/demo_run
   python -m launchers.demo --workdir=/tmp/demo_grpo --config.rl.roc_mode=random   (plain GRPO)
 
-Sized for a 2-core CPU (14 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
+Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the
 tool-call JSON wrapper are single tokens), a short system prompt without the tool-schema block
 (otherwise SPEC §3's chat format, identical in SFT, RL and evaluation), short tool-needing
