@@ -150,10 +150,10 @@ def _embed(params: Params, input_ids: jax.Array, c: Qwen3Config) -> jax.Array:
 
 def _logits(params: Params, x: jax.Array, c: Qwen3Config) -> jax.Array:
     x = rms_norm(x, params["norm"]["scale"], c.rms_norm_eps)
-    if "lm_head" in params:   # untied, or tied in the ``inference_params`` layout
-        w = params["lm_head"]["kernel"].astype(x.dtype)
-    else:
+    if c.tie_word_embeddings and "lm_head" not in params:   # tied, stacked layout
         w = params["embed_tokens"]["embedding"].astype(x.dtype).T
+    else:   # untied, or tied in the ``inference_params`` layout (its own [D, V] kernel)
+        w = params["lm_head"]["kernel"].astype(x.dtype)
     logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return constrain(logits, ("batch", "seq", "act_vocab"))
 

@@ -140,9 +140,8 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     written out (that cost ~7% of a greedy decode step on the 4k-vocabulary benchmark model).
     """
     x = logits.astype(jnp.float32)
-    m = jnp.max(x, axis=-1, keepdims=True)
-    lse = m[:, 0] + jnp.log(jnp.sum(jnp.exp(x - m), axis=-1))
-    return jnp.take_along_axis(x, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0] - lse
+    picked = jnp.take_along_axis(x, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return picked - jax.nn.logsumexp(x, axis=-1)
 
 
 def argmax_first(x: jax.Array) -> jax.Array:
