@@ -20,6 +20,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rstar_jax.models import qwen3_hf_layout as hf_layout
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -31,44 +32,17 @@ class CheckpointError(ValueError):
 
 
 # ----------------------------------------------------------------------------- name mapping
-
-
-def _leaves(tree, prefix=()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            yield from _leaves(v, prefix + (k,))
-        else:
-            yield prefix + (k,), v
-
-
-def _hf_name(path: tuple[str, ...], layer: int | None = None) -> str:
-    """Our param path (+ layer index for stacked params) -> HF tensor name."""
-    leaf = "bias" if path[-1] == "bias" else "weight"
-    if path[0] == "lm_head":
-        return f"lm_head.{leaf}"
-    if path[0] == "layers":
-        return ".".join(("model", "layers", str(layer)) + path[1:-1] + (leaf,))
-    return ".".join(("model",) + path[:-1] + (leaf,))
-
-
-def _transposed(path: tuple[str, ...]) -> bool:
-    return path[-1] == "kernel"  # nn.Linear weight is [out, in]; our kernels are [in, out]
-
-
-def _hf_shape(path, shape) -> tuple[int, ...]:
-    shape = tuple(shape[1:]) if path[0] == "layers" else tuple(shape)
-    return shape[::-1] if _transposed(path) else shape
+# The mapping lives in one table (qwen3_hf_layout), shared with the weight transports.
+_leaves = hf_layout.leaves
+_hf_name = hf_layout.hf_name
+_transposed = hf_layout.is_transposed
+_hf_shape = hf_layout.hf_shape
+_get = hf_layout.get_leaf
 
 
 def hf_names(config: Qwen3Config) -> list[str]:
     """All HF tensor names the config needs, in file order."""
-    out = []
-    for path, shape in _leaves(param_shapes(config)):
-        if path[0] == "layers":
-            out += [_hf_name(path, i) for i in range(shape[0])]
-        else:
-            out.append(_hf_name(path))
-    return out
+    return [t.name for t in hf_layout.hf_table(config)]
 
 
 # ----------------------------------------------------------------------------- load
@@ -137,18 +111,14 @@ def load_hf_params(hf_dir: str | os.PathLike, config: Qwen3Config | None = None,
             return handles[path].get_slice(name)
 
         # Validate every name and shape before reading any data.
-        for path, shape in _leaves(shapes):
-            want = _hf_shape(path, shape)
-            names = ([_hf_name(path, i) for i in range(shape[0])] if path[0] == "layers"
-                     else [_hf_name(path)])
-            for n in names:
-                if n not in wm:
-                    raise CheckpointError(f"{hf_dir}: missing tensor {n!r} "
-                                          f"(needed for {'/'.join(path)})")
-                got = tuple(tensor_slice(n).get_shape())
-                if got != want:
-                    raise CheckpointError(f"{hf_dir}: tensor {n!r} has shape {got}, expected "
-                                          f"{want} for this config")
+        for t in hf_layout.hf_table(config):
+            if t.name not in wm:
+                raise CheckpointError(f"{hf_dir}: missing tensor {t.name!r} "
+                                      f"(needed for {'/'.join(t.path)})")
+            got = tuple(tensor_slice(t.name).get_shape())
+            if got != t.shape:
+                raise CheckpointError(f"{hf_dir}: tensor {t.name!r} has shape {got}, expected "
+                                      f"{t.shape} for this config")
 
         out: dict[str, Any] = {}
         for path, shape in _leaves(shapes):
@@ -175,12 +145,6 @@ def load_hf_params(hf_dir: str | os.PathLike, config: Qwen3Config | None = None,
     return out
 
 
-def _get(tree, path):
-    for p in path:
-        tree = tree[p]
-    return tree
-
-
 # ----------------------------------------------------------------------------- save
 
 
@@ -197,7 +161,7 @@ def save_hf(out_dir: str | os.PathLike, config: Qwen3Config, params: dict[str, A
     os.makedirs(out_dir, exist_ok=True)
     shapes = param_shapes(config)
     dtypes = set()
-    plan: list[tuple[str, tuple[str, ...], int | None, int]] = []   # name, path, layer, bytes
+    plan: list[tuple[hf_layout.HFTensor, int]] = []   # tensor, bytes
     for path, shape in _leaves(shapes):
         try:
             arr = _get(params, path)
@@ -207,36 +171,33 @@ def save_hf(out_dir: str | os.PathLike, config: Qwen3Config, params: dict[str, A
             raise CheckpointError(f"param {'/'.join(path)} has shape {tuple(arr.shape)}, "
                                   f"expected {tuple(shape)}")
         dtypes.add(jnp.dtype(arr.dtype).name)
-        item = jnp.dtype(arr.dtype).itemsize
-        if path[0] == "layers":
-            per = int(np.prod(shape[1:])) * item
-            plan += [(_hf_name(path, i), path, i, per) for i in range(shape[0])]
-        else:
-            plan.append((_hf_name(path), path, None, int(np.prod(shape)) * item))
+    for t in hf_layout.hf_table(config):
+        item = jnp.dtype(_get(params, t.path).dtype).itemsize
+        plan.append((t, int(np.prod(t.shape)) * item))
     # Group in order into shards under the cap (a tensor bigger than the cap gets its own).
     shards: list[list] = [[]]
     size = 0
     for entry in plan:
-        if shards[-1] and size + entry[3] > max_shard_size_bytes:
+        if shards[-1] and size + entry[1] > max_shard_size_bytes:
             shards.append([])
             size = 0
         shards[-1].append(entry)
-        size += entry[3]
+        size += entry[1]
     n = len(shards)
     weight_map = {}
     for s, entries in enumerate(shards):
         fname = SINGLE_FILE if n == 1 else f"model-{s + 1:05d}-of-{n:05d}.safetensors"
         tensors = {}
-        for name, path, layer, _ in entries:
-            arr = _get(params, path)
-            x = np.asarray(jax.device_get(arr[layer] if layer is not None else arr))
-            tensors[name] = np.ascontiguousarray(x.T if _transposed(path) else x)
-            weight_map[name] = fname
+        for t, _ in entries:
+            arr = _get(params, t.path)
+            x = np.asarray(jax.device_get(arr[t.layer] if t.layer is not None else arr))
+            tensors[t.name] = np.ascontiguousarray(x.T if t.transpose else x)
+            weight_map[t.name] = fname
         save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
         del tensors
     if n > 1:
         with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-            json.dump({"metadata": {"total_size": sum(e[3] for e in plan)},
+            json.dump({"metadata": {"total_size": sum(e[1] for e in plan)},
                        "weight_map": weight_map}, f, indent=2)
     else:
         stale = os.path.join(out_dir, INDEX_FILE)

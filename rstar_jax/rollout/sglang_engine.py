@@ -5,9 +5,10 @@ Token-in/token-out: `POST /generate` with `input_ids`, `sampling_params`, `retur
 triples) and `meta_info.finish_reason.type`. Transient failures (connection errors, 5xx,
 timeouts) are retried with exponential backoff; a timed-out request is aborted on the worker that
 holds it (`POST /abort_request {rid}`, sent to the worker directly since sglang-router does not
-forward aborts). Weight push: `qwen3.save_hf(staging_dir/version_N)`, then on every server
-`POST /update_weights_from_disk {model_path, weight_version}` and `GET /get_weight_version` to
-confirm. Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
+forward aborts). Weight push: through one of the transports of
+`rstar_jax.rollout.weight_transfer` (disk: staged safetensors + `/update_weights_from_disk`;
+tensor: `/update_weights_from_tensor`; distributed: a broadcast group), then
+`GET /get_weight_version` on every server to confirm. Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
 also pins each trajectory to one server across turns for prefix-cache reuse.
 
 Starting a real server (its own venv: sglang pins its own torch/transformers; GPU only)::
@@ -30,7 +31,6 @@ import collections
 import contextlib
 import logging
 import os
-import shutil
 from typing import Any, Optional, Sequence
 
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
@@ -107,6 +107,10 @@ class SGLangEngine:
     attempts on transient errors, sleeping backoff_s * 2**k. keep_versions: staged dirs kept.
     capacities: {url: KV tokens} to skip /get_server_info; utilization: share of it to use.
     load_refresh_s: /get_load is re-read at most this often, when a trajectory asks for a lease.
+    weight_transport: "disk" | "tensor" | "distributed" (rollout/weight_transfer);
+    transport_options: its keyword arguments (bucket_bytes, timeout_s, backend, ...).
+    weight_delta: push only the HF tensors whose bytes changed since the last push.
+    colocated: servers share the learner's accelerators (release/resume KV memory per push).
     """
 
     def __init__(self, urls: Sequence[str], staging_dir: Optional[str] = None, *,
@@ -114,7 +118,9 @@ class SGLangEngine:
                  max_retries: int = 3, backoff_s: float = 0.5, keep_versions: int = 2,
                  capacities: Optional[dict] = None, utilization: float = 0.9,
                  weight_version: int = 0, max_connections: int = 1024,
-                 load_refresh_s: float = 5.0):
+                 load_refresh_s: float = 5.0, weight_transport: str = "disk",
+                 weight_delta: bool = False, colocated: bool = False,
+                 transport_options: Optional[dict] = None):
         if isinstance(urls, str):
             urls = [urls]
         self.urls = [u.rstrip("/") for u in urls]
@@ -137,7 +143,16 @@ class SGLangEngine:
         self._sticky: collections.OrderedDict = collections.OrderedDict()  # key -> url (LRU)
         self.scheduler = KVCapacityScheduler(self.urls, capacities, utilization)
         self._capacities_known = capacities is not None
-        self._staged: list[str] = []
+        from rstar_jax.rollout.weight_transfer import make_transport
+        self.transport = make_transport(weight_transport, staging_dir=self.staging_dir,
+                                        keep_versions=keep_versions,
+                                        **(transport_options or {}))
+        self._transport_opened = True
+        self.weight_delta = bool(weight_delta)
+        self.colocated = bool(colocated)
+        self._last_pushed = None
+        self.last_push = None
+        self.push_history: list = []
         self.retries = 0
         self.load_refresh_s = load_refresh_s
         self._last_load = float("-inf")
@@ -155,6 +170,11 @@ class SGLangEngine:
         return self._session
 
     async def close(self) -> None:
+        if self._transport_opened:
+            try:
+                await self.transport.close(self)
+            except Exception as e:  # noqa: BLE001 - closing anyway
+                log.warning("closing the weight transport failed: %s", e)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -321,28 +341,73 @@ class SGLangEngine:
                                   f"{[u for u, ok in h.items() if not ok]}")
             await asyncio.sleep(poll_s)
 
-    async def update_weights(self, config, params, version: Optional[int] = None) -> None:
-        """Stages params as an HF dir, loads it on every server, confirms the version."""
-        from rstar_jax.models import qwen3
+    async def update_weights(self, config, params, version: Optional[int] = None) -> dict:
+        """Pushes ``params`` through the configured transport; returns the push metrics.
+
+        Delta (``weight_delta``): only the HF tensors whose bytes changed since the last
+        successful push are sent (none changed: ``/update_weight_version`` alone). Colocated:
+        ``/release_memory_occupation`` {tags: [kv_cache]} before, ``/resume_memory_occupation``
+        after (also after a failure), so the KV cache's memory is free while weights move.
+        Ends with ``/get_weight_version`` == version on every server. On any failure the engine
+        stays on its previous version, the next delta push resends everything, and the error
+        names the transport and the failing call.
+        """
+        import time
+
+        from rstar_jax.models import qwen3_hf_layout as layout
+        from rstar_jax.rollout.weight_transfer import base, source
         version = self._version + 1 if version is None else int(version)
-        path = os.path.abspath(os.path.join(self.staging_dir, f"version_{version}"))
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        await asyncio.to_thread(qwen3.save_hf, path, config, params)
-        replies = await asyncio.gather(*[
-            self._request("POST", u, "/update_weights_from_disk",
-                          {"model_path": path, "weight_version": str(version)})
-            for u in self.urls])
-        for u, rep in zip(self.urls, replies):
-            if not (isinstance(rep, dict) and rep.get("success")):
-                raise SGLangError(f"{u}/update_weights_from_disk({path}): {rep}")
-        got = await asyncio.gather(*[self._request("GET", u, "/get_weight_version")
-                                     for u in self.urls])
-        for u, g in zip(self.urls, got):
-            v = g.get("weight_version") if isinstance(g, dict) else g
-            if str(v) != str(version):
-                raise SGLangError(f"{u}: weight version after update is {v!r}, expected {version}")
+        base.check_params(config, params)
+        t0 = time.perf_counter()
+        table = layout.hf_table(config)
+        prev = self._last_pushed if self.weight_delta else None
+        tensors = await asyncio.to_thread(source.changed_tensors, params, prev, table)
+        stats = base.PushStats(self.transport.name, version, tensors_sent=len(tensors),
+                               tensors_total=len(table))
+        released = False
+        try:
+            if self.colocated:
+                await self._all("/release_memory_occupation", {"tags": ["kv_cache"]})
+                released = True
+            if tensors:
+                stats.bytes = await self.transport.push(self, config, params, tensors, version)
+            else:
+                await self._all("/update_weight_version", {"new_version": str(version),
+                                                           "abort_all_requests": False})
+            got = await asyncio.gather(*[self._request("GET", u, "/get_weight_version")
+                                         for u in self.urls])
+            for u, g in zip(self.urls, got):
+                v = g.get("weight_version") if isinstance(g, dict) else g
+                if str(v) != str(version):
+                    raise SGLangError(f"{u}: weight version after update is {v!r}, "
+                                      f"expected {version}")
+        except Exception as e:
+            self._last_pushed = None
+            raise SGLangError(f"weight push to version {version} via {self.transport.name!r} "
+                              f"failed; engine stays on version {self._version}: "
+                              f"{type(e).__name__}: {e}") from e
+        finally:
+            if released:
+                try:
+                    await self._all("/resume_memory_occupation", {"tags": ["kv_cache"]})
+                except SGLangError as e:
+                    log.error("resume_memory_occupation after a push failed: %s", e)
+        stats.seconds = time.perf_counter() - t0
         self._version = version
-        self._staged.append(path)
-        while len(self._staged) > self.keep_versions:
-            shutil.rmtree(self._staged.pop(0), ignore_errors=True)
+        self._last_pushed = params if self.weight_delta else None
+        self.last_push = stats
+        self.push_history.append(stats)
+        return stats.metrics()
+
+    async def _all(self, path: str, body: dict) -> list:
+        """POST to every server; raises SGLangError unless each reply is a success."""
+        replies = await asyncio.gather(*[self._request("POST", u, path, body) for u in self.urls])
+        for u, rep in zip(self.urls, replies):
+            if isinstance(rep, dict) and rep.get("success") is False:
+                raise SGLangError(f"{u}{path}: {rep}")
+        return replies
+
+    @property
+    def push_metrics(self) -> dict:
+        """Metrics of the last successful push (``push/bytes``, ``push/seconds``, ...)."""
+        return self.last_push.metrics() if self.last_push is not None else {}

@@ -7,8 +7,20 @@ can predict outputs; generation proceeds one token per `token_delay_s` so aborts
 cut it mid-way. `update_weights_from_disk` really loads every safetensors file of the directory
 (checking the index when there is one) and keeps the tensors, proving the pushed dir complete.
 
-Fault injection: `fail_next(path, n, status=500)`, `generate_delay_s`, `healthy = False`,
-`hang_next_generate(n)` (sleep far past any client timeout).
+Weight transfer, with SGLang's argument names (``srt/managers/io_struct.py``):
+POST /update_weights_from_tensor (``serialized_named_tensors`` deserialised with torch's
+multiprocessing reductions, ``load_format`` None | "direct" | "flattened_bucket"),
+/init_weights_update_group + /update_weights_from_distributed + /destroy_weights_update_group
+(the stand-in joins a real gloo group as rank ``rank_offset`` and receives the broadcasts),
+/update_weight_version, /release_memory_occupation, /resume_memory_occupation. Received tensors
+are kept in ``weights`` (HF name -> numpy array, bf16 as ml_dtypes bf16), merged per update as
+SGLang's ``load_weights`` does, so tests compare them byte for byte with the learner's params.
+
+Fault injection: `fail_next(path, n, status=500, skip=0)` (the call after `skip` good ones
+fails), `generate_delay_s`, `healthy = False`, `hang_next_generate(n)` (sleep far past any client
+timeout), `die_on_distributed_call = k` (the process exits on its k-th distributed update, as a
+killed group member). `python -m rstar_jax.rollout.testing.mock_sglang --port-file F` runs one
+in its own process.
 """
 from __future__ import annotations
 
@@ -46,6 +58,12 @@ class MockSGLangServer:
         self.requests: list[dict] = []          # every /generate body
         self.aborted: list[str] = []
         self.weight_updates: list[dict] = []
+        self.weights: dict[str, Any] = {}      # every tensor received so far (HF names)
+        self.memory_events: list[tuple] = []   # ("release" | "resume", tags)
+        self.memory_released: set = set()
+        self.die_on_distributed_call = 0
+        self._dist_calls = 0
+        self._groups: dict[str, Any] = {}
         self._faults: dict[str, list[int]] = {}
         self._hang = 0
         self._running: dict[str, dict] = {}     # rid -> {"abort": bool, "tokens": int}
@@ -54,8 +72,8 @@ class MockSGLangServer:
         self.url = ""
 
     # ------------------------------------------------------------------ control
-    def fail_next(self, path: str, n: int = 1, status: int = 500) -> None:
-        self._faults.setdefault(path, []).extend([status] * n)
+    def fail_next(self, path: str, n: int = 1, status: int = 500, skip: int = 0) -> None:
+        self._faults.setdefault(path, []).extend([None] * skip + [status] * n)
 
     def hang_next_generate(self, n: int = 1) -> None:
         self._hang += n
@@ -72,6 +90,14 @@ class MockSGLangServer:
         r.add_get("/health", self._health)
         r.add_get("/health_generate", self._health)
         r.add_post("/abort_request", self._abort)
+        r.add_post("/update_weights_from_tensor", self._update_tensor)
+        r.add_post("/init_weights_update_group", self._init_group)
+        r.add_post("/update_weights_from_distributed", self._update_distributed)
+        r.add_post("/destroy_weights_update_group", self._destroy_group)
+        r.add_post("/update_weight_version", self._update_version)
+        for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+            r.add_post(path, self._memory)
+            r.add_get(path, self._memory)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -97,7 +123,10 @@ class MockSGLangServer:
     def _fault(self, path: str) -> Optional[web.Response]:
         q = self._faults.get(path)
         if q:
-            return web.json_response({"error": "injected fault"}, status=q.pop(0))
+            status = q.pop(0)
+            if status is not None:
+                return web.json_response({"success": False, "message": "injected fault",
+                                          "error": "injected fault"}, status=status)
         return None
 
     # ------------------------------------------------------------------ handlers
@@ -161,10 +190,94 @@ class MockSGLangServer:
             return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}",
                                       "num_paused_requests": 0}, status=400)
         self.loaded, self.model_path = tensors, path
+        self.weights.update(tensors)
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return web.json_response({"success": True, "message": "Succeeded to update model weights.",
                                   "num_paused_requests": 0})
+
+    def _ok(self, body: dict, message: str = "Succeeded to update model weights."):
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+        return web.json_response({"success": True, "message": message})
+
+    @staticmethod
+    def _failed(e: BaseException) -> web.Response:
+        return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"},
+                                 status=400)
+
+    async def _update_tensor(self, request: web.Request) -> web.Response:
+        if (f := self._fault("/update_weights_from_tensor")) is not None:
+            return f
+        body = await request.json()
+        self.weight_updates.append({k: v for k, v in body.items()
+                                    if k != "serialized_named_tensors"})
+        try:
+            payloads = body["serialized_named_tensors"]
+            if not isinstance(payloads, list) or not payloads:
+                raise ValueError("serialized_named_tensors: expected one payload per TP rank")
+            got = await asyncio.to_thread(_receive_tensor_payload, payloads[0],
+                                          body.get("load_format"))
+        except Exception as e:  # noqa: BLE001 - SGLang answers 400 with the message
+            return self._failed(e)
+        self.weights.update(got)
+        return self._ok(body)
+
+    async def _init_group(self, request: web.Request) -> web.Response:
+        from rstar_jax.rollout.weight_transfer import process_group
+        body = await request.json()
+        try:
+            name = body.get("group_name", "weight_update_group")
+            group = await asyncio.to_thread(
+                process_group.open_group, body["master_address"], int(body["master_port"]),
+                int(body["rank_offset"]), int(body["world_size"]), name,
+                body.get("backend", "nccl"), float(body.get("timeout_s", 60.0)))
+        except Exception as e:  # noqa: BLE001
+            return self._failed(e)
+        self._groups[name] = group
+        return web.json_response({"success": True, "message": "Succeeded to initialize group."})
+
+    async def _update_distributed(self, request: web.Request) -> web.Response:
+        if (f := self._fault("/update_weights_from_distributed")) is not None:
+            return f
+        body = await request.json()
+        self.weight_updates.append(body)
+        self._dist_calls += 1
+        if self.die_on_distributed_call and self._dist_calls >= self.die_on_distributed_call:
+            os._exit(17)          # a killed group member, mid-push
+        try:
+            group = self._groups[body.get("group_name", "weight_update_group")]
+            got = await asyncio.to_thread(_receive_broadcast, group, body["names"],
+                                          body["dtypes"], body["shapes"],
+                                          body.get("load_format"))
+        except Exception as e:  # noqa: BLE001
+            return self._failed(e)
+        self.weights.update(got)
+        return self._ok(body)
+
+    async def _destroy_group(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        group = self._groups.pop(body.get("group_name", "weight_update_group"), None)
+        if group is None:
+            return web.json_response({"success": False, "message": "no such group"}, status=400)
+        group.close()
+        return web.json_response({"success": True, "message": "Succeeded to destroy group."})
+
+    async def _update_version(self, request: web.Request) -> web.Response:
+        if (f := self._fault("/update_weight_version")) is not None:
+            return f
+        body = await request.json()
+        self.weight_version = str(body["new_version"])
+        return web.json_response({"success": True, "message": "ok"})
+
+    async def _memory(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else {}
+        tags = tuple((body or {}).get("tags") or ("kv_cache", "weights"))
+        kind = "release" if "release" in request.path else "resume"
+        self.memory_events.append((kind, tags))
+        (self.memory_released.update if kind == "release"
+         else self.memory_released.difference_update)(tags)
+        return web.json_response({"success": True, "message": ""})
 
     async def _weight_version(self, request):
         if (f := self._fault("/get_weight_version")) is not None:
@@ -227,3 +340,82 @@ def _load_hf_dir(path: str) -> dict:
     if any(not math.isfinite(float(abs(v).max())) for v in tensors.values() if v.size):
         raise ValueError(f"{path}: non-finite weights")
     return tensors
+
+
+def _to_numpy(t) -> Any:
+    """A received torch tensor as an owned numpy array (bf16 as ml_dtypes bf16, same bytes)."""
+    import ml_dtypes
+    import torch
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+    return t.numpy().copy()
+
+
+def _receive_tensor_payload(payload: str, load_format: Optional[str]) -> dict:
+    from rstar_jax.rollout.weight_transfer import buckets, tensor
+    obj = tensor.deserialize(payload)
+    if load_format == "flattened_bucket":
+        named = buckets.reconstruct(obj["flattened_tensor"], obj["metadata"])
+    elif load_format in (None, "direct"):
+        named = [(n, tensor.deserialize(t.values[0]) if hasattr(t, "values") else t)
+                 for n, t in obj]
+    else:
+        raise NotImplementedError(f"Unknown load_format={load_format}")
+    return {n: _to_numpy(t) for n, t in named}
+
+
+def _receive_broadcast(group, names, dtypes, shapes, load_format) -> dict:
+    import torch
+    from rstar_jax.rollout.weight_transfer import buckets
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError("names, dtypes and shapes differ in length")
+    dts = [buckets.torch_dtype(d) for d in dtypes]
+    if load_format == "flattened_bucket":
+        sizes = [math.prod(s) * torch.empty((), dtype=d).element_size()
+                 for s, d in zip(shapes, dts)]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8)
+        group.broadcast(flat, 0)
+        meta, off = [], 0
+        import types
+        for n, s, d, sz in zip(names, shapes, dts, sizes):
+            meta.append(types.SimpleNamespace(name=n, shape=torch.Size(s), dtype=d,
+                                              start_idx=off, end_idx=off + sz, numel=sz))
+            off += sz
+        named = buckets.reconstruct(flat, meta)
+    elif load_format is None:
+        named = []
+        for n, s, d in zip(names, shapes, dts):
+            t = torch.empty(s, dtype=d)
+            group.broadcast(t, 0)
+            named.append((n, t))
+    else:
+        raise NotImplementedError(f"Unknown load_format={load_format}")
+    return {n: _to_numpy(t) for n, t in named}
+
+
+def main() -> None:
+    """Runs one stand-in in this process until killed; writes its URL to --port-file."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--vocab-size", type=int, default=256)
+    ap.add_argument("--die-on-distributed-call", type=int, default=0)
+    args = ap.parse_args()
+    import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
+
+    async def run():
+        server = MockSGLangServer(vocab_size=args.vocab_size)
+        server.die_on_distributed_call = args.die_on_distributed_call
+        await server.start()
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(server.url)
+        os.replace(tmp, args.port_file)
+        while True:
+            await asyncio.sleep(3600)
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
