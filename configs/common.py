@@ -90,6 +90,9 @@ def rollout_config(engine: str = "jax") -> ml_collections.ConfigDict:
       engine=engine,                 # "jax" (embedded JaxSampler) | "sglang"
       sglang_urls=["http://127.0.0.1:30000"],
       staging_dir="/dev/shm/rstar_jax_weights",   # weight push target (tmpfs or shared FS)
+      weight_transport="disk",       # "disk" | "tensor" (same node) | "distributed" (broadcast)
+      weight_delta=False,            # push only HF tensors whose bytes changed since last push
+      colocated=False,               # SGLang shares the learner's GPUs: free KV memory per push
       temperature=1.0, top_p=1.0, top_k=-1,
       max_prompt_tokens=2048,
       response_budget=8192,          # generated + tool tokens per trajectory

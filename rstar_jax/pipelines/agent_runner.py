@@ -140,7 +140,10 @@ def build_engine(config: ml_collections.ConfigDict, model_config, params, tokeni
                       weight_version=weight_version)
   if r.engine == "sglang":
     from rstar_jax.rollout.sglang_engine import SGLangEngine
-    return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir)
+    return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir,
+                        weight_transport=r.get("weight_transport", "disk"),
+                        weight_delta=bool(r.get("weight_delta", False)),
+                        colocated=bool(r.get("colocated", False)))
   raise ValueError(f"config.rollout.engine: expected 'jax' or 'sglang', got {r.engine!r}")
 
 

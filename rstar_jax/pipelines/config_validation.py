@@ -125,6 +125,8 @@ SCHEMA: dict[str, dict[str, Check]] = {
     },
     "rollout": {
         "engine": one_of(ENGINES), "sglang_urls": str_list, "staging_dir": is_str,
+        "weight_transport": one_of(("disk", "tensor", "distributed")),
+        "weight_delta": is_bool, "colocated": is_bool,
         "temperature": num_range(0), "top_p": num_range(0, 1, lo_open=True),
         "top_k": int_range(-1), "max_prompt_tokens": int_range(1),
         "response_budget": int_range(1), "max_turns": int_range(1),

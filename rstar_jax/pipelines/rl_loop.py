@@ -475,6 +475,7 @@ class RLLoop:
       t_update = time.monotonic() - t0
       # 10. weight push
       t_push = await self._push_weights()
+      metrics.update(getattr(self.runner.engine, "push_metrics", None) or {})   # push/* (SGLang)
     else:
       t_update = time.monotonic() - t0
       metrics["skipped_step"] = 1.0
