@@ -1,22 +1,30 @@
-"""Weight-push cost: `qwen3.save_hf` to tmpfs and `qwen3.load_hf_params` back, in GB/s.
+"""Weight-push throughput per transport, against a raw safetensors write of the same bytes.
 
-  python benchmarks/weight_push.py [--layers 16] [--dir /dev/shm/rstar_weight_push] [--repeats 2]
+  python benchmarks/weight_push.py [--layers 16] [--dir /dev/shm/rstar_weight_push] [--json]
 
-The RL loop pushes new weights every step by writing an HF directory (`save_hf`) that each
-SGLang server re-reads (`POST /update_weights_from_disk`). This measures that write and a
-reload (our own loader; SGLang's reader does the same safetensors work) for a 1B-parameter-
-shaped Qwen3 in bf16: Qwen3-1.7B widths (hidden 2048, MLP 6144, 16 q / 8 kv heads of 128,
-vocab 151936, tied embeddings) with 16 of its 28 layers = 1.12 B params, 2.2 GB, which fits
-this 24 GiB machine twice over. Time is linear in bytes (per-tensor overhead is negligible at
-these sizes), so the figure scales to Qwen3-14B by bytes: 14.77 B params x 2 B = 29.5 GB.
-
-Reference rows, measured side by side in the same run on the same arrays:
-  * memcpy: np.copyto of the same bytes in RAM (upper bound of any tmpfs write);
-  * safetensors.numpy save_file / load_file of the same tensors (the library floor: what
-    save_hf / load_hf_params add on top is name mapping, dtype handling and the JAX transfer).
-The ratio column is GB/s of the row divided by GB/s of the matching safetensors reference.
+Model: Qwen3-1.7B widths (hidden 2048, MLP 6144, 16 q / 8 kv heads of 128, vocab 151936, tied
+embeddings) with 16 of its 28 layers = 1.12 B params, 2.24 GB in bf16. Rows (best of
+--repeats, same arrays, same run):
+  * memcpy: np.copyto of the same number of bytes (RAM ceiling);
+  * raw write (reference): ``safetensors.numpy.save_file`` of the HF-layout tensors, already
+    transposed and on the host, to the same tmpfs;
+  * disk: ``weight_transfer.disk.write_hf_dir`` from the learner's JAX arrays (transposes on
+    the device included) -- the staging write the learner does per push; plus the whole push
+    (staging + the stand-in's load of every file + version check);
+  * tensor: ``SGLangEngine.update_weights`` with the tensor transport to the in-process SGLang
+    stand-in (shared-memory flattened buckets, deserialised with torch's reductions, copied
+    into the stand-in's store);
+  * distributed: the same with a gloo broadcast group (learner rank 0, stand-in rank 1, TCP on
+    127.0.0.1);
+  * delta: after a full push the last 4 layers change; a tensor-transport push with
+    ``weight_delta`` sends only those.
+GB/s = parameter bytes / seconds. ``verified``: the stand-in's received tensors equal the
+learner's HF-layout bytes for every transport. Extrapolation to Qwen3-14B (14.77 B params x 2 B)
+is by bytes. With --json the last line is one JSON object.
 """
 import argparse
+import asyncio
+import json
 import os
 import shutil
 import sys
@@ -28,33 +36,36 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from safetensors.numpy import load_file, save_file  # noqa: E402
+from safetensors.numpy import save_file  # noqa: E402
 
 from rstar_jax.models import qwen3  # noqa: E402
+from rstar_jax.models import qwen3_hf_layout as layout  # noqa: E402
+from rstar_jax.rollout.sglang_engine import SGLangEngine  # noqa: E402
+from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer  # noqa: E402
+from rstar_jax.rollout.weight_transfer import disk  # noqa: E402
 
 QWEN3_1P7B_WIDTHS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                          num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                          tie_word_embeddings=True, rope_theta=1e6)
-QWEN3_14B_PARAMS = 14.77e9
+QWEN3_14B_BYTES = 14.77e9 * 2
 
 
-def _dir_bytes(path):
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-
-
-def _best(fn, repeats):
+def _best(fn, repeats, setup=None):
     times = []
     for _ in range(repeats):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
 
 
-def _memcpy_time(nbytes, repeats):
-    src = np.ones(nbytes, np.uint8)    # pages touched: time the copy, not page faults
-    dst = np.zeros_like(src)
-    return _best(lambda: np.copyto(dst, src), repeats)
+def _same(got: dict, want: dict) -> bool:
+    return set(got) == set(want) and all(
+        got[k].shape == v.shape and np.array_equal(got[k].reshape(-1).view(np.uint8),
+                                                   v.reshape(-1).view(np.uint8))
+        for k, v in want.items())
 
 
 def main():
@@ -62,71 +73,103 @@ def main():
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--dir", default="/dev/shm/rstar_weight_push")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--bucket-mb", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     config = qwen3.Qwen3Config(**QWEN3_1P7B_WIDTHS, num_hidden_layers=args.layers,
                                dtype="bfloat16")
-    t0 = time.perf_counter()
-    # Leaf by leaf from numpy (values do not matter for I/O): `init_params` draws all weights
-    # in one float32 program, whose temporaries peak near 6x the bf16 size on this host.
     rng = np.random.default_rng(0)
+    # Leaf by leaf from numpy (values do not matter for I/O; init_params' float32 program
+    # would peak near 6x the bf16 size).
     params = jax.tree.map(
         lambda s: jnp.asarray((0.02 * rng.standard_normal(s, np.float32)).astype(jnp.bfloat16)),
         qwen3.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
     jax.block_until_ready(params)
-    n = sum(x.size for x in jax.tree.leaves(params))
-    nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    print(f"model: Qwen3-1.7B widths, {args.layers} layers, {n / 1e9:.3f} B params, "
-          f"{nbytes / 1e9:.2f} GB bf16 (init {time.perf_counter() - t0:.1f} s)")
-
-    ours = os.path.join(args.dir, "save_hf")
-    ref = os.path.join(args.dir, "ref.safetensors")
+    table = layout.hf_table(config)
+    host = jax.tree.map(np.asarray, params)
+    want = {t.name: np.ascontiguousarray(layout.to_hf(layout.get_leaf(host, t.path), t))
+            for t in table}
+    nbytes = sum(v.nbytes for v in want.values())
+    gb = nbytes / 1e9
+    print(f"model: Qwen3-1.7B widths, {args.layers} layers, "
+          f"{sum(x.size for x in jax.tree.leaves(params)) / 1e9:.3f} B params, {gb:.2f} GB bf16")
     os.makedirs(args.dir, exist_ok=True)
-    rows = []
+    ref = os.path.join(args.dir, "ref.safetensors")
+    staged = os.path.join(args.dir, "staged")
+    res: dict = {"bytes": nbytes}
+    verified = []
     try:
-        # The reference tensors: the same arrays as host numpy, flat names.
-        host = {"/".join(str(k.key) for k in path): np.asarray(x)
-                for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+        src = np.ones(nbytes, np.uint8)
+        dst = np.zeros_like(src)
+        t_copy = _best(lambda: np.copyto(dst, src), args.repeats)
+        del src, dst
+        rm_ref = lambda: os.path.exists(ref) and os.remove(ref)   # noqa: E731
+        t_raw = _best(lambda: save_file(want, ref), args.repeats, setup=rm_ref)
+        rm_ref()
+        rm_staged = lambda: shutil.rmtree(staged, ignore_errors=True)  # noqa: E731
+        t_disk = _best(lambda: disk.write_hf_dir(staged, config, params, table), args.repeats,
+                       setup=rm_staged)
+        rm_staged()
 
-        def save_ours():
-            shutil.rmtree(ours, ignore_errors=True)
-            qwen3.save_hf(ours, config, params)
+        async def push(transport, **kw):
+            server = await MockSGLangServer().start()
+            server.check_finite = False      # its float conversion of 2 GB would dominate
+            try:
+                opts = {} if transport == "disk" else {"bucket_bytes": args.bucket_mb << 20}
+                async with SGLangEngine([server.url], os.path.join(args.dir, "stage"),
+                                        keep_versions=1, weight_transport=transport,
+                                        transport_options=opts, admin_timeout_s=600, **kw
+                                        ) as eng:
+                    out = []
+                    for r in range(args.repeats):
+                        server.weights.clear()
+                        out.append(await eng.update_weights(config, params, r + 1))
+                    ok = _same(server.weights, want)
+                    server.weights.clear()
+                    if transport != "tensor":
+                        return min(m["push/seconds"] for m in out), ok, None
+                    # delta: the last 4 layers change, the rest is as pushed
+                    eng.weight_delta = True
+                    await eng.update_weights(config, params, 100)   # baseline kept
+                    p2 = dict(params, layers=jax.tree.map(
+                        lambda x: x.at[-4:].add(jnp.asarray(0.01, x.dtype)), params["layers"]))
+                    m = await eng.update_weights(config, p2, 101)
+                    return min(x["push/seconds"] for x in out), ok, m
+            finally:
+                server.weights.clear()
+                await server.close()
 
-        def save_ref():
-            save_file(host, ref)
-
-        def load_ours():
-            jax.block_until_ready(qwen3.load_hf_params(ours, config, dtype=jnp.bfloat16))
-
-        def load_ref():
-            load_file(ref)
-
-        t_copy = _memcpy_time(nbytes, args.repeats)
-        t_save_ref = _best(save_ref, args.repeats)
-        t_save = _best(save_ours, args.repeats)
-        written = _dir_bytes(ours)
-        t_load_ref = _best(load_ref, args.repeats)
-        t_load = _best(load_ours, args.repeats)
-        gbs = lambda t: nbytes / t / 1e9
-        rows = [("memcpy (RAM, reference)", t_copy, gbs(t_copy), gbs(t_copy) / gbs(t_save_ref)),
-                ("safetensors save_file (reference)", t_save_ref, gbs(t_save_ref), 1.0),
-                ("qwen3.save_hf -> tmpfs", t_save, gbs(t_save), gbs(t_save) / gbs(t_save_ref)),
-                ("safetensors load_file (reference)", t_load_ref, gbs(t_load_ref), 1.0),
-                ("qwen3.load_hf_params <- tmpfs", t_load, gbs(t_load),
-                 gbs(t_load) / gbs(t_load_ref))]
+        t_disk_push, ok, _ = asyncio.run(push("disk"))
+        verified.append(ok)
+        shutil.rmtree(os.path.join(args.dir, "stage"), ignore_errors=True)
+        t_tensor, ok, dm = asyncio.run(push("tensor"))
+        verified.append(ok)
+        t_dist, ok, _ = asyncio.run(push("distributed"))
+        verified.append(ok)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
 
-    print(f"{'operation':36} {'best s':>8} {'GB/s':>7} {'ratio':>6}")
-    for name, t, g, r in rows:
-        print(f"{name:36} {t:8.2f} {g:7.2f} {r:6.2f}")
-    print(f"(HF dir written: {written / 1e9:.2f} GB; ratio = GB/s / the safetensors reference "
-          "of the same direction; memcpy ratio vs safetensors save)")
-    b14 = QWEN3_14B_PARAMS * 2
-    push = b14 / 1e9 / rows[2][2] + b14 / 1e9 / rows[4][2]
-    print(f"extrapolated Qwen3-14B bf16 ({b14 / 1e9:.1f} GB): save {b14 / 1e9 / rows[2][2]:.1f} s "
-          f"+ reload {b14 / 1e9 / rows[4][2]:.1f} s = {push:.1f} s per step on this host's tmpfs "
-          "(one writer; each server node reloads in parallel)")
+    g = lambda t: gb / t  # noqa: E731
+    res.update(memcpy_gbps=g(t_copy), raw_write_gbps=g(t_raw), disk_gbps=g(t_disk),
+               disk_push_gbps=g(t_disk_push), tensor_gbps=g(t_tensor),
+               distributed_gbps=g(t_dist), delta_fraction=dm["push/delta_fraction"],
+               delta_seconds=dm["push/seconds"], delta_bytes=dm["push/bytes"],
+               disk_vs_raw=t_raw / t_disk, verified=all(verified))
+    rows = [("memcpy (RAM ceiling)", t_copy), ("raw safetensors save_file (reference)", t_raw),
+            ("disk: staging write (write_hf_dir)", t_disk),
+            ("disk: full push (write + stand-in load)", t_disk_push),
+            ("tensor: full push (shm buckets)", t_tensor),
+            ("distributed: full push (gloo bcast)", t_dist)]
+    print(f"{'transport':42} {'s':>7} {'GB/s':>7} {'vs raw':>7} {'14B s':>7}")
+    for name, t in rows:
+        print(f"{name:42} {t:7.2f} {g(t):7.2f} {t_raw / t:7.2f} {QWEN3_14B_BYTES / 1e9 / g(t):7.1f}")
+    print(f"delta (tensor, last 4 of {args.layers} layers changed): sent "
+          f"{dm['push/delta_fraction']:.1%} of tensors, {dm['push/bytes'] / 1e9:.2f} GB in "
+          f"{dm['push/seconds']:.2f} s; verified={all(verified)}")
+    if args.json:
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
+                          for k, v in res.items()}))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ class MockSGLangServer:
         self.memory_events: list[tuple] = []   # ("release" | "resume", tags)
         self.memory_released: set = set()
         self.die_on_distributed_call = 0
+        self.check_finite = True               # disk loads: reject non-finite weights
         self._dist_calls = 0
         self._groups: dict[str, Any] = {}
         self._faults: dict[str, list[int]] = {}
@@ -185,7 +186,7 @@ class MockSGLangServer:
         self.weight_updates.append(body)
         path = body.get("model_path")
         try:
-            tensors = await asyncio.to_thread(_load_hf_dir, path)
+            tensors = await asyncio.to_thread(_load_hf_dir, path, self.check_finite)
         except Exception as e:  # noqa: BLE001 - reported the way SGLang does
             return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}",
                                       "num_paused_requests": 0}, status=400)
@@ -317,7 +318,7 @@ class MockSGLangServer:
         return web.Response(status=200)
 
 
-def _load_hf_dir(path: str) -> dict:
+def _load_hf_dir(path: str, check_finite: bool = True) -> dict:
     """Loads config.json and every safetensors shard; checks the index covers all tensors."""
     from safetensors.numpy import load_file
     if not path or not os.path.isdir(path):
@@ -337,7 +338,8 @@ def _load_hf_dir(path: str) -> dict:
         missing = sorted(set(wm) - set(tensors))
         if missing:
             raise KeyError(f"{path}: index names tensors missing from the shards: {missing[:5]}")
-    if any(not math.isfinite(float(abs(v).max())) for v in tensors.values() if v.size):
+    if check_finite and any(not math.isfinite(float(abs(v).max()))
+                            for v in tensors.values() if v.size):
         raise ValueError(f"{path}: non-finite weights")
     return tensors
 

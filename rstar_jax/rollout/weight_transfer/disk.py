@@ -91,7 +91,7 @@ def write_hf_dir(out_dir: str, config, params: Any, tensors: Sequence[layout.HFT
         mine = {t.name for k, entries in enumerate(files) if k in fds for t, _, _ in entries}
         with concurrent.futures.ThreadPoolExecutor(max(1, num_writers)) as pool:
             jobs = []
-            for _, arrays in source.hf_leaves(params, tensors):
+            for _, arrays in source.prefetch(source.hf_leaves(params, tensors)):
                 for t, x in arrays:
                     if t.name not in mine:
                         continue

@@ -97,13 +97,13 @@ class DistributedTransport:
             items.append((t.name, t.shape, np.dtype(leaf.dtype).name,
                           int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize))
         plan = buckets.plan_buckets(items, self.bucket_bytes)
-        gen = source.hf_leaves(params, tensors)
+        gen = source.prefetch(source.hf_leaves(params, tensors))
         arrays: dict = {}
         sent = 0
         try:
             for i, bucket in enumerate(plan):
                 while any(e.name not in arrays for e in bucket):
-                    _, got = next(gen)
+                    _, got = await asyncio.to_thread(next, gen)
                     arrays.update({t.name: x for t, x in got})
                 flat = await asyncio.to_thread(self._fill, bucket, arrays, backend)
                 for e in bucket:

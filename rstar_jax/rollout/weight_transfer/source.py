@@ -100,3 +100,41 @@ def changed_tensors(params: Any, previous: Optional[Any],
         if f is None or bool(f[t.layer if t.layer is not None else 0]):
             out.append(t)
     return out
+
+
+def prefetch(it, depth: int = 2):
+    """Runs iterator ``it`` in a background thread, ``depth`` items ahead (the device transposes
+    then overlap the consumer's writes / sends). Exceptions re-raise in the consumer."""
+    import queue
+    import threading
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def run():
+        try:
+            for item in it:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    th = threading.Thread(target=run, daemon=True, name="hf-leaves")
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()

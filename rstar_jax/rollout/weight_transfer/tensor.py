@@ -99,7 +99,7 @@ class TensorTransport:
         plan = buckets.plan_buckets(items, self.bucket_bytes)
         gpu = _on_gpu(params)
         arrays: dict[str, np.ndarray] = {}
-        gen = None if gpu else source.hf_leaves(params, tensors)
+        gen = None if gpu else source.prefetch(source.hf_leaves(params, tensors))
         sent = 0
         for i, bucket in enumerate(plan):
             if gpu:
@@ -107,7 +107,7 @@ class TensorTransport:
             else:
                 # Pull leaves until this bucket's tensors are on the host (views, no copy).
                 while any(e.name not in arrays for e in bucket):
-                    _, got = next(gen)
+                    _, got = await asyncio.to_thread(next, gen)
                     arrays.update({t.name: x for t, x in got})
                 flat = await asyncio.to_thread(self._fill_cpu, i % 2, bucket, arrays)
                 for e in bucket:
