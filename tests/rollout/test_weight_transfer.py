@@ -223,3 +223,17 @@ def test_bucket_plan_and_reconstruct_round_trip():
     assert torch.equal(out["a"], a) and torch.equal(out["b"], b)
     with pytest.raises(ValueError, match="bucket_bytes"):
         buckets.plan_buckets(items, 0)
+
+
+def test_config_fields_validated():
+    from configs import rstar2_tiny_cpu
+    from rstar_jax.pipelines.config_validation import ConfigError, validate_config
+    cfg = rstar2_tiny_cpu.get_config("rl")
+    assert (cfg.rollout.weight_transport, cfg.rollout.weight_delta,
+            cfg.rollout.colocated) == ("disk", False, False)
+    validate_config(cfg, "rl")
+    cfg.rollout.weight_transport = "nfs"
+    with pytest.raises(ConfigError, match="rollout.weight_transport"):
+        validate_config(cfg, "rl")
+    with pytest.raises(ValueError, match="weight_transport"):
+        SGLangEngine(["http://127.0.0.1:1"], weight_transport="nfs")
