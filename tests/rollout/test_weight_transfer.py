@@ -201,7 +201,7 @@ def test_killed_group_member_fails_push_without_hang(tmp_path):
                 assert eng.weight_version == 0 and eng.transport.group is None
                 return time.monotonic() - t0, str(e.value)
         took, err = asyncio.run(main())
-        assert took < 60
+        assert took < 150
         assert "update_weights_from_distributed (bucket 3/" in err, err
         assert bad.wait(timeout=10) == 17, err
     finally:

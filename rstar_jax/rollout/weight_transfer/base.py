@@ -81,15 +81,6 @@ def dtype_name(x: Any) -> str:
     return np.dtype(x.dtype).name
 
 
-def nbytes(config, params, tensors: Sequence[layout.HFTensor]) -> int:
-    import numpy as np
-    total = 0
-    for t in tensors:
-        leaf = layout.get_leaf(params, t.path)
-        total += int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize
-    return total
-
-
 def check_params(config, params) -> None:
     """Every leaf the config needs is present with its shape (clear error otherwise)."""
     from rstar_jax.models.qwen3_config import param_shapes

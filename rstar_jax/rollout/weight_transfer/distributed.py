@@ -8,7 +8,8 @@ update calls return only once the collective completed, so the learner issues th
 side (rendezvous, broadcast) in a thread at the same time. Server i's TP ranks are
 ``rank_offset .. rank_offset + tp_size - 1``. The group is kept across pushes and dropped on
 any failure (the next push re-creates it) and on close. Every collective has a bounded timeout
-(``timeout_s``): a dead group member fails the push instead of hanging it.
+(``timeout_s``; the rendezvous at least 60 s): a dead group member fails the push instead of
+hanging it.
 """
 from __future__ import annotations
 
@@ -54,12 +55,12 @@ class DistributedTransport:
         name = f"{self.group_name}_{self._inits}"
         join = asyncio.create_task(asyncio.to_thread(
             process_group.open_group, self.master_address, port, 0, world, name, backend,
-            self.timeout_s))
+            max(self.timeout_s, 60.0)))     # rendezvous: servers may be slow to join
         reqs = [engine._request("POST", u, "/init_weights_update_group",
                                 {"master_address": self.master_address, "master_port": port,
                                  "rank_offset": 1 + i * self.tp_size, "world_size": world,
                                  "group_name": name, "backend": backend},
-                                timeout_s=self.timeout_s + 10)
+                                timeout_s=max(self.timeout_s, 60.0) + 10)
                 for i, u in enumerate(engine.urls)]
         results = await asyncio.gather(join, *reqs, return_exceptions=True)
         group, replies = results[0], results[1:]

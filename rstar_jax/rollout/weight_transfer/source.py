@@ -2,7 +2,8 @@
 
 ``hf_leaves`` yields, leaf by leaf in table order, each leaf in HF layout on the host: the
 transpose of a kernel leaf is one XLA op per stacked leaf ([L, in, out] -> [L, out, in]), run
-on the device and dispatched ``lookahead`` leaves ahead so it overlaps the caller's writes; the
+on the device ``lookahead`` leaves ahead (``prefetch`` runs the whole iterator in a background
+thread, so the transposes overlap the caller's writes and sends); the
 host copy of a CPU array is a zero-copy view (``np.asarray``), bf16 stays ml_dtypes bf16 (no
 float32 round trip), and each layer of a stacked leaf is then a contiguous view. Arrays that are
 not fully addressable (multi-host sharding) are all-gathered leaf by leaf (one leaf, never the
@@ -25,8 +26,8 @@ import numpy as np
 from rstar_jax.models import qwen3_hf_layout as layout
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _to_hf_layout(x, stacked: bool):
+@jax.jit
+def _to_hf_layout(x):
     return jnp.swapaxes(x, -1, -2) if x.ndim >= 2 else x
 
 
@@ -51,7 +52,7 @@ def hf_leaves(params: Any, tensors: Sequence[layout.HFTensor], lookahead: int = 
         path = paths[i]
         leaf = layout.get_leaf(params, path)
         if groups[path][0].transpose:
-            leaf = _to_hf_layout(leaf, path[0] == "layers")   # async on the device
+            leaf = _to_hf_layout(leaf)   # [.., in, out] -> [.., out, in], on the device
         pending.append((path, leaf))
 
     for i in range(min(lookahead, len(paths))):
@@ -70,9 +71,8 @@ def hf_leaves(params: Any, tensors: Sequence[layout.HFTensor], lookahead: int = 
 
 @functools.partial(jax.jit, static_argnums=2)
 def _changed_rows(a, b, stacked: bool):
+    # 8-byte types bitcast to uint32 pairs (a trailing axis of 2), folded by the reshape.
     bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[a.dtype.itemsize]
-    if a.dtype.itemsize == 8:
-        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     ne = jax.lax.bitcast_convert_type(a, bits) != jax.lax.bitcast_convert_type(b, bits)
     return ne.reshape(ne.shape[0], -1).any(axis=1) if stacked else ne.any()[None]
 
