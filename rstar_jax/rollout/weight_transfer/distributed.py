@@ -14,6 +14,7 @@ hanging it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from typing import Optional
 
 import numpy as np
@@ -29,7 +30,9 @@ class DistributedTransport:
 
     def __init__(self, master_address: str = "127.0.0.1", master_port: Optional[int] = None,
                  backend: Optional[str] = None, bucket_bytes: int = 512 << 20, tp_size: int = 1,
-                 timeout_s: float = 120.0, group_name: str = "rstar_jax_weights", **_):
+                 timeout_s: float = 120.0, group_name: str = "rstar_jax_weights",
+                 num_writers: int = 4, **_):
+        self.num_writers = max(1, int(num_writers))
         self.master_address = master_address
         self.master_port = master_port
         self.backend = backend
@@ -74,15 +77,14 @@ class DistributedTransport:
             await self.close(engine)
             raise base.PushError("init_weights_update_group failed: " + "; ".join(errs))
 
-    def _fill(self, bucket, arrays, backend):
+    def _fill(self, bucket, arrays, backend, pool):
         import torch
         n = buckets.bucket_size(bucket)
         if self._buf is None or self._buf.numel() < n:
             self._buf = torch.empty(n, dtype=torch.uint8)
         flat = self._buf[:n]
-        dst = flat.numpy()
-        for e in bucket:
-            np.copyto(dst[e.start:e.end], buckets.as_bytes(arrays[e.name]))
+        # Each tensor written once, kernels transposed on the way (source.write_hf).
+        source.fill(flat.numpy(), [(e.start,) + arrays[e.name] for e in bucket], pool)
         return flat.cuda() if backend == "nccl" else flat
 
     async def push(self, engine, config, params, tensors, version: int) -> int:
@@ -98,15 +100,16 @@ class DistributedTransport:
             items.append((t.name, t.shape, np.dtype(leaf.dtype).name,
                           int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize))
         plan = buckets.plan_buckets(items, self.bucket_bytes)
-        gen = source.prefetch(source.hf_leaves(params, tensors))
+        gen = source.prefetch(source.host_parts(params, tensors))
+        pool = concurrent.futures.ThreadPoolExecutor(self.num_writers)
         arrays: dict = {}
         sent = 0
         try:
             for i, bucket in enumerate(plan):
                 while any(e.name not in arrays for e in bucket):
                     _, got = await asyncio.to_thread(next, gen)
-                    arrays.update({t.name: x for t, x in got})
-                flat = await asyncio.to_thread(self._fill, bucket, arrays, backend)
+                    arrays.update({t.name: (x, tr) for t, x, tr in got})
+                flat = await asyncio.to_thread(self._fill, bucket, arrays, backend, pool)
                 for e in bucket:
                     arrays.pop(e.name, None)
                 last = i == len(plan) - 1
@@ -132,6 +135,8 @@ class DistributedTransport:
         except BaseException:
             await self.close(engine, notify=False)
             raise
+        finally:
+            pool.shutdown(wait=True)
         return sent
 
     async def close(self, engine, notify: bool = True) -> None:

@@ -10,13 +10,15 @@ its multiprocessing reductions, base64 text), ``load_format`` (None | "direct" |
   * GPU: the JAX array reaches torch through DLPack (no copy), the bucket is filled on the
     device and travels as a CUDA/HIP IPC handle (torch's reductions; ROCm uses the same path);
   * CPU: the bucket lives in shared memory (torch's "file_system" sharing strategy, which an
-    unrelated server process can open by name), filled with one memcpy per tensor.
+    unrelated server process can open by name); each tensor is written into it once, kernels
+    transposed on the way (``source.write_hf``), by a few threads.
 Buckets are reused across pushes; a bucket is refilled only after the server answered for it.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import io
 from typing import Any
 
@@ -53,9 +55,11 @@ class TensorTransport:
     server (the payload is repeated per rank; every rank opens the same handle)."""
     name = "tensor"
 
-    def __init__(self, bucket_bytes: int = 512 << 20, tp_size: int = 1, **_):
+    def __init__(self, bucket_bytes: int = 512 << 20, tp_size: int = 1, num_writers: int = 4,
+                 **_):
         self.bucket_bytes = int(bucket_bytes)
         self.tp_size = int(tp_size)
+        self.num_writers = max(1, int(num_writers))
         self._shm: list = []          # reusable shared-memory buckets (CPU path)
 
     def _cpu_bucket(self, i: int, n: int):
@@ -68,11 +72,9 @@ class TensorTransport:
             self._shm[i] = torch.empty(n, dtype=torch.uint8).share_memory_()
         return self._shm[i][:n]
 
-    def _fill_cpu(self, i: int, bucket, arrays: dict) -> Any:
+    def _fill_cpu(self, i: int, bucket, arrays: dict, pool) -> Any:
         flat = self._cpu_bucket(i, buckets.bucket_size(bucket))
-        dst = flat.numpy()
-        for e in bucket:
-            np.copyto(dst[e.start:e.end], buckets.as_bytes(arrays[e.name]))
+        source.fill(flat.numpy(), [(e.start,) + arrays[e.name] for e in bucket], pool)
         return flat
 
     def _fill_gpu(self, bucket, leaves: dict, params):
@@ -98,8 +100,16 @@ class TensorTransport:
                  for t in tensors]
         plan = buckets.plan_buckets(items, self.bucket_bytes)
         gpu = _on_gpu(params)
-        arrays: dict[str, np.ndarray] = {}
-        gen = None if gpu else source.prefetch(source.hf_leaves(params, tensors))
+        arrays: dict[str, tuple] = {}
+        gen = None if gpu else source.prefetch(source.host_parts(params, tensors))
+        pool = None if gpu else concurrent.futures.ThreadPoolExecutor(self.num_writers)
+        try:
+            return await self._send(engine, plan, gpu, leaf, params, gen, pool, arrays, version)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    async def _send(self, engine, plan, gpu, leaf, params, gen, pool, arrays, version) -> int:
         sent = 0
         for i, bucket in enumerate(plan):
             if gpu:
@@ -108,8 +118,8 @@ class TensorTransport:
                 # Pull leaves until this bucket's tensors are on the host (views, no copy).
                 while any(e.name not in arrays for e in bucket):
                     _, got = await asyncio.to_thread(next, gen)
-                    arrays.update({t.name: x for t, x in got})
-                flat = await asyncio.to_thread(self._fill_cpu, i % 2, bucket, arrays)
+                    arrays.update({t.name: (x, tr) for t, x, tr in got})
+                flat = await asyncio.to_thread(self._fill_cpu, i % 2, bucket, arrays, pool)
                 for e in bucket:
                     arrays.pop(e.name, None)
             payload = serialize({"flattened_tensor": flat,
