@@ -237,3 +237,31 @@ def test_config_fields_validated():
         validate_config(cfg, "rl")
     with pytest.raises(ValueError, match="weight_transport"):
         SGLangEngine(["http://127.0.0.1:1"], weight_transport="nfs")
+
+
+@pytest.mark.parametrize("use_torch", (True, False))
+def test_write_hf_transposes_exact_bytes(use_torch, monkeypatch):
+    """The host transpose path (torch's blocked copy, or NumPy tiles without torch) writes
+    exactly the C-ordered bytes of x.T, for 2-, 4- and 8-byte types and shapes off the tile."""
+    from rstar_jax.rollout.weight_transfer import source
+    if not use_torch:
+        monkeypatch.setattr(source, "_torch", lambda: None)
+    rng = np.random.default_rng(0)
+    for dtype in (jnp.bfloat16, np.float32, np.float64):
+        for shape in ((3, 5), (300, 517), (1, 700)):
+            x = rng.standard_normal(shape).astype(dtype)
+            x.flags.writeable = False        # as np.asarray of a JAX buffer
+            dst = np.full(x.nbytes, 7, np.uint8)
+            source.write_hf(dst, x, True)
+            assert dst.tobytes() == np.ascontiguousarray(x.T).tobytes(), (dtype, shape)
+            source.write_hf(dst, x, False)
+            assert dst.tobytes() == x.tobytes()
+    with pytest.raises(ValueError, match="destination has"):
+        source.write_hf(np.zeros(3, np.uint8), x, True)
+    # fill(): chunked plain copies and transposes on a pool land at their offsets.
+    import concurrent.futures
+    a, b = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal(99)
+    dst = np.zeros(a.nbytes + b.nbytes, np.uint8)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        source.fill(dst, [(0, a, True), (a.nbytes, b, False)], pool, chunk=64)
+    assert dst.tobytes() == np.ascontiguousarray(a.T).tobytes() + b.tobytes()
