@@ -8,8 +8,8 @@ embeddings) with 16 of its 28 layers = 1.12 B params, 2.24 GB in bf16. Rows (bes
   * memcpy: np.copyto of the same number of bytes (RAM ceiling);
   * raw write (reference): ``safetensors.numpy.save_file`` of the HF-layout tensors, already
     transposed and on the host, to the same tmpfs;
-  * disk: ``weight_transfer.disk.write_hf_dir`` from the learner's JAX arrays (transposes on
-    the device included) -- the staging write the learner does per push; plus the whole push
+  * disk: ``weight_transfer.disk.write_hf_dir`` from the learner's JAX arrays (kernel
+    transposes included) -- the staging write the learner does per push; plus the whole push
     (staging + the stand-in's load of every file + version check);
   * tensor: ``SGLangEngine.update_weights`` with the tensor transport to the in-process SGLang
     stand-in (shared-memory flattened buckets, deserialised with torch's reductions, copied
@@ -17,7 +17,8 @@ embeddings) with 16 of its 28 layers = 1.12 B params, 2.24 GB in bf16. Rows (bes
   * distributed: the same with a gloo broadcast group (learner rank 0, stand-in rank 1, TCP on
     127.0.0.1);
   * delta: after a full push the last 4 layers change; a tensor-transport push with
-    ``weight_delta`` sends only those.
+    ``weight_delta`` sends only those; ``delta_compare_s`` times the changed-tensor selection
+    alone (one bit-pattern compare per leaf) inside that push.
 GB/s = parameter bytes / seconds. ``verified``: the stand-in's received tensors equal the
 learner's HF-layout bytes for every transport. Extrapolation to Qwen3-14B (14.77 B params x 2 B)
 is by bytes. With --json the last line is one JSON object.
@@ -42,7 +43,7 @@ from rstar_jax.models import qwen3  # noqa: E402
 from rstar_jax.models import qwen3_hf_layout as layout  # noqa: E402
 from rstar_jax.rollout.sglang_engine import SGLangEngine  # noqa: E402
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer  # noqa: E402
-from rstar_jax.rollout.weight_transfer import disk  # noqa: E402
+from rstar_jax.rollout.weight_transfer import disk, source  # noqa: E402
 
 QWEN3_1P7B_WIDTHS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
                          num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -134,8 +135,12 @@ def main():
                     await eng.update_weights(config, params, 100)   # baseline kept
                     p2 = dict(params, layers=jax.tree.map(
                         lambda x: x.at[-4:].add(jnp.asarray(0.01, x.dtype)), params["layers"]))
+                    jax.block_until_ready(p2)
+                    t0 = time.perf_counter()
+                    source.changed_tensors(p2, params, table)
+                    compare_s = time.perf_counter() - t0
                     m = await eng.update_weights(config, p2, 101)
-                    return min(x["push/seconds"] for x in out), ok, m
+                    return min(x["push/seconds"] for x in out), ok, dict(m, compare_s=compare_s)
             finally:
                 server.weights.clear()
                 await server.close()
@@ -155,6 +160,7 @@ def main():
                disk_push_gbps=g(t_disk_push), tensor_gbps=g(t_tensor),
                distributed_gbps=g(t_dist), delta_fraction=dm["push/delta_fraction"],
                delta_seconds=dm["push/seconds"], delta_bytes=dm["push/bytes"],
+               delta_compare_s=dm["compare_s"],
                disk_vs_raw=t_raw / t_disk, verified=all(verified))
     rows = [("memcpy (RAM ceiling)", t_copy), ("raw safetensors save_file (reference)", t_raw),
             ("disk: staging write (write_hf_dir)", t_disk),
@@ -166,7 +172,8 @@ def main():
         print(f"{name:42} {t:7.2f} {g(t):7.2f} {t_raw / t:7.2f} {QWEN3_14B_BYTES / 1e9 / g(t):7.1f}")
     print(f"delta (tensor, last 4 of {args.layers} layers changed): sent "
           f"{dm['push/delta_fraction']:.1%} of tensors, {dm['push/bytes'] / 1e9:.2f} GB in "
-          f"{dm['push/seconds']:.2f} s; verified={all(verified)}")
+          f"{dm['push/seconds']:.2f} s (selection {dm['compare_s']:.2f} s of it); "
+          f"verified={all(verified)}")
     if args.json:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
                           for k, v in res.items()}))

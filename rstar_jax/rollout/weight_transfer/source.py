@@ -14,8 +14,8 @@ that are not fully addressable (multi-host sharding) are all-gathered leaf by le
 never the whole model, on a host at a time).
 
 ``changed_tensors`` compares bit patterns against the params of the last successful push
-(kept by reference: the RL loop pushes a copy, so nothing is copied here), on the device, one
-reduction per leaf.
+(kept by reference: the RL loop pushes a copy, so nothing is copied here), one compare per
+layer: on CPU over zero-copy host views as 8-byte words, elsewhere one device reduction per leaf.
 """
 from __future__ import annotations
 
@@ -160,6 +160,17 @@ def _changed_rows(a, b, stacked: bool):
     return ne.reshape(ne.shape[0], -1).any(axis=1) if stacked else ne.any()[None]
 
 
+def _changed_rows_host(a: np.ndarray, b: np.ndarray, stacked: bool) -> np.ndarray:
+    """_changed_rows on zero-copy host views, compared as the widest unsigned ints that divide
+    each row (8x fewer elements than bytes; XLA:CPU's per-leaf compare ran at ~0.3 GB/s)."""
+    rows = a.shape[0] if stacked else 1
+    a, b = a.reshape(rows, -1).view(np.uint8), b.reshape(rows, -1).view(np.uint8)
+    w = next(k for k in (8, 4, 2, 1) if a.shape[1] % k == 0)
+    u = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}[w]
+    a, b = a.view(u), b.view(u)
+    return np.array([not np.array_equal(a[i], b[i]) for i in range(rows)])
+
+
 def changed_tensors(params: Any, previous: Optional[Any],
                     table: Sequence[layout.HFTensor]) -> list[layout.HFTensor]:
     """The HF tensors whose bytes differ from ``previous`` (all of them if None, if a kept
@@ -174,6 +185,9 @@ def changed_tensors(params: Any, previous: Optional[Any],
         if (a.shape != b.shape or a.dtype != b.dtype or
                 (hasattr(b, "is_deleted") and b.is_deleted())):
             flags[t.path] = None
+        elif _on_cpu(a) and _on_cpu(b) and a.is_fully_addressable and b.is_fully_addressable:
+            flags[t.path] = _changed_rows_host(np.asarray(a), np.asarray(b),
+                                               t.path[0] == "layers")
         else:
             flags[t.path] = np.asarray(jax.device_get(
                 _changed_rows(a, b, t.path[0] == "layers")))
