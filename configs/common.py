@@ -82,6 +82,8 @@ def rl_config() -> ml_collections.ConfigDict:
       max_step_retries=3,            # retries of a failed rollout (engine error, lost tool worker)
       hard_subset_max_problems=0,    # 0 = sample the whole set when building a hard subset
       collapse_window=5,             # steps of falling tool calls/trajectory before a warning
+      max_staleness=0,               # async RL: 0 = synchronous; k >= 1 = rollouts overlap updates, trained only within k weight pushes of the sampling version
+      partial_rollout="continue",    # async RL, at a weight push: "continue" in-flight trajectories with the new weights | "restart" them
   ))
 
 

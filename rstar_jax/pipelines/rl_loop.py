@@ -122,6 +122,7 @@ class LoopPosition:
   weight_version: int = 0
   collapse: dict | None = None
   hard_subset_stats: dict | None = None
+  async_state: dict | None = None   # rl.max_staleness >= 1: groups issued, not yet trained on
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -172,6 +173,10 @@ class RLLoop:
     self.iterator: EpochIterator | None = None
     self.writer: MetricsWriter | None = None
     self.progress_every_s = float(config.train.get("progress_every_s", 10.0))
+    # >>> async RL hook (issue 19): None at rl.max_staleness == 0 (the synchronous loop)
+    from rstar_jax.pipelines import async_rollout
+    self.async_rl = async_rollout.from_config(config, runner)
+    # <<< async RL hook
 
   # ------------------------------------------------------------------ resume / checkpoint
 
@@ -197,6 +202,8 @@ class RLLoop:
     if self.pos.collapse:
       self.collapse.load_state_dict(self.pos.collapse)
     self._make_iterator(self.pos.data_state)
+    if self.async_rl is not None:   # async RL hook: groups in flight at the save come back
+      self.async_rl.load_state_dict(self.pos.async_state)
     log.info("resumed at RL step %d (stage %d, step %d in stage, weight version %d)",
              self.pos.rl_step, self.pos.stage_index, self.pos.stage_step,
              self.pos.weight_version)
@@ -217,6 +224,8 @@ class RLLoop:
     """Checkpoints the state (when it changed) and always the loop position side file."""
     self.pos.data_state = self.iterator.state_dict() if self.iterator else None
     self.pos.collapse = self.collapse.state_dict()
+    if self.async_rl is not None:   # async RL hook: same instant as data_state (no await)
+      self.pos.async_state = self.async_rl.state_dict()
     step = int(jax.device_get(self.learner.state.step))
     wrote = False
     if step != self._last_saved_step:
@@ -277,6 +286,8 @@ class RLLoop:
       self.save()
       self.ckpt.wait_until_finished()
     finally:
+      if self.async_rl is not None:   # async RL hook: cancel what is in flight
+        await self.async_rl.stop()
       self.writer.close()
     return last
 
@@ -394,7 +405,8 @@ class RLLoop:
     """One RL step (module docstring); returns and logs its metrics."""
     cfg, rl = self.cfg, self.cfg.rl
     t_start = time.monotonic()
-    problems = self.iterator.next_batch(self.P)
+    async_metrics: dict = {}
+    problems = None if self.async_rl is not None else self.iterator.next_batch(self.P)
     self.learner.state, key = self.learner.state.split_rng()
     k_seed, k_roc = jax.random.split(key)
     seed0 = int(jax.random.randint(k_seed, (), 0, 2**31 - 1))
@@ -402,9 +414,15 @@ class RLLoop:
 
     # 2. rollouts
     t0 = time.monotonic()
-    prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
-                    every_s=self.progress_every_s)
-    groups = await self._rollouts(problems, self.N, seed0, settings, prog)
+    if self.async_rl is not None:   # async RL hook: groups generated while earlier steps trained
+      problems, groups, async_metrics = await self.async_rl.take(
+          (self.pos.stage_index, self.pos.data_source), self.iterator, self._dataset(),
+          settings, stage.steps - self.pos.stage_step)
+      self._retries = int(async_metrics["async/rollout_retries"])
+    else:
+      prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
+                      every_s=self.progress_every_s)
+      groups = await self._rollouts(problems, self.N, seed0, settings, prog)
     t_rollout = time.monotonic() - t0
 
     # 3-4. rewards and penalties
@@ -447,31 +465,39 @@ class RLLoop:
     metrics.update(rl_metrics.tool_latency_metrics(flat))
     metrics["penalty_pos_mean"] = float(penalties[rewards > 0].mean()) if (rewards > 0).any() \
         else 0.0
+    metrics.update(async_metrics)
 
     # 8-9. batch and update
     t0 = time.monotonic()
     t_push = 0.0
     if kept_trajs:
-      longest = max(len(t.prompt_ids) + len(t.response_ids) for t in kept_trajs)
-      pad_to = length_bucket(longest, int(cfg.train.get("length_bucket", 64)))
-      batch = batch_lib.make_rl_batch(kept_trajs, kept_adv, pad_to,
-                                      pad_id=self.runner.pad_id, row_multiple=self.rows)
-      js = self.learner.jitted
-      sharded = js.shard_batch(batch)
-      if rl.recompute_old_logprobs:
-        lp = js.compute_logprobs(self.learner.state.params, sharded)
-        sharded = steps_lib.with_old_logprobs(sharded, lp)
-        lp = np.asarray(lp)
-        metrics["sampler_logprob_drift"] = _drift(batch, lp)
-        batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
-      updates = self._updates(batch, sharded, np.random.default_rng(seed0 + 1))
-      for mb in updates:
-        self.learner.state, m = js.rl_step(self.learner.state, mb)
-        m = jax.device_get(m)
-        for k, v in m.items():   # mean over the step's updates
-          metrics[k] = metrics.get(k, 0.0) + float(v) / len(updates)
-      metrics["ppo_updates"] = float(len(updates))
-      metrics["batch_rows"], metrics["batch_len"] = float(batch["input_ids"].shape[0]), pad_to
+      def update():   # a function so the async loop can run it off the event loop
+        longest = max(len(t.prompt_ids) + len(t.response_ids) for t in kept_trajs)
+        pad_to = length_bucket(longest, int(cfg.train.get("length_bucket", 64)))
+        batch = batch_lib.make_rl_batch(kept_trajs, kept_adv, pad_to,
+                                        pad_id=self.runner.pad_id, row_multiple=self.rows)
+        js = self.learner.jitted
+        sharded = js.shard_batch(batch)
+        if rl.recompute_old_logprobs:
+          lp = js.compute_logprobs(self.learner.state.params, sharded)
+          sharded = steps_lib.with_old_logprobs(sharded, lp)
+          lp = np.asarray(lp)
+          metrics["sampler_logprob_drift"] = _drift(batch, lp)
+          if self.async_rl is not None:   # async RL hook: behaviour vs proximal log-probs
+            batch, sharded = self.async_rl.with_behaviour_logprobs(batch, sharded, lp, metrics)
+          batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
+        updates = self._updates(batch, sharded, np.random.default_rng(seed0 + 1))
+        for mb in updates:
+          self.learner.state, m = js.rl_step(self.learner.state, mb)
+          m = jax.device_get(m)
+          for k, v in m.items():   # mean over the step's updates
+            metrics[k] = metrics.get(k, 0.0) + float(v) / len(updates)
+        metrics["ppo_updates"] = float(len(updates))
+        metrics["batch_rows"], metrics["batch_len"] = float(batch["input_ids"].shape[0]), pad_to
+      if self.async_rl is not None:   # async RL hook: rollouts go on during the update
+        await asyncio.to_thread(update)
+      else:
+        update()
       t_update = time.monotonic() - t0
       # 10. weight push
       t_push = await self._push_weights()
