@@ -6,13 +6,14 @@ batching: ``--slots`` requests at once), each tool call a heavy-tailed log-norma
 problem needs 1..``max_calls`` tool calls before answering. Rewards alternate inside each group
 (every group informative, so every step updates). The learner is the real one on a tiny model
 (batching, log-prob recompute, jitted update, weight push through the async machinery), with
-each update padded by a sleep to ``--update_s`` seconds; by default that is the synchronous
-loop's own mean rollout time per step, measured first in the same run.
+each update stage (log-prob recompute + step) padded by a sleep to ``--update_s`` seconds; by
+default that is the synchronous loop's own mean rollout time per step, measured first in the
+same run.
 
 All three loops train the same number of steps x prompts x G trajectories; steps/s is steps
 over the whole ``run()`` wall time (pipeline fill and drain included).
 
-    python benchmarks/async_rl.py [--steps 6] [--prompts 8] [--json]
+    python benchmarks/async_rl.py [--steps 8] [--prompts 8] [--json]
 """
 from __future__ import annotations
 
@@ -116,15 +117,21 @@ def _config(args, k: int):
 
 
 def _slow_updates(learner, update_s: list):
-  real = learner.jitted.rl_step
+  """The update stage (log-prob recompute + jitted step) padded by a sleep to ``update_s[0]``:
+  a stand-in for a big model's update, whatever the tiny one costs on this CPU."""
+  real_step, real_lp = learner.jitted.rl_step, learner.jitted.compute_logprobs
+  started = [0.0]
+
+  def logprobs(params, batch):
+    started[0] = time.monotonic()
+    return real_lp(params, batch)
 
   def step(state, mb):
-    t0 = time.monotonic()
-    out = jax.block_until_ready(real(state, mb))
-    time.sleep(max(0.0, update_s[0] - (time.monotonic() - t0)))
+    out = jax.block_until_ready(real_step(state, mb))
+    time.sleep(max(0.0, update_s[0] - (time.monotonic() - started[0])))
     return out
 
-  learner.jitted = dataclasses.replace(learner.jitted, rl_step=step)
+  learner.jitted = dataclasses.replace(learner.jitted, rl_step=step, compute_logprobs=logprobs)
 
 
 def run_once(args, k, learner, init_state, tok, problems, sim, update_s):
@@ -148,7 +155,7 @@ def run_once(args, k, learner, init_state, tok, problems, sim, update_s):
 
 def main():
   ap = argparse.ArgumentParser()
-  ap.add_argument("--steps", type=int, default=6)
+  ap.add_argument("--steps", type=int, default=8)
   ap.add_argument("--prompts", type=int, default=8)
   ap.add_argument("--slots", type=int, default=32)
   ap.add_argument("--update_s", type=float, default=0.0,
