@@ -24,6 +24,13 @@ in the order it was drawn, whatever the overlap was when the run stopped. Within
 producer issues exactly the stage's ``steps * batch_prompts`` groups, so a stage boundary
 (new data source, response budget) drains the pipeline.
 
+Per-step metrics (`take`): ``async/lag_{d}_tokens`` (generated tokens trained on, by lag),
+``async/lag_mean``, ``async/dropped_stale_trajectories`` / ``_groups``,
+``async/learner_idle_frac`` (share of the time since the previous step the learner spent
+waiting for groups), ``async/rollout_idle_frac`` (share of it with no group in flight),
+``async/groups_in_flight`` / ``_buffered``, ``async/restarted_trajectories``, and, from
+`with_behaviour_logprobs`, ``async/is_ratio_mean`` / ``_max`` / ``async/is_truncated_frac``.
+
 k = 0 never builds any of this: the loop runs the synchronous code unchanged.
 """
 from __future__ import annotations
@@ -203,6 +210,8 @@ class AsyncRollouts:
     self._budget = max(0, steps_left * self.P - len(self._pending))
     if self._cond is None:
       self._cond = asyncio.Condition()
+    if self._last_take_end is None:   # idle time counts from the first stage's start
+      self._idle = _IdleClock()
     self._producer = asyncio.get_running_loop().create_task(self._produce())
 
   def _in_flight(self) -> int:
