@@ -204,6 +204,9 @@ class RLLoop:
     self._make_iterator(self.pos.data_state)
     if self.async_rl is not None:   # async RL hook: groups in flight at the save come back
       self.async_rl.load_state_dict(self.pos.async_state)
+    elif (self.pos.async_state or {}).get("pending"):
+      log.warning("resuming an asynchronous run (rl.max_staleness >= 1) synchronously: its %d "
+                  "in-flight prompt groups are skipped", len(self.pos.async_state["pending"]))
     log.info("resumed at RL step %d (stage %d, step %d in stage, weight version %d)",
              self.pos.rl_step, self.pos.stage_index, self.pos.stage_step,
              self.pos.weight_version)
