@@ -68,6 +68,7 @@ class StepConfig:
         num_micro_batches: M; the batch's N rows are split into M strided micro-batches whose
             gradients are accumulated (N must be a multiple of M).
         policy_loss: name of the policy loss in ``rstar_jax.rl.registry`` ("grpo_roc").
+        sft_loss: name of the SFT loss in ``rstar_jax.rl.registry`` ("nll").
         eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (rStar2-Agent: 0.2 / 0.28).
         dual_clip_c: dual-clip bound for negative advantages (released verl code: 3.0); None off.
         entropy_coef: entropy bonus weight (paper: 0).
@@ -80,6 +81,7 @@ class StepConfig:
 
     num_micro_batches: int = 1
     policy_loss: str = "grpo_roc"
+    sft_loss: str = "nll"
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip_c: float | None = None
@@ -96,6 +98,8 @@ class StepConfig:
             bad("num_micro_batches", "an int >= 1")
         if self.policy_loss not in registry.names("policy_loss"):
             bad("policy_loss", f"one of {registry.names('policy_loss')}")
+        if self.sft_loss not in registry.names("sft_loss"):
+            bad("sft_loss", f"one of {registry.names('sft_loss')}")
         if not 0.0 <= self.eps_low < 1.0:
             bad("eps_low", "a float in [0, 1)")
         if not self.eps_high >= 0.0:
@@ -152,11 +156,11 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
     return jnp.maximum(count, 1.0)
 
 
-def _sft_micro_loss(apply_fn, params, mb, normaliser):
+def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
     mask = _target_mask(mb["loss_mask"])
-    return losses.sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:],
-                           normalizer=normaliser)
+    loss_fn = registry.get("sft_loss", cfg.sft_loss)
+    return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
@@ -231,7 +235,7 @@ def sft_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
     batch = {k: batch[k] for k in SFT_KEYS}
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, "token-mean")
-    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm)
+    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm, config)
     grads, sums = _accumulate(loss_fn, state.params, batch, config.num_micro_batches,
                               micro_sharding)
     return _finish(state, grads, sums, jnp.sum(mask), config)
