@@ -272,7 +272,7 @@ class SyntheticDataConfig(_Section):
   n_train: int = field(24, int_range(1), "Training problems.")
   n_eval: int = field(8, int_range(0), "Held-out problems.")
   families: tuple[str, ...] = field((), STR_TUPLE, "Task families (empty = all).")
-  difficulty: Any = field("easy", None, "A preset name or a `synthetic_tasks.Difficulty` (a dict in a recipe).")
+  difficulty: Any = field("", None, "A preset name ('easy', ...), a `synthetic_tasks.Difficulty` (a dict in a recipe), or '' = Difficulty().")
 
 
 @_section
