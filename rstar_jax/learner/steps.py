@@ -137,7 +137,7 @@ def _token_aligned(logits: jax.Array, input_ids: jax.Array) -> tuple[jax.Array, 
 
 def _target_mask(loss_mask: jax.Array) -> jax.Array:
     """float32 mask with column 0 forced to 0 (nothing predicts the first token)."""
-    mask = loss_mask.astype(jnp.float32)
+    mask = jnp.asarray(loss_mask, jnp.float32)
     return mask.at[:, 0].set(0.0)
 
 

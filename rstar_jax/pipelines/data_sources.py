@@ -81,13 +81,18 @@ def sft_examples(run: RunConfig) -> list[ChatExample]:
                    "section), got ''")
 
 
+def _content(message) -> str:
+  """A chat message's text ('' for a content-less message, e.g. a pure tool call)."""
+  return str(message.get("content", ""))
+
+
 def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] = ()) -> list[str]:
   """Texts a from-scratch tokenizer is trained on: prompts, chats, digits and code idioms."""
   from rstar_jax.tokenization import chat_format
   texts = [chat_format.build_prompt_text(p.problem) for p in problems[:2000]]
   texts += [p.solution_code for p in problems[:2000] if p.solution_code]
   for c in chats[:2000]:
-    texts += [str(m.get("content", "")) for m in c.messages]
+    texts += [_content(m) for m in c.messages]
   texts += [" ".join(str(i) for i in range(1000)),
             chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s")]
   return texts
@@ -112,11 +117,12 @@ def _final_answer_ok(example: ChatExample) -> bool | None:
   """Whether the last assistant message's boxed answer equals ``extra['answer']``; None when
   the example carries no gold answer."""
   from rstar_jax.rewards import math_reward
-  if not example.extra or example.extra.get("answer") is None:
+  extra = example.extra or {}
+  if "answer" not in extra or extra["answer"] is None:
     return None
   last = [m for m in example.messages if m["role"] == "assistant"][-1]
-  pred = math_reward.extract_answer(str(last.get("content", "")), "answer_tag")
-  return math_reward.is_equivalent(pred, str(example.extra["answer"]))
+  pred = math_reward.extract_answer(_content(last), "answer_tag")
+  return math_reward.is_equivalent(pred, str(extra["answer"]))
 
 
 def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls: int,
@@ -137,7 +143,7 @@ def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls:
     if require_correct and not _final_answer_ok(ex):
       stats["dropped_incorrect"] += 1
       continue
-    tools = [str(m.get("content", "")) for m in ex.messages if m["role"] == "tool"]
+    tools = [_content(m) for m in ex.messages if m["role"] == "tool"]
     if require_all_calls_ok and not all(t.startswith("Tool call success") for t in tools):
       stats["dropped_failed_call"] += 1
       continue

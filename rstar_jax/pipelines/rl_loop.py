@@ -189,7 +189,7 @@ class RLLoop:
                problems: Sequence[Problem] | None = None,
                eval_problems: Sequence[Problem] | None = None,
                weight_transfer: WeightTransfer | None = None):
-    self.run = run
+    self.config = run
     self.learner = learner
     self.runner = runner
     self.weight_transfer = weight_transfer
@@ -298,7 +298,7 @@ class RLLoop:
           self.pos.stage_index += 1
           self.pos.stage_step = 0
           self.pos.stage_started = False
-        every = self.run.train.checkpoint_every
+        every = self.config.train.checkpoint_every
         if (every and self.pos.rl_step % every == 0) or self.pos.stage_index >= len(self.stages):
           self.save()
       self.save()
@@ -329,13 +329,13 @@ class RLLoop:
     """Samples k rollouts per training problem with the current policy and keeps the indices
     of problems not solved k of k (`stages.build_hard_subset`)."""
     k = stage.drop_solved_k_of_k
-    cap = self.run.rl.hard_subset_max_problems or len(self.problems)
+    cap = self.config.rl.hard_subset_max_problems or len(self.problems)
     cand = list(range(min(cap, len(self.problems))))
-    settings = rollout_settings(self.run, stage)
-    seed0 = self.run.train.seed * 1_000_003 + 7919 * (self.pos.stage_index + 1)
+    settings = rollout_settings(self.config, stage)
+    seed0 = self.config.train.seed * 1_000_003 + 7919 * (self.pos.stage_index + 1)
     prog = Progress(f"hard-subset k={k}", len(cand) * k, every_s=self.progress_every_s)
     trajs, _ = await collect_rollouts(self.runner, [self.problems[i] for i in cand], k, seed0,
-                                      settings, max_retries=self.run.rl.max_step_retries,
+                                      settings, max_retries=self.config.rl.max_step_retries,
                                       progress=prog)
     rewards = await self.runner.rewards(
         [t for g in trajs for t in g],
@@ -358,7 +358,7 @@ class RLLoop:
   def _make_iterator(self, state: dict | None):
     items = self._dataset()
     if state is None:
-      self.iterator = EpochIterator(items, seed=self.run.train.seed)
+      self.iterator = EpochIterator(items, seed=self.config.train.seed)
     else:
       self.iterator = EpochIterator.from_state(items, state)
 
@@ -401,8 +401,8 @@ class RLLoop:
     prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
                     every_s=self.progress_every_s)
     groups, retries = await collect_rollouts(
-        self.runner, problems, self.N, seed0, rollout_settings(self.run, stage),
-        max_retries=self.run.rl.max_step_retries, progress=prog)
+        self.runner, problems, self.N, seed0, rollout_settings(self.config, stage),
+        max_retries=self.config.rl.max_step_retries, progress=prog)
     return Rollouts(problems, groups, seed0, k_select, retries, time.monotonic() - t0)
 
   async def score(self, ro: Rollouts) -> Scores:
@@ -412,13 +412,13 @@ class RLLoop:
     p, n = len(ro.problems), self.N
     rewards = np.asarray(await self.runner.rewards(
         flat, [q.answer for q in ro.problems for _ in range(n)]), np.float32).reshape(p, n)
-    rl = self.run.rl
+    rl = self.config.rl
     penalties = penalties_of(flat, rl.p_err_mode, rl.p_format_mode).reshape(p, n)
     return Scores(rewards, penalties, time.monotonic() - t0)
 
   def select(self, ro: Rollouts, scores: Scores) -> Selected:
     """`rstar_jax.rl.selection.select_rollouts` on the host arrays; the kept trajectories."""
-    rl = self.run.rl
+    rl = self.config.rl
     sel = selection_lib.select_rollouts(
         ro.select_key, scores.rewards, scores.penalties, group_size=self.G, mode=rl.roc_mode,
         min_pos=rl.min_pos, min_neg=rl.min_neg, roc_eps=rl.roc_eps,
@@ -456,7 +456,7 @@ class RLLoop:
     if not sel.trajectories:
       return None
     longest = max(len(t.prompt_ids) + len(t.response_ids) for t in sel.trajectories)
-    pad_to = length_bucket(longest, self.run.train.length_bucket)
+    pad_to = length_bucket(longest, self.config.train.length_bucket)
     return batch_lib.make_rl_batch(sel.trajectories, sel.advantages, pad_to,
                                    pad_id=self.runner.pad_id, row_multiple=self.rows)
 
@@ -464,7 +464,7 @@ class RLLoop:
     """Old-log-prob recompute (``rl.recompute_old_logprobs``) and the step's PPO updates:
     ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled mini-batches of one fixed
     shape (old log-probs from the params before the first). Returns the updates' mean metrics."""
-    js, rl = self.learner.jitted, self.run.rl
+    js, rl = self.learner.jitted, self.config.rl
     sharded = js.shard_batch(batch)
     metrics: dict[str, float] = {}
     if rl.recompute_old_logprobs:
@@ -508,11 +508,11 @@ class RLLoop:
   async def log(self, stage: StageConfig, metrics: dict[str, Any]) -> None:
     """Collapse monitor, held-out evaluation when due, then metrics.jsonl / TB and a log line."""
     metrics["collapse_warning"] = float(self.collapse.update(metrics["tool_calls_per_traj"]))
-    every = self.run.train.eval_every
+    every = self.config.train.eval_every
     if self.eval_problems and every and (self.pos.rl_step + 1) % every == 0:
       from rstar_jax.pipelines.evaluation import evaluate
-      rep = await evaluate(self.runner, self.eval_problems, eval_settings(self.run),
-                           k=self.run.eval.k, seed=self.run.eval.seed,
+      rep = await evaluate(self.runner, self.eval_problems, eval_settings(self.config),
+                           k=self.config.eval.k, seed=self.config.eval.seed,
                            progress_every_s=self.progress_every_s)
       metrics.update({f"eval_{k}": v for k, v in rep["metrics"].items()})
     self.writer.write(self.pos.rl_step + 1, metrics)
