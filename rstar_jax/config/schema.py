@@ -433,23 +433,6 @@ class RunConfig:
         eps_high=rl.eps_high, dual_clip_c=rl.dual_clip_c or None, entropy_coef=rl.entropy_coef,
         agg=LOSS_AGG_CANONICAL[rl.loss_agg])
 
-  def rollout_settings(self, stage: StageConfig | None = None):
-    """Sampling + agent-loop limits of an RL stage (``None``: the rollout section's own)."""
-    from rstar_jax.pipelines.agent_runner import RolloutSettings
-    r = self.rollout
-    return RolloutSettings(
-        response_budget=stage.response_budget if stage else r.response_budget,
-        max_turns=stage.max_turns if stage else r.max_turns, temperature=r.temperature,
-        top_p=r.top_p, top_k=r.top_k, max_tool_calls=r.max_tool_calls,
-        max_parallel_calls=r.max_parallel_calls)
-
-  def eval_settings(self):
-    """Sampling + agent-loop limits of evaluation (``eval`` section; top-k and tool limits from
-    ``rollout``)."""
-    e = self.eval
-    return dataclasses.replace(self.rollout_settings(), response_budget=e.response_budget,
-                               max_turns=e.max_turns, temperature=e.temperature, top_p=e.top_p)
-
   def tokenizer_dir(self) -> str:
     return self.model.tokenizer_dir or self.model.hf_dir
 
