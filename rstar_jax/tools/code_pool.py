@@ -299,6 +299,9 @@ def _check_reply(msg: Any, max_output: int) -> dict:
   return msg
 
 
+_RESTART_NOTE = b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+
+
 def _kill_uid_range(lo: int, hi: int) -> None:
   """SIGKILLs every host process whose uid is in [lo, hi) (what a killed template left)."""
   for name in os.listdir("/proc"):
@@ -483,8 +486,11 @@ class _Template:
     rid = next(self.pool._rids)
     req["rid"] = rid
     if req["kind"] == "session":
-      # Record where the session lives when the request is actually sent (after any restart),
-      # so close_session and the next call find it.
+      # Decided when the request is actually sent (after any restart): whether the session's
+      # interpreter is gone, and where it lives from now on (for close_session and later calls).
+      known = self.pool._sessions.get(req["session_id"])
+      if known is not None and known != (self.index, self.generation) and not req.get("note"):
+        req["note"] = _RESTART_NOTE
       self.pool._sessions[req["session_id"]] = (self.index, self.generation)
     fut = asyncio.get_running_loop().create_future()
     self.pending[rid] = fut
@@ -717,8 +723,7 @@ class CodePool(BatchExecuteMixin):
         return tpl, b""
     tpl = self._pick()
     self._sessions[sid] = (tpl.index, tpl.generation)
-    note = b"" if known is None else \
-        b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+    note = b"" if known is None else _RESTART_NOTE
     return tpl, note
 
 

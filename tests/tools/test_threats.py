@@ -20,8 +20,10 @@ def bpool(runner, request):
   only; no namespace at all, escapees killed by uid)."""
   if request.param != "auto" and os.geteuid() != 0:
     pytest.skip(f"the {request.param} fallback needs root")
+  # allow_subprocesses: this battery attacks the process-containment layers (PID namespace,
+  # uid kill, NPROC), which the default seccomp fork block would otherwise hide.
   p = CodePool(num_workers=3, num_templates=1, timeout_s=2.0, memory_limit_mb=512,
-               isolation=request.param,
+               isolation=request.param, allow_subprocesses=True,
                max_output_bytes=1 << 16, max_procs=32)
   runner.run(p.start())
   if request.param != "auto":
