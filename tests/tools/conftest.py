@@ -1,10 +1,14 @@
-"""Shared fixtures for the code-tool tests: one event loop and one warm pool per module."""
+"""Shared fixtures for the code-tool tests: one event loop and one warm pool per module, a pool
+per isolation level for the threat batteries, and the summary line counting skipped threat
+tests (`RSTAR_REQUIRE_NAMESPACES=1` turns any skip at the namespaces level into a failure)."""
+import functools
 import os
+import shutil
 import sys
 
 import pytest
 
-from rstar_jax.tools.code_pool import CodePool
+from rstar_jax.tools.code_pool import ISOLATION_LEVELS, CodePool, PoolConfig, detect_isolation
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pool_helpers import SECRET, Runner  # noqa: E402
@@ -29,3 +33,75 @@ def pool(runner):
   runner.run(p.start())
   yield p
   runner.run(p.close())
+
+
+@functools.lru_cache(maxsize=None)
+def level_available(level):
+  """"" when this machine offers `level`, else why not."""
+  if level in ("namespaces", "pidns", "uid") and os.geteuid() != 0:
+    return f"the {level} level needs root (running as uid {os.geteuid()})"
+  if level == "namespaces" and shutil.which("bwrap") is None:
+    return "the namespaces level needs bubblewrap (bwrap not on PATH)"
+  try:
+    detect_isolation(PoolConfig(isolation=level))
+  except RuntimeError as e:
+    return str(e)
+  return ""
+
+
+def level_pool(runner, level, **overrides):
+  """A started pool at exactly `level`, or a skip saying why this machine cannot offer it."""
+  why = level_available(level)
+  if why:
+    pytest.skip(why)
+  kw = dict(num_workers=4, num_templates=1, timeout_s=3.0, memory_limit_mb=256,
+            max_output_bytes=1 << 16, isolation=level)
+  kw.update(overrides)
+  p = CodePool(**kw)
+  runner.run(p.start())
+  assert p.isolation_level == level
+  return p
+
+
+@pytest.fixture(scope="module", params=ISOLATION_LEVELS)
+def lpool(runner, request):
+  """One pool per isolation level (default config: subprocesses blocked)."""
+  p = level_pool(runner, request.param)
+  yield p
+  runner.run(p.close())
+
+
+# ---------------------------------------------------------------------------------------------
+# threat-test skip accounting
+_THREAT_SKIPS = []
+
+
+def _is_threat(nodeid):
+  return "/tools/test_threats" in nodeid or nodeid.startswith("test_threats")
+
+
+def pytest_runtest_logreport(report):
+  if report.skipped and _is_threat(report.nodeid):
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    _THREAT_SKIPS.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+
+def _namespaces_skips():
+  return [(n, r) for n, r in _THREAT_SKIPS if "[namespaces" in n or "-namespaces" in n]
+
+
+def pytest_terminal_summary(terminalreporter):
+  reasons = {}
+  for _, r in _THREAT_SKIPS:
+    reasons[r] = reasons.get(r, 0) + 1
+  detail = "; ".join(f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+  terminalreporter.write_line(f"threat tests skipped: {len(_THREAT_SKIPS)}"
+                              + (f" ({detail})" if detail else ""))
+  if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips():
+    terminalreporter.write_line("RSTAR_REQUIRE_NAMESPACES=1: threat tests skipped at the "
+                                "namespaces level: " + ", ".join(n for n, _ in _namespaces_skips()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+  if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips() and exitstatus == 0:
+    session.exitstatus = 1
