@@ -422,6 +422,11 @@ def _join_threads():
   for t in threading.enumerate():
     if t is not threading.main_thread() and not t.daemon:
       t.join()
+  # A finished thread may still be leaving the kernel: give it a moment before the template looks.
+  for _ in range(200):
+    if len(os.listdir("/proc/self/task")) <= 1:
+      break
+    time.sleep(0.0005)
 
 
 def _session_loop():
@@ -781,8 +786,17 @@ class Template:
       tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
       return None
-    if len(tasks) > 1:
-      return f"{len(tasks) - 1} thread(s) still running after the call"
+    live = []
+    for t in tasks:
+      try:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+          state = f.read().rsplit(")", 1)[1].split()[0]
+      except (OSError, IndexError):
+        continue  # already gone
+      if state not in ("Z", "X"):  # a joined thread may still be finishing its exit
+        live.append(t)
+    if len(live) > 1:
+      return f"{len(live) - 1} thread(s) still running after the call"
     kids = []
     for t in tasks:
       try:
@@ -823,6 +837,11 @@ class Template:
         self._dispatch(s)
         continue
       left = self._session_leftovers(s)
+      for _ in range(5):  # a thread in the middle of exiting is gone within microseconds
+        if left is None:
+          break
+        time.sleep(0.001)
+        left = self._session_leftovers(s)
       if left is not None:
         call["left"] = left
         self.kill_session(s, "leftover")
