@@ -1,6 +1,6 @@
 """HTTP client of the code-pool service with the CodePool `execute`/`execute_many` interface.
 
-Calls are micro-batched (SPEC §4.1: up to `max_batch` calls per request, sent when full or after
+Calls are micro-batched (up to `max_batch` calls per request, sent when full or after
 `max_wait_s`), retried with exponential backoff on transport errors and on per-item queue
 timeouts, and a call that still cannot be placed is surfaced as an internal_error whose stderr
 starts with "queue_timeout" (counted in `stats`), never as a hang.

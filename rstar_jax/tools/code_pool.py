@@ -7,7 +7,7 @@
         await pool.close_session("traj-7")
         v = await pool.run_function(fn, *args, timeout_s=5.0)          # e.g. the verifier
 
-Design (SPEC §4, Part III; MACHINE_NOTES §7, §10): `num_templates` long-lived template processes
+Design (see README.md here): `num_templates` long-lived template processes
 (`sandbox_template.py`) each import numpy/sympy once and then fork one child per call, so a call
 costs a fork, not an interpreter start. With bubblewrap each template lives in its own sandbox
 (read-only system view, private /tmp, no network, own PID/IPC/UTS namespaces) and gives every call
@@ -19,8 +19,10 @@ level actually in force is chosen at start-up, logged, and exposed as `pool.isol
   "uid"         root: unprivileged uid per call; escapees killed by uid after every call
   "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
 
-All levels apply RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC when a uid is dropped), a scrubbed
-environment with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL.
+All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV IPC; no new processes
+unless `allow_subprocesses`), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
+with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
+speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
 """
 from __future__ import annotations
 

@@ -63,12 +63,30 @@ def level_pool(runner, level, **overrides):
   return p
 
 
-@pytest.fixture(scope="module", params=ISOLATION_LEVELS)
-def lpool(runner, request):
-  """One pool per isolation level (default config: subprocesses blocked)."""
-  p = level_pool(runner, request.param)
+@pytest.fixture(scope="session")
+def level_runner():
+  """The event loop of the per-level pools, shared by every threat module (one start per level
+  for the whole run instead of one per module)."""
+  r = Runner()
+  yield r
+  r.close()
+
+
+@pytest.fixture(scope="session", params=ISOLATION_LEVELS)
+def lpool(level_runner, request):
+  """One pool per isolation level (default config: subprocesses blocked). Modules using it
+  take `runner` from `level_runner` (see `use_level_runner`)."""
+  p = level_pool(level_runner, request.param)
   yield p
-  runner.run(p.close())
+  level_runner.run(p.close())
+
+
+def use_level_runner():
+  """For a test module whose tests use `lpool`: its `runner` is the per-level pools' loop."""
+  @pytest.fixture(scope="module")
+  def runner(level_runner):
+    return level_runner
+  return runner
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,18 +22,24 @@ class Runner:
 
 
 def sandbox_pids(uid_lo, uid_hi):
-  """Host pids of processes running as a sandbox uid (anything a call left behind)."""
+  """Host pids of live (non-zombie) processes running as a sandbox uid (anything a call left
+  behind). Zombies are skipped: killed orphans wait for the host's PID 1 to reap them, which
+  on a busy machine may take a while, and they no longer run or hold memory."""
   out = []
   for name in os.listdir("/proc"):
     if not name.isdigit():
       continue
     try:
       with open(f"/proc/{name}/status") as f:
+        uid = state = None
         for line in f:
-          if line.startswith("Uid:"):
-            if uid_lo <= int(line.split()[1]) < uid_hi:
-              out.append(int(name))
+          if line.startswith("State:"):
+            state = line.split()[1]
+          elif line.startswith("Uid:"):
+            uid = int(line.split()[1])
             break
+      if uid is not None and uid_lo <= uid < uid_hi and state != "Z":
+        out.append(int(name))
     except OSError:
       pass
   return out

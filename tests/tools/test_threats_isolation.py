@@ -9,9 +9,12 @@ import threading
 
 import pytest
 
+from conftest import use_level_runner
 from pool_helpers import pool_uid_range
 
 _SYSCALL = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+
+runner = use_level_runner()
 
 
 def _uids_in(path, lo, hi, col):

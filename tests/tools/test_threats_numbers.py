@@ -7,11 +7,14 @@ import json
 import aiohttp
 import pytest
 
+from conftest import use_level_runner
 from rstar_jax.tools.code_pool import MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, CodePool, PoolConfig
 from rstar_jax.tools.server import CodePoolServer
 
 BAD_SECONDS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, MAX_TIMEOUT_S * 2, 2.2e6,
                1e300, True, "1"]
+
+runner = use_level_runner()
 
 
 def _free_uids(runner, pool):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import level_pool
+from conftest import level_pool, use_level_runner
 from pool_helpers import descendants, pool_uid_range, sandbox_pids
 from rstar_jax.tools import wire
 from rstar_jax.tools.code_pool import ISOLATION_LEVELS
@@ -23,6 +23,8 @@ DEEP = ("import os\nhome = os.getcwd()\nos.mkdir('top')\nos.chdir('top')\n"
         "for i in range(1200):\n    os.mkdir('a')\n    os.chdir('a')\n"
         "    open('f', 'w').write('x')\nos.symlink('/usr', 'escape')\nos.chdir(home)\n"
         "os.chmod('top', 0)\nprint('built')")
+
+runner = use_level_runner()
 
 
 def _wait_no_sandbox_pids(pool, seconds=5.0):
