@@ -1,17 +1,15 @@
 """Shared fixtures for the code-tool tests: one event loop and one warm pool per module, a pool
 per isolation level for the threat batteries, and the summary line counting skipped threat
 tests (`RSTAR_REQUIRE_NAMESPACES=1` turns any skip at the namespaces level into a failure)."""
-import functools
 import os
-import shutil
 import sys
 
 import pytest
 
-from rstar_jax.tools.code_pool import ISOLATION_LEVELS, CodePool, PoolConfig, detect_isolation
+from rstar_jax.tools.code_pool import ISOLATION_LEVELS, CodePool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pool_helpers import SECRET, Runner  # noqa: E402
+from pool_helpers import SECRET, Runner, level_pool  # noqa: E402
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 os.environ["HF_TOKEN"] = SECRET
@@ -35,34 +33,6 @@ def pool(runner):
   runner.run(p.close())
 
 
-@functools.lru_cache(maxsize=None)
-def level_available(level):
-  """"" when this machine offers `level`, else why not."""
-  if level in ("namespaces", "pidns", "uid") and os.geteuid() != 0:
-    return f"the {level} level needs root (running as uid {os.geteuid()})"
-  if level == "namespaces" and shutil.which("bwrap") is None:
-    return "the namespaces level needs bubblewrap (bwrap not on PATH)"
-  try:
-    detect_isolation(PoolConfig(isolation=level))
-  except RuntimeError as e:
-    return str(e)
-  return ""
-
-
-def level_pool(runner, level, **overrides):
-  """A started pool at exactly `level`, or a skip saying why this machine cannot offer it."""
-  why = level_available(level)
-  if why:
-    pytest.skip(why)
-  kw = dict(num_workers=4, num_templates=1, timeout_s=3.0, memory_limit_mb=256,
-            max_output_bytes=1 << 16, isolation=level)
-  kw.update(overrides)
-  p = CodePool(**kw)
-  runner.run(p.start())
-  assert p.isolation_level == level
-  return p
-
-
 @pytest.fixture(scope="session")
 def level_runner():
   """The event loop of the per-level pools, shared by every threat module (one start per level
@@ -75,18 +45,10 @@ def level_runner():
 @pytest.fixture(scope="session", params=ISOLATION_LEVELS)
 def lpool(level_runner, request):
   """One pool per isolation level (default config: subprocesses blocked). Modules using it
-  take `runner` from `level_runner` (see `use_level_runner`)."""
+  take `runner` from `level_runner` (see `pool_helpers.use_level_runner`)."""
   p = level_pool(level_runner, request.param)
   yield p
   level_runner.run(p.close())
-
-
-def use_level_runner():
-  """For a test module whose tests use `lpool`: its `runner` is the per-level pools' loop."""
-  @pytest.fixture(scope="module")
-  def runner(level_runner):
-    return level_runner
-  return runner
 
 
 # ---------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_long_traceback_keeps_header_and_final_error():
 import os  # noqa: E402
 import sys  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rollout"))
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rollout"))
 from rollout_helpers import make_tokenizer  # noqa: E402
 from rstar_jax.tokenization import chat_format  # noqa: E402
 from rstar_jax.tools.render import ZERO_WIDTH_SPACE, escape_special_tokens  # noqa: E402

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from conftest import level_available
-from pool_helpers import SECRET, descendants, pool_uid_range, sandbox_pids
+from pool_helpers import SECRET, descendants, level_available, pool_uid_range, sandbox_pids
 from rstar_jax.tools.code_pool import CodePool
 
 NAMESPACED = ("namespaces",)

@@ -9,8 +9,7 @@ import threading
 
 import pytest
 
-from conftest import use_level_runner
-from pool_helpers import pool_uid_range
+from pool_helpers import pool_uid_range, use_level_runner
 
 _SYSCALL = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 

@@ -7,7 +7,7 @@ import json
 import aiohttp
 import pytest
 
-from conftest import use_level_runner
+from pool_helpers import use_level_runner
 from rstar_jax.tools.code_pool import MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, CodePool, PoolConfig
 from rstar_jax.tools.server import CodePoolServer
 
@@ -158,3 +158,20 @@ def test_http_bad_batch_flood_does_not_wedge(runner, server):
   status, text = _post(runner, server, "/execute_batch", good)
   assert status == 200
   assert [r["stdout"] for r in json.loads(text)["results"]] == [f"{i}\n" for i in range(40)]
+
+
+def test_http_client_refuses_bad_numbers():
+  from rstar_jax.tools.client import CodePoolClient
+  for bad in (float("nan"), float("inf"), -1.0):
+    with pytest.raises(ValueError, match="queue_timeout_s"):
+      CodePoolClient("http://127.0.0.1:1", queue_timeout_s=bad)
+    with pytest.raises(ValueError, match="request_timeout_s"):
+      CodePoolClient("http://127.0.0.1:1", request_timeout_s=bad)
+
+  async def go():
+    async with CodePoolClient("http://127.0.0.1:1") as c:   # nothing is ever sent
+      with pytest.raises(ValueError, match="timeout_s"):
+        await c.execute("1", timeout_s=float("nan"))
+  loop = asyncio.new_event_loop()
+  loop.run_until_complete(go())
+  loop.close()

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from conftest import use_level_runner
-from pool_helpers import pool_uid_range, sandbox_pids
+from pool_helpers import pool_uid_range, sandbox_pids, use_level_runner
 from rstar_jax.tools import code_pool, sandbox_template, wire
 
 TOOLS_DIR = os.path.dirname(os.path.abspath(code_pool.__file__))

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import level_pool, use_level_runner
-from pool_helpers import descendants, pool_uid_range, sandbox_pids
+from pool_helpers import (descendants, level_pool, pool_uid_range, sandbox_pids,
+                          use_level_runner)
 from rstar_jax.tools import wire
 from rstar_jax.tools.code_pool import ISOLATION_LEVELS
 
