@@ -14,9 +14,9 @@ costs a fork, not an interpreter start. With bubblewrap each template lives in i
 a fresh nested PID namespace, so one SIGKILL removes everything the call started. The isolation
 level actually in force is chosen at start-up, logged, and exposed as `pool.isolation_level`:
 
-  "namespaces"  bubblewrap sandbox + per-call PID namespace + per-call unprivileged uid
-  "pidns"       root without bubblewrap: per-call PID namespace + unprivileged uid (host fs/net)
-  "uid"         root: unprivileged uid per call; escapees killed by uid after every call
+  "namespaces"  bubblewrap sandbox + per-call PID/net/IPC namespaces + unprivileged uid
+  "pidns"       root without bubblewrap: per-call PID/net/IPC namespaces + uid (host fs)
+  "uid"         root: unprivileged uid per call; escapees killed by uid; no sockets
   "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
 
 All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV IPC; no new processes
@@ -272,10 +272,13 @@ def detect_isolation(cfg: PoolConfig) -> str:
 
 _DESCRIPTIONS = {
     "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
-                  "private /tmp) + per-call PID namespace + unprivileged uid + rlimits",
-    "pidns": "per-call PID namespace + unprivileged uid + rlimits (host filesystem and network)",
-    "uid": "unprivileged uid per call, escapees killed by uid + rlimits (host fs and network)",
-    "rlimits": "rlimits + process group only: NOT isolated (setsid escapees, host fs, network)",
+                  "private /tmp) + per-call PID/net/IPC namespaces + unprivileged uid + seccomp "
+                  "+ rlimits",
+    "pidns": "per-call PID/net/IPC namespaces + unprivileged uid + seccomp + rlimits (host "
+             "filesystem)",
+    "uid": "unprivileged uid per call, escapees killed by uid + seccomp (no sockets) + rlimits "
+           "(host filesystem)",
+    "rlimits": "seccomp + rlimits + process group only: NOT isolated (host uid and filesystem)",
 }
 
 
