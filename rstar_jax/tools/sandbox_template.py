@@ -35,7 +35,6 @@ import os
 import resource
 import selectors
 import signal
-import struct
 import sys
 import time
 import traceback
