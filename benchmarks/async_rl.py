@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rollout_pipeline import Sim, SimPool, _lognormal, _u  # noqa: E402
 
 from configs import rstar2_tiny_cpu  # noqa: E402
+from rstar_jax.config import from_config_dict  # noqa: E402
 from rstar_jax.data.problems import Problem  # noqa: E402
 from rstar_jax.pipelines import rl_loop, runtime  # noqa: E402
 from rstar_jax.pipelines.agent_runner import AgentRunner  # noqa: E402
@@ -83,11 +84,11 @@ class SimEngine:
 
 
 class ShortPromptRunner(AgentRunner):
-  """A one-line system prompt without the tool block: the learner's real update stays cheap
-  next to the simulated one on a shared CPU."""
+  """A one-line system prompt without the tool block (the learner's real update stays cheap
+  next to the simulated one on a shared CPU); tool responses are the bare stdout."""
 
-  def prompt_ids(self, problem):
-    return list(cf.build_prompt_ids(self.tokenizer, problem.problem, "Use python.", False))
+  def __init__(self, engine, pool, tok):
+    super().__init__(engine, pool, tok, system_prompt="Use python.", with_tools=False)
 
   def render_tool_response(self, result, max_chars):
     return result.stdout
@@ -113,7 +114,7 @@ def _config(args, k: int):
   c.rollout.max_prompt_tokens = 2048
   c.stages = [dict(name="bench", steps=args.steps, response_budget=200, max_turns=10,
                    data="full", reset_optimizer=False, drop_solved_k_of_k=0)]
-  return c
+  return from_config_dict(c, "rl")
 
 
 def _slow_updates(learner, update_s: list):

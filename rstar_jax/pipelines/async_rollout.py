@@ -84,7 +84,7 @@ def staleness_metrics(trajs: Sequence[Any], lag: Callable[[int], int], max_lag: 
       if m:
         hist[lag(int(v))] += 1
   top = max([max_lag] + list(hist))
-  out = {f"async/lag_{d}_tokens": float(hist.get(d, 0)) for d in range(top + 1)}
+  out = {f"async/lag_{d}_tokens": float(hist[d]) for d in range(top + 1)}
   total = sum(hist.values())
   out["async/lag_mean"] = (sum(d * n for d, n in hist.items()) / total) if total else 0.0
   return out
@@ -98,9 +98,10 @@ def importance_metrics(behaviour_logprobs: np.ndarray, proximal_logprobs: np.nda
     behaviour_logprobs: [N, T] the sampler's log-probs (the policy that generated).
     proximal_logprobs: [N, T] the learner's recomputed log-probs (the policy being trained).
     loss_mask: [N, T] 1 on generated tokens.
-    cap: truncation cap of truncated importance sampling (``rl.tis_cap``).
+    cap: truncation cap of truncated importance sampling (``rl.tis_cap``; 0 = off, nothing is
+      truncated).
   Returns:
-    async/is_ratio_mean, async/is_ratio_max, async/is_truncated_frac (ratio > cap).
+    async/is_ratio_mean, async/is_ratio_max, async/is_truncated_frac (ratio > cap; 0 when off).
   """
   m = np.asarray(loss_mask) > 0
   if not m.any():
@@ -108,7 +109,7 @@ def importance_metrics(behaviour_logprobs: np.ndarray, proximal_logprobs: np.nda
   d = np.asarray(proximal_logprobs, np.float64)[m] - np.asarray(behaviour_logprobs, np.float64)[m]
   r = np.exp(np.clip(d, -50.0, 50.0))
   return {"async/is_ratio_mean": float(r.mean()), "async/is_ratio_max": float(r.max()),
-          "async/is_truncated_frac": float((r > cap).mean())}
+          "async/is_truncated_frac": float((r > cap).mean()) if cap > 0 else 0.0}
 
 
 class _IdleClock:
@@ -176,7 +177,7 @@ class AsyncRollouts:
     self._counters = collections.Counter()
     self._last_take_end: Optional[float] = None
     self._idle_at_last = 0.0
-    self.tis_cap = 2.0   # rl.tis_cap: only the truncated-fraction metric reads it here
+    self.tis_cap = 0.0   # rl.tis_cap (0 = off): only the truncated-fraction metric reads it here
 
   # ------------------------------------------------------------------ checkpoint state
 
@@ -189,9 +190,9 @@ class AsyncRollouts:
   def load_state_dict(self, state: Optional[dict]) -> None:
     if not state:
       return
-    self._next_seq = int(state.get("next_seq", 0))
+    self._next_seq = int(state["next_seq"])
     self._pending = {int(s): GroupTicket(int(s), int(i), int(sd))
-                     for s, i, sd in state.get("pending", [])}
+                     for s, i, sd in state["pending"]}
     self._reissue = collections.deque(sorted(self._pending.values(), key=lambda g: g.seq))
 
   # ------------------------------------------------------------------ producer
@@ -388,16 +389,15 @@ class AsyncRollouts:
     return dict(batch, behaviour_logprobs=behaviour), sharded
 
 
-def from_config(config, runner) -> Optional[AsyncRollouts]:
-  """`AsyncRollouts` for ``config.rl.max_staleness >= 1``; None (synchronous loop) at 0."""
-  rl = config.rl
-  k = int(rl.get("max_staleness", 0))
-  if k == 0:
+def from_config(run, runner) -> Optional[AsyncRollouts]:
+  """`AsyncRollouts` for a typed `RunConfig` with ``rl.max_staleness >= 1``; None (the
+  synchronous loop) at 0."""
+  rl = run.rl
+  if rl.max_staleness == 0:
     return None
-  out = AsyncRollouts(runner, max_staleness=k,
-                      partial_rollout=str(rl.get("partial_rollout", "continue")),
-                      num_samples=int(rl.oversample) * int(rl.group_size),
-                      batch_prompts=int(config.train.batch_prompts),
-                      base_seed=int(config.train.seed), max_retries=int(rl.get("max_step_retries", 3)))
-  out.tis_cap = float(rl.get("tis_cap", 2.0))
+  out = AsyncRollouts(runner, max_staleness=rl.max_staleness, partial_rollout=rl.partial_rollout,
+                      num_samples=rl.oversample * rl.group_size,
+                      batch_prompts=run.train.batch_prompts, base_seed=run.train.seed,
+                      max_retries=rl.max_step_retries)
+  out.tis_cap = rl.tis_cap
   return out

@@ -95,19 +95,38 @@ def test_k_must_be_positive():
     _source(SimRunner(SimEngine(lambda p, i: 0.0)), k=0)
 
 
+def _run_config(**rl):
+  from configs import rstar2_tiny_cpu
+  from rstar_jax.config import from_config_dict
+  cfg = rstar2_tiny_cpu.get_config("rl")
+  cfg.train.batch_prompts = 2
+  cfg.rl.oversample, cfg.rl.group_size, cfg.rl.min_pos, cfg.rl.min_neg = 2, 2, 1, 1
+  for k, v in rl.items():
+    setattr(cfg.rl, k, v)
+  return from_config_dict(cfg, "rl")
+
+
 def test_from_config_is_none_at_k0_and_wraps_the_engine_at_k1():
-  import ml_collections
-  cfg = ml_collections.ConfigDict(dict(
-      rl=dict(max_staleness=0, partial_rollout="restart", oversample=2, group_size=2,
-              max_step_retries=1, tis_cap=3.0),
-      train=dict(batch_prompts=2, seed=0)))
   runner = SimRunner(SimEngine(lambda p, i: 0.0))
   raw = runner.engine
-  assert async_rollout.from_config(cfg, runner) is None and runner.engine is raw
-  cfg.rl.max_staleness = 1
-  src = async_rollout.from_config(cfg, runner)
+  run = _run_config(partial_rollout="restart", max_step_retries=1, tis_cap=3.0)
+  assert run.rl.max_staleness == 0   # the default: the synchronous loop
+  assert async_rollout.from_config(run, runner) is None and runner.engine is raw
+  src = async_rollout.from_config(_run_config(max_staleness=1, partial_rollout="restart",
+                                              max_step_retries=1, tis_cap=3.0), runner)
   assert isinstance(runner.engine, InterruptibleEngine) and runner.engine.inner is raw
   assert src.engine.mode == "restart" and src.N == 4 and src.capacity == 2 and src.tis_cap == 3.0
+  assert src.max_retries == 1
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("max_staleness", -1, r"rl\.max_staleness"),
+    ("partial_rollout", "resume", r"rl\.partial_rollout"),
+    ("tis_cap", -0.5, r"rl\.tis_cap"),
+])
+def test_config_fields_are_checked(field, value, match):
+  with pytest.raises(ValueError, match=match):
+    _run_config(**{field: value})
 
 
 def test_overlap_bounded_by_k_and_data_position_exact():
@@ -226,3 +245,6 @@ def test_importance_metrics_match_numpy():
   assert m["async/is_truncated_frac"] == pytest.approx((r > 2.0).mean())
   empty = async_rollout.importance_metrics(b, p, np.zeros_like(mask), cap=2.0)
   assert empty["async/is_ratio_mean"] == 1.0 and empty["async/is_truncated_frac"] == 0.0
+  off = async_rollout.importance_metrics(b, p, mask, cap=0.0)   # rl.tis_cap = 0: no truncation
+  assert off["async/is_truncated_frac"] == 0.0
+  assert off["async/is_ratio_max"] == pytest.approx(r.max(), rel=1e-6)

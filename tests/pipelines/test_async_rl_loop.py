@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
+from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
@@ -39,13 +40,14 @@ async def _alternating(trajs, answers):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   problems = synthetic_tasks.generate(3, 40, families=["mul"], difficulty="easy")[:5]
-  cfg = _config(1)
+  cfg = from_config_dict(_config(1), "rl")
   tok = data_sources.ensure_tokenizer(cfg, str(tmp_path_factory.mktemp("tok")),
                                       data_sources.tokenizer_corpus(problems))
   return problems, tok
 
 
 def _run(cfg, workdir, problems, tok, max_steps):
+  cfg = from_config_dict(cfg, "rl")
   learner = runtime.build_learner(cfg)
   seen, batches = [], []
   real_step = learner.jitted.rl_step
@@ -79,7 +81,7 @@ def _run(cfg, workdir, problems, tok, max_steps):
 def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path):
   problems, tok = setup
   cfg = _config(1)
-  n = int(cfg.rl.oversample) * int(cfg.rl.group_size)
+  n = cfg.rl.oversample * cfg.rl.group_size
   first, seen1, batches1 = _run(cfg, tmp_path, problems, tok, max_steps=1)
   assert isinstance(first.runner.engine, InterruptibleEngine)
   pending = first.pos.async_state["pending"]
