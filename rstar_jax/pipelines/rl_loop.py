@@ -39,6 +39,7 @@ import numpy as np
 
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.checkpoint import Checkpointer
@@ -224,10 +225,12 @@ class RLLoop:
       self._last_saved_step = step
     side = {"optimizer_step": step, "loop": self.pos.to_json(),
             "rng": np.asarray(jax.device_get(self.learner.state.rng)).tolist()}
-    tmp = self._side_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(side, f)
-    os.replace(tmp, self._side_path)
+    if primary.is_primary():   # [multi-process] one writer; the others read it on resume
+      tmp = self._side_path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(side, f)
+      os.replace(tmp, self._side_path)
+    primary.sync("rl_loop.save")
     return wrote
 
   def _dataset(self) -> list[Problem]:
@@ -308,9 +311,10 @@ class RLLoop:
     seed0 = int(self.cfg.train.seed) * 1_000_003 + 7919 * (self.pos.stage_index + 1)
     prog = Progress(f"hard-subset k={k}", len(cand) * k, every_s=self.progress_every_s)
     trajs = await self._rollouts([self.problems[i] for i in cand], k, seed0, settings, prog)
-    rewards = await self.runner.rewards(
-        [t for g in trajs for t in g],
-        [self.problems[i].answer for i in cand for _ in range(k)])
+    rewards = await hostdata.map_sharded(   # [multi-process] verified once, all-gathered
+        lambda part: self.runner.rewards([t for t, _ in part], [a for _, a in part]),
+        list(zip([t for g in trajs for t in g],
+                 [self.problems[i].answer for i in cand for _ in range(k)])))
     correct = np.asarray(rewards, np.float32).reshape(len(cand), k) > 0
     kept, stats = stages_lib.build_hard_subset(cand, correct.sum(1), k)
     kept += list(range(len(cand), len(self.problems)))   # never sampled: kept
@@ -337,7 +341,8 @@ class RLLoop:
     ``internal_error`` (the pool lost its worker: not the policy's fault, so the sample would
     be biased). After ``rl.max_step_retries`` failed attempts of one rollout the step raises.
     """
-    jobs = [(i, j) for i in range(len(problems)) for j in range(n)]
+    # [multi-process] this process rolls out its contiguous share of the prompts only.
+    jobs = [(i, j) for i in hostdata.local_indices(len(problems)) for j in range(n)]
     out: dict[tuple[int, int], Any] = {}
     self._retries = 0
 
@@ -365,6 +370,10 @@ class RLLoop:
                          f"times; last error: {last_err!r}")
 
     await asyncio.gather(*(one(i, j) for i, j in jobs))
+    # [multi-process] every process gets every trajectory; counts summed over processes.
+    self._generated = hostdata.sum_over_processes(len(out))
+    self._retries = hostdata.sum_over_processes(self._retries)
+    out = hostdata.allgather_dict(out)
     return [[out[(i, j)] for j in range(n)] for i in range(len(problems))]
 
   def _updates(self, batch: dict, sharded: dict, rng: np.random.Generator) -> list[dict]:
@@ -385,8 +394,10 @@ class RLLoop:
   async def _push_weights(self) -> float:
     t0 = time.monotonic()
     version = int(jax.device_get(self.learner.state.step))
-    await self.runner.engine.update_weights(self.learner.model_config,
-                                            self.learner.params_copy(), version)
+    await self.runner.engine.update_weights(
+        self.learner.model_config,
+        hostdata.local_params(self.learner.params_copy()),   # [multi-process] host-local copy
+        version)
     self.pos.weight_version = version
     return time.monotonic() - t0
 
@@ -410,8 +421,10 @@ class RLLoop:
     # 3-4. rewards and penalties
     t0 = time.monotonic()
     flat = rl_metrics.flatten(groups)
-    rewards = np.asarray(await self.runner.rewards(
-        flat, [p.answer for p in problems for _ in range(self.N)]), np.float32)
+    # [multi-process] each process verifies its share; the rewards are all-gathered.
+    rewards = np.asarray(await hostdata.map_sharded(
+        lambda part: self.runner.rewards([t for t, _ in part], [a for _, a in part]),
+        list(zip(flat, [p.answer for p in problems for _ in range(self.N)]))), np.float32)
     rewards = rewards.reshape(len(problems), self.N)
     penalties = np.asarray([
         quality.p_err([c.status for c in t.tool_calls], rl.p_err_mode,
@@ -439,6 +452,7 @@ class RLLoop:
     metrics: dict[str, Any] = {
         "stage": self.pos.stage_index, "stage_step": self.pos.stage_step,
         "rl_step": self.pos.rl_step + 1, "rollout_retries": float(self._retries),
+        "rollouts_generated": float(self._generated),   # [multi-process] summed over processes
         "groups_kept": float(keep.sum()), "groups_total": float(len(problems)),
     }
     metrics.update(rl_metrics.group_outcome_metrics(rewards))
@@ -461,7 +475,7 @@ class RLLoop:
       if rl.recompute_old_logprobs:
         lp = js.compute_logprobs(self.learner.state.params, sharded)
         sharded = steps_lib.with_old_logprobs(sharded, lp)
-        lp = np.asarray(lp)
+        lp = hostdata.to_host(lp)   # [multi-process] rows spread over processes: gathered
         metrics["sampler_logprob_drift"] = _drift(batch, lp)
         batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
       updates = self._updates(batch, sharded, np.random.default_rng(seed0 + 1))
@@ -552,8 +566,10 @@ def run_rl(config: ml_collections.ConfigDict, workdir: str, *, problems=None,
   runtime.check_vocab(tokenizer, learner.model_config)
 
   async def main():
-    async with agent_runner.open_runner(config, learner.model_config, learner.params_copy(),
-                                        tokenizer, engine=engine) as runner:
+    async with agent_runner.open_runner(
+        config, learner.model_config,
+        hostdata.local_params(learner.params_copy()),   # [multi-process] host-local copy
+        tokenizer, engine=engine) as runner:
       loop = RLLoop(config, learner, runner, workdir, problems=problems,
                     eval_problems=eval_problems)
       last = await loop.run(max_steps=max_steps)

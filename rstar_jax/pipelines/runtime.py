@@ -31,8 +31,12 @@ def maybe_initialize_distributed() -> bool:
   """``jax.distributed.initialize()`` when a multi-host environment is detected.
 
   Detected from the variables JAX's own cluster detection or common launchers set
-  (coordinator address, SLURM, Open MPI, Kubernetes JobSet / TPU pods). Returns whether it ran.
+  (coordinator address, SLURM, Open MPI, Kubernetes JobSet / TPU pods), or the ``RSTAR_*``
+  variables of `scripts/local_cluster.sh` (`rstar_jax.distributed.init`). Returns whether it ran.
   """
+  from rstar_jax.distributed import init as dist_init   # [multi-process]
+  if dist_init.initialize_from_env():
+    return True
   keys = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID",
           "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS")
   num = os.environ.get("JAX_NUM_PROCESSES") or os.environ.get("SLURM_NTASKS") or \
