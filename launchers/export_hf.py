@@ -20,6 +20,7 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 def main(argv):
   del argv
   runtime.setup_logging()
+  runtime.maybe_initialize_distributed()
   step = runtime.export_checkpoint(_CONFIG.value, _CKPT.value, _OUT.value,
                                    tokenizer_path=_TOK.value, step=_STEP.value)
   print(f"exported step {step} to {_OUT.value}")

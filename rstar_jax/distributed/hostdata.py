@@ -130,3 +130,15 @@ def local_params(params: Any) -> Any:
   if jax.process_count() == 1:
     return params
   return host_params(params)
+
+
+def gather_lists(*lists: Sequence) -> tuple[list, ...]:
+  """Each argument concatenated over processes in process order (the inverse of splitting the
+  work with `local_indices`)."""
+  if jax.process_count() == 1:
+    return tuple(list(x) for x in lists)
+  out = tuple([] for _ in lists)
+  for part in allgather_objects(tuple(list(x) for x in lists)):
+    for acc, x in zip(out, part):
+      acc.extend(x)
+  return out

@@ -189,7 +189,8 @@ def export_checkpoint(cfg: ml_collections.ConfigDict, checkpoint_dir: str, out_d
     learner.state, meta = ck.restore(learner.state, step)
   export_hf(out_dir, learner.model_config, learner.state.params)
   tok_path = tokenizer_path or tokenizer_dir(cfg)
-  if tok_path:
+  from rstar_jax.distributed.primary import is_primary   # [multi-process] one writer
+  if tok_path and is_primary():
     load_tokenizer(tok_path).save_pretrained(out_dir)
   return int(meta["step"])
 
