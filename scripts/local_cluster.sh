@@ -5,7 +5,7 @@
 #
 # Process i gets RSTAR_COORDINATOR=127.0.0.1:<free port>, RSTAR_NUM_PROCESSES=N,
 # RSTAR_PROCESS_ID=i and XLA_FLAGS=--xla_force_host_platform_device_count=DEVICES_PER_PROCESS
-# (appended to any XLA_FLAGS already set); `rstar_jax.distributed.init.initialize_from_env` reads
+# (added to XLA_FLAGS, replacing a device count already there); `rstar_jax.distributed.init.initialize_from_env` reads
 # them (the launchers call it). Each output line is prefixed with "[i] ". When one process fails
 # the others are ended (SIGTERM to each process group, SIGKILL after LOCAL_CLUSTER_GRACE_S,
 # default 10 s); the exit status is the first failure's status (0 when all succeed). Ctrl-C or a
@@ -24,6 +24,9 @@ case "$DEV" in ''|*[!0-9]*) echo "$0: DEVICES_PER_PROCESS: expected a positive i
 PY=${LOCAL_CLUSTER_PYTHON:-python3}
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 GRACE=${LOCAL_CLUSTER_GRACE_S:-10}
+
+# A device count already in XLA_FLAGS (e.g. from a test harness) is replaced, not doubled.
+BASE_XLA_FLAGS=$(printf '%s' "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g; s/^ +| +$//g')
 
 pids=()
 kill_all() {
@@ -49,7 +52,7 @@ for ((i = 0; i < N; i++)); do
   # setsid: each process (and its pipeline, and anything it starts) in its own process group,
   # so one kill reaches all of it.
   RSTAR_COORDINATOR="127.0.0.1:$PORT" RSTAR_NUM_PROCESSES="$N" RSTAR_PROCESS_ID="$i" \
-  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=$DEV" \
+  XLA_FLAGS="${BASE_XLA_FLAGS:+$BASE_XLA_FLAGS }--xla_force_host_platform_device_count=$DEV" \
   PYTHONUNBUFFERED=1 \
     setsid bash -c 'set -o pipefail; "$@" 2>&1 | sed -u "s/^/[$RSTAR_PROCESS_ID] /"' _ "$@" &
   pids+=("$!")

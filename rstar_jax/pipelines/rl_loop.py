@@ -223,6 +223,10 @@ class RLLoop:
     if step != self._last_saved_step:
       wrote = bool(self.ckpt.save(self.learner.state, {"loop": self.pos.to_json()}, force=True))
       self._last_saved_step = step
+      if primary.process_count() > 1:
+        # [multi-process] commit before the next step: a process lost mid-step then never
+        # takes the step's checkpoint with it (orbax finalises only when every process wrote).
+        self.ckpt.wait_until_finished()
     side = {"optimizer_step": step, "loop": self.pos.to_json(),
             "rng": np.asarray(jax.device_get(self.learner.state.rng)).tolist()}
     if primary.is_primary():   # [multi-process] one writer; the others read it on resume
