@@ -108,6 +108,9 @@ def tool_config() -> ml_collections.ConfigDict:
       memory_limit_mb=384,           # 256 MB + 128 MB (code-judge)
       max_response_chars=1024,       # middle-truncated tool response body
       stateful=False,                # ASTER: variables persist across the calls of one trajectory
+      backend="local",               # code pool: "local" (in-process CodePool) | "http" (service) | "ray"
+      urls=[],                       # backend "http": service URLs; JAX process i uses urls[i % len]
+      ray_address="auto",            # backend "ray": ray.init address when Ray is not initialised
   ))
 
 

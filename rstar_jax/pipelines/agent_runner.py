@@ -139,8 +139,10 @@ def build_engine(config: ml_collections.ConfigDict, model_config, params, tokeni
                       if "train" in config else 0, tokenizer=tokenizer,
                       weight_version=weight_version)
   if r.engine == "sglang":
+    from rstar_jax.distributed import fleet   # [multi-process] this process's servers
     from rstar_jax.rollout.sglang_engine import SGLangEngine
-    return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir)
+    return SGLangEngine(fleet.process_urls(list(r.sglang_urls)),
+                        staging_dir=fleet.process_staging_dir(r.staging_dir))
   raise ValueError(f"config.rollout.engine: expected 'jax' or 'sglang', got {r.engine!r}")
 
 
@@ -148,12 +150,11 @@ def build_engine(config: ml_collections.ConfigDict, model_config, params, tokeni
 async def open_runner(config: ml_collections.ConfigDict, model_config, params, tokenizer,
                       *, engine=None) -> AsyncIterator[AgentRunner]:
   """Starts the code pool and the engine; yields the `AgentRunner`; closes both."""
-  from rstar_jax.tools.code_pool import CodePool
+  from rstar_jax.distributed import fleet
   t = config.tool
   if engine is None:
     engine = build_engine(config, model_config, params, tokenizer)
-  pool = CodePool(num_workers=int(t.num_workers), timeout_s=float(t.timeout_s),
-                  memory_limit_mb=int(t.memory_limit_mb))
+  pool = fleet.build_tool_pool(t)   # tool.backend: "local" | "http" | "ray"
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):   # remote servers: wait until they answer

@@ -248,6 +248,8 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     "train": {"progress_every_s": num_range(0), "length_bucket": int_range(2)},
     "eval": {"seed": int_range(0), "max_problems": int_range(0)},
     "sft": {"shuffle": is_bool, "log_every_s": num_range(0)},
+    "tool": {"backend": one_of(("local", "http", "ray")), "urls": str_list,
+             "ray_address": is_str},
 }
 
 
@@ -347,4 +349,9 @@ def _cross_checks(config, mode, check_paths) -> list[tuple[str, str]]:
     if _get(rollout, "engine") == "sglang" and not _get(rollout, "sglang_urls"):
       out.append(("rollout.sglang_urls", "expected at least one URL for engine='sglang', "
                                          "got []"))
+  tool = _get(config, "tool")
+  if tool is not _MISSING and mode in ("rl", "eval") and _get(tool, "backend") == "http" \
+      and not _get(tool, "urls"):
+    out.append(("tool.urls", "expected at least one code-pool service URL for "
+                             "tool.backend='http', got []"))
   return out

@@ -1,0 +1,144 @@
+"""2 JAX processes x 4 CPU devices against 1 process x 8 (gloo collectives), embedded sampler,
+real code pool: same per-step metrics, same final params, same HF export, each rollout
+generated once; a process killed mid-step makes the other fail naming it, and a restart
+resumes from the last checkpoint and continues exactly.
+
+Each run is a subprocess of `tests/distributed/mp_driver.py` (1 process) or of it under
+`scripts/local_cluster.sh` (2 processes).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DRIVER = os.path.join(REPO, "tests", "distributed", "mp_driver.py")
+CLUSTER = os.path.join(REPO, "scripts", "local_cluster.sh")
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import compare_metrics  # noqa: E402
+
+pytestmark = pytest.mark.slow
+RL_STEPS, SFT_STEPS = 2, 3
+PROMPTS, ROLLOUTS = 2, 4     # configs/rstar2_tiny_cpu.py: batch_prompts 2, oversample 2 x G 2
+
+
+def _env(**extra):
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  for k in ("RSTAR_COORDINATOR", "RSTAR_NUM_PROCESSES", "RSTAR_PROCESS_ID"):
+    env.pop(k, None)
+  env.update(extra)
+  return env
+
+
+def _run(args, processes, timeout=900, **extra):
+  if processes == 1:
+    cmd = [sys.executable, DRIVER, *args]
+    env = _env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **extra)
+  else:
+    cmd = ["bash", CLUSTER, str(processes), "4", "--", sys.executable, DRIVER, *args]
+    env = _env(LOCAL_CLUSTER_PYTHON=sys.executable, **extra)
+  out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+  assert out.returncode == 0, f"{cmd} failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+  return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  base = tmp_path_factory.mktemp("mp")
+  dirs = {}
+  for mode, steps in (("rl", RL_STEPS), ("sft", SFT_STEPS)):
+    for n in (1, 2):
+      d = str(base / f"{mode}{n}")
+      _run([mode, d, str(steps)], n)
+      dirs[mode, n] = d
+  return dirs
+
+
+def _metrics(d, name):
+  return compare_metrics.load(os.path.join(d, f"{name}.jsonl"))
+
+
+def _assert_same_params(a, b, atol=1e-5):
+  pa, pb = np.load(os.path.join(a, "params.npz")), np.load(os.path.join(b, "params.npz"))
+  assert sorted(pa) == sorted(pb)
+  for k in pa:
+    np.testing.assert_allclose(pa[k], pb[k], atol=atol, rtol=1e-4, err_msg=k)
+
+
+def test_rl_two_processes_match_one(runs):
+  one, two = _metrics(runs["rl", 1], "metrics"), _metrics(runs["rl", 2], "metrics")
+  assert sorted(one) == list(range(1, RL_STEPS + 1))
+  assert compare_metrics.compare(one, two, 1e-4, 1e-6) == []
+  # The comparison has teeth: the steps updated, with non-zero gradients, on mixed groups.
+  assert all(r["grad_norm"] > 0 and r["optimizer_step"] == s for s, r in one.items())
+  assert all(0 < r["reward_mean"] < 1 or r["groups_kept"] > 0 for r in one.values())
+  _assert_same_params(runs["rl", 1], runs["rl", 2])
+
+
+def test_each_rollout_is_generated_once(runs):
+  for n in (1, 2):
+    for r in _metrics(runs["rl", n], "metrics").values():
+      assert r["rollouts_generated"] == PROMPTS * ROLLOUTS, (n, r["rollouts_generated"])
+      assert r["num_trajectories"] == PROMPTS * ROLLOUTS
+
+
+def test_sft_and_export_two_processes_match_one(runs):
+  one, two = _metrics(runs["sft", 1], "sft_metrics"), _metrics(runs["sft", 2], "sft_metrics")
+  assert sorted(one) == list(range(1, SFT_STEPS + 1))
+  assert compare_metrics.compare(one, two, 1e-4, 1e-6) == []
+  _assert_same_params(runs["sft", 1], runs["sft", 2])
+  from safetensors.numpy import load_file
+  ha = load_file(os.path.join(runs["sft", 1], "hf", "model.safetensors"))
+  hb = load_file(os.path.join(runs["sft", 2], "hf", "model.safetensors"))
+  assert sorted(ha) == sorted(hb) and len(ha) > 5
+  for k in ha:
+    np.testing.assert_allclose(ha[k], hb[k], atol=1e-5, rtol=1e-4, err_msg=k)
+  with open(os.path.join(runs["sft", 2], "hf", "config.json")) as f:
+    assert json.load(f)["num_hidden_layers"] == 2
+
+
+def test_only_process_zero_writes(runs):
+  for d in (runs["rl", 2], runs["sft", 2]):
+    with open(os.path.join(d, "metrics.jsonl" if "rl" in d else "sft_metrics.jsonl")) as f:
+      steps = [json.loads(line)["step"] for line in f if line.strip()]
+    assert steps == sorted(set(steps))       # one record per step: no second writer
+
+
+def test_lost_process_fails_the_other_and_restart_resumes(runs, tmp_path):
+  import socket
+  s = socket.socket()
+  s.bind(("127.0.0.1", 0))
+  port = s.getsockname()[1]
+  s.close()
+  work = str(tmp_path / "rl")
+  procs = []
+  for i in range(2):
+    env = _env(RSTAR_COORDINATOR=f"127.0.0.1:{port}", RSTAR_NUM_PROCESSES="2",
+               RSTAR_PROCESS_ID=str(i), RSTAR_HEARTBEAT_S="5",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               RSTAR_TEST_DIE_AT_STEP="2", RSTAR_TEST_DIE_PROCESS="1")
+    procs.append(subprocess.Popen([sys.executable, DRIVER, "rl", work, str(RL_STEPS)], env=env,
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True))
+  out1, _ = procs[1].communicate(timeout=600)
+  t_dead = time.monotonic()
+  assert procs[1].returncode == -9 and "kills itself at step 2" in out1
+  out0, _ = procs[0].communicate(timeout=300)
+  waited = time.monotonic() - t_dead
+  assert procs[0].returncode != 0
+  assert waited < 120, f"the survivor took {waited:.0f} s to fail"
+  assert re.search(r"[Tt]ask:? ?1\b|task:1", out0), out0[-3000:]
+  # Restart (both processes): resumes after step 1 and runs step 2 exactly as the run that was
+  # never interrupted.
+  res = _run(["rl", work, "1"], 2)
+  assert "resumed at RL step 1" in res.stdout + res.stderr
+  got, want = _metrics(work, "metrics"), _metrics(runs["rl", 2], "metrics")
+  assert sorted(got) == [1, 2]
+  assert compare_metrics.compare(got, want, 1e-4, 1e-6) == []
+  _assert_same_params(work, runs["rl", 2])
