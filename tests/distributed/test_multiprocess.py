@@ -50,13 +50,15 @@ def _run(args, processes, timeout=900, **extra):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+  """SFT, RL and eval in one driver run per layout (one start-up each)."""
   base = tmp_path_factory.mktemp("mp")
   dirs = {}
-  for mode, steps in (("rl", RL_STEPS), ("sft", SFT_STEPS)):
-    for n in (1, 2):
-      d = str(base / f"{mode}{n}")
-      _run([mode, d, str(steps)], n)
-      dirs[mode, n] = d
+  for n in (1, 2):
+    d = str(base / f"p{n}")
+    _run(["all", d, str(RL_STEPS), str(SFT_STEPS)], n)
+    for mode in ("rl", "sft"):
+      dirs[mode, n] = os.path.join(d, mode)
+    dirs["eval", n] = os.path.join(d, "eval.json")
   return dirs
 
 
@@ -103,9 +105,23 @@ def test_sft_and_export_two_processes_match_one(runs):
     assert json.load(f)["num_hidden_layers"] == 2
 
 
+def test_eval_two_processes_match_one(runs):
+  reps = []
+  for n in (1, 2):
+    with open(runs["eval", n]) as f:
+      reps.append(json.load(f))
+  a, b = reps
+  assert a["metrics"]["num_problems"] == b["metrics"]["num_problems"] == 4
+  for k in ("accuracy", "response_length_mean", "generated_tokens_mean", "tool_calls_per_traj"):
+    assert a["metrics"][k] == pytest.approx(b["metrics"][k]), k
+  assert a["per_problem"] == b["per_problem"]
+  assert [x["response"] for x in a["samples"]] == [x["response"] for x in b["samples"]]
+
+
 def test_only_process_zero_writes(runs):
   for d in (runs["rl", 2], runs["sft", 2]):
-    with open(os.path.join(d, "metrics.jsonl" if "rl" in d else "sft_metrics.jsonl")) as f:
+    name = "metrics.jsonl" if os.path.basename(d) == "rl" else "sft_metrics.jsonl"
+    with open(os.path.join(d, name)) as f:
       steps = [json.loads(line)["step"] for line in f if line.strip()]
     assert steps == sorted(set(steps))       # one record per step: no second writer
 
