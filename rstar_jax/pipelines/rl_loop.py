@@ -347,6 +347,8 @@ class RLLoop:
     """
     # [multi-process] this process rolls out its contiguous share of the prompts only.
     jobs = [(i, j) for i in hostdata.local_indices(len(problems)) for j in range(n)]
+    if progress:
+      progress.total = len(jobs)
     out: dict[tuple[int, int], Any] = {}
     self._retries = 0
 
