@@ -47,18 +47,18 @@ def process_staging_dir(staging_dir: str, *, process_index: int | None = None,
 
 
 def build_tool_pool(tool):
-  """The (not yet started) code pool named by ``tool.backend`` (``tool`` a config section)."""
-  backend = tool.get("backend", "local")
+  """The (not yet started) code pool named by ``tool.backend`` (``tool`` a `ToolConfig`)."""
+  backend = tool.backend
   if backend == "local":
     from rstar_jax.tools.code_pool import CodePool
     return CodePool(num_workers=int(tool.num_workers), timeout_s=float(tool.timeout_s),
                     memory_limit_mb=int(tool.memory_limit_mb))
   if backend == "http":
     from rstar_jax.tools.client import CodePoolClient
-    urls = list(tool.get("urls", []))
+    urls = list(tool.urls)
     if not urls:
       raise ValueError("tool.urls: expected at least one code-pool service URL for "
-                       "tool.backend='http', got []")
+                       "tool.backend='http', got ()")
     return CodePoolClient(urls[jax.process_index() % len(urls)])
   if backend == "ray":
     import ray
@@ -66,7 +66,7 @@ def build_tool_pool(tool):
     from rstar_jax.tools.code_pool import PoolConfig
     from rstar_jax.tools.ray_pool import RayCodePool
     if not ray.is_initialized():
-      ray.init(address=tool.get("ray_address", "auto") or "auto")
+      ray.init(address=tool.ray_address or "auto")
     return RayCodePool(PoolConfig(num_workers=int(tool.num_workers),
                                   timeout_s=float(tool.timeout_s),
                                   memory_limit_mb=int(tool.memory_limit_mb)))

@@ -3,6 +3,9 @@
   python tests/distributed/mp_driver.py rl WORKDIR STEPS
   python tests/distributed/mp_driver.py all WORKDIR RL_STEPS SFT_STEPS
                                         (WORKDIR/sft, then WORKDIR/rl, then WORKDIR/eval.json)
+  python tests/distributed/mp_driver.py rl_eval WORKDIR RL_STEPS
+                                        (WORKDIR/rl, resumed when it has a checkpoint, then
+                                         WORKDIR/eval.json)
 
 The tiny random policy never answers correctly, so the reward is a deterministic rule on the
 trajectory's own tokens (parity of the token-id sum): groups are mixed, RoC selects, the
@@ -27,10 +30,15 @@ def _flat(tree, prefix=""):
   return {prefix[:-1]: np.asarray(tree)}
 
 
+def _config(mode):
+  from configs import rstar2_tiny_cpu
+  from rstar_jax.config import from_config_dict
+  return from_config_dict(rstar2_tiny_cpu.get_config(mode))
+
+
 def run_rl(workdir, steps):
   import jax
 
-  from configs import rstar2_tiny_cpu
   from rstar_jax.pipelines import agent_runner, rl_loop
 
   async def rule_rewards(self, trajs, answers):
@@ -38,21 +46,20 @@ def run_rl(workdir, steps):
   agent_runner.AgentRunner.rewards = rule_rewards
   die_at = int(os.environ.get("RSTAR_TEST_DIE_AT_STEP", "0"))
   die_proc = int(os.environ.get("RSTAR_TEST_DIE_PROCESS", "-1"))
-  orig = rl_loop.RLLoop._rollouts
+  orig = rl_loop.RLLoop.rollout
 
-  async def rollouts(self, *a, **kw):
+  async def rollout(self, *a, **kw):
     if self.pos.rl_step + 1 == die_at and jax.process_index() == die_proc:
       print(f"test: process {die_proc} kills itself at step {die_at}", flush=True)
       os.kill(os.getpid(), signal.SIGKILL)
     return await orig(self, *a, **kw)
-  rl_loop.RLLoop._rollouts = rollouts
-  return rl_loop.run_rl(rstar2_tiny_cpu.get_config("rl"), workdir, max_steps=steps)
+  rl_loop.RLLoop.rollout = rollout
+  return rl_loop.run_rl(_config("rl"), workdir, max_steps=steps)
 
 
 def run_sft(workdir, steps):
-  from configs import rstar2_tiny_cpu
   from rstar_jax.pipelines import sft_loop
-  out = sft_loop.run_sft(rstar2_tiny_cpu.get_config("sft"), workdir, max_steps=steps,
+  out = sft_loop.run_sft(_config("sft"), workdir, max_steps=steps,
                          export=False)
   sft_loop.export_with_tokenizer(os.path.join(workdir, "hf"), out["learner"].model_config,
                                  out["learner"].state.params, out["tokenizer"])
@@ -74,17 +81,17 @@ def main():
   import jax
   if mode == "rl":
     save_params(run_rl(workdir, steps), workdir)
-  elif mode == "all":   # SFT, then RL, then eval of the RL policy: one process start-up
-    sft_steps = int(sys.argv[4])
-    save_params(run_sft(os.path.join(workdir, "sft"), sft_steps), os.path.join(workdir, "sft"))
+  elif mode in ("all", "rl_eval"):   # [SFT], RL, eval of the RL policy: one start-up
+    if mode == "all":
+      sft_steps = int(sys.argv[4])
+      save_params(run_sft(os.path.join(workdir, "sft"), sft_steps), os.path.join(workdir, "sft"))
     out = run_rl(os.path.join(workdir, "rl"), steps)
     save_params(out, os.path.join(workdir, "rl"))
-    from configs import rstar2_tiny_cpu
     from rstar_jax.pipelines import evaluation
-    evaluation.run_eval(rstar2_tiny_cpu.get_config("eval"), os.path.join(workdir, "eval.json"),
+    evaluation.run_eval(_config("eval"), os.path.join(workdir, "eval.json"),
                         params=out["learner"].state.params, tokenizer=out["tokenizer"])
   else:
-    raise SystemExit(f"mode: expected rl or all, got {mode!r}")
+    raise SystemExit(f"mode: expected rl, all or rl_eval, got {mode!r}")
   print(f"driver done: process {jax.process_index()} of {jax.process_count()}", flush=True)
 
 

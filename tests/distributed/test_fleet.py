@@ -5,7 +5,8 @@ import pytest
 
 from configs import rstar2_tiny_cpu
 from rstar_jax.distributed import fleet
-from rstar_jax.pipelines.config_validation import ConfigError, validate_config
+from rstar_jax.config import from_config_dict
+from rstar_jax.config.checks import ConfigError
 
 URLS = [f"http://127.0.0.1:{3000 + i}" for i in range(5)]
 
@@ -30,12 +31,12 @@ def test_tool_backend_is_validated():
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.tool.backend = "carrier-pigeon"
   with pytest.raises(ConfigError, match="tool.backend"):
-    validate_config(cfg, "rl")
+    from_config_dict(cfg)
   cfg.tool.backend = "http"
   with pytest.raises(ConfigError, match="tool.urls"):
-    validate_config(cfg, "rl")
+    from_config_dict(cfg)
   cfg.tool.urls = ["http://127.0.0.1:1"]
-  validate_config(cfg, "rl")
+  assert from_config_dict(cfg).tool.urls == ("http://127.0.0.1:1",)
 
 
 def test_http_backend_runs_code_through_the_service():
@@ -46,7 +47,7 @@ def test_http_backend_runs_code_through_the_service():
   async def go():
     async with CodePoolServer(PoolConfig(num_workers=2, num_templates=1), "127.0.0.1", 0) as srv:
       cfg.tool.backend, cfg.tool.urls = "http", [f"http://127.0.0.1:{srv.port}"]
-      pool = fleet.build_tool_pool(cfg.tool)
+      pool = fleet.build_tool_pool(from_config_dict(cfg).tool)
       assert type(pool).__name__ == "CodePoolClient"
       await pool.start()
       try:
@@ -59,6 +60,6 @@ def test_http_backend_runs_code_through_the_service():
 
 
 def test_local_backend_is_the_default():
-  cfg = rstar2_tiny_cpu.get_config("rl")
-  assert cfg.tool.backend == "local"
-  assert type(fleet.build_tool_pool(cfg.tool)).__name__ == "CodePool"
+  tool = from_config_dict(rstar2_tiny_cpu.get_config("rl")).tool
+  assert tool.backend == "local"
+  assert type(fleet.build_tool_pool(tool)).__name__ == "CodePool"
