@@ -21,6 +21,7 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 def main(argv):
   del argv
   runtime.setup_logging()
+  runtime.maybe_initialize_distributed()
   run = from_config_dict(_CONFIG.value, check_inputs=False)
   step = runtime.export_checkpoint(run, _CKPT.value, _OUT.value,
                                    tokenizer_path=_TOK.value, step=_STEP.value)

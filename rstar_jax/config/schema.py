@@ -233,6 +233,14 @@ class ToolConfig(_Section):
   max_response_chars: int = field(1024, int_range(16), "Tool response body limit (middle truncation).")
   stateful: bool = field(False, IS_BOOL, "Variables persist across the calls of one trajectory (ASTER).")
   show_time: bool = field(True, IS_BOOL, "Tool responses carry the 'execution time' line (released code's rendering).")
+  backend: str = field("local", one_of(("local", "http", "ray")), "Code pool: 'local' (in-process CodePool), 'http' (the code service) or 'ray'.")
+  urls: tuple[str, ...] = field((), STR_TUPLE, "backend 'http': service URLs; JAX process i uses urls[i % len(urls)].")
+  ray_address: str = field("auto", IS_STR, "backend 'ray': ray.init address when Ray is not initialised yet.")
+
+  def _cross(self):
+    if self.backend == "http" and not self.urls:
+      return [("tool.urls", "expected at least one code-pool service URL for backend='http', got ()")]
+    return []
 
 
 @_section

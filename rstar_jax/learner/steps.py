@@ -336,6 +336,9 @@ class JittedSteps:
                 f"batch has {n} rows; it must be a multiple of data-parallel size {dp} x "
                 f"num_micro_batches {self.num_micro_batches} = {dp * self.num_micro_batches} "
                 "(pad with make_*_batch(row_multiple=...))")
+        if jax.process_count() > 1:   # [multi-process] each process places its own rows
+            from rstar_jax.distributed import hostdata
+            return hostdata.global_batch(batch, self.batch_sharding)
         return {k: jax.device_put(v, self.batch_sharding(v)) for k, v in batch.items()}
 
     def shard_state(self, state: TrainState) -> TrainState:

@@ -165,20 +165,20 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
     return JaxSampler(model_config, params, max_batch=r.max_batch, max_len=r.max_len or None,
                       decode_chunk=r.decode_chunk, seed=run.train.seed, tokenizer=tokenizer,
                       weight_version=weight_version)
+  from rstar_jax.distributed import fleet   # [multi-process] this process's servers
   from rstar_jax.rollout.sglang_engine import SGLangEngine
-  return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir)
+  return SGLangEngine(fleet.process_urls(list(r.sglang_urls)),
+                      staging_dir=fleet.process_staging_dir(r.staging_dir))
 
 
 @contextlib.asynccontextmanager
 async def open_runner(run: RunConfig, model_config, params, tokenizer, *, engine=None,
                       runner_cls: type[AgentRunner] = AgentRunner) -> AsyncIterator[AgentRunner]:
   """Starts the code pool and the engine; yields the runner; closes both."""
-  from rstar_jax.tools.code_pool import CodePool
-  t = run.tool
+  from rstar_jax.distributed import fleet
   if engine is None:
     engine = build_engine(run, model_config, params, tokenizer)
-  pool = CodePool(num_workers=t.num_workers, timeout_s=t.timeout_s,
-                  memory_limit_mb=t.memory_limit_mb)
+  pool = fleet.build_tool_pool(run.tool)   # tool.backend: "local" | "http" | "ray"
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):   # remote servers: wait until they answer

@@ -110,7 +110,13 @@ def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   if not corpus:
     raise ValueError("a from-scratch model with no model.tokenizer_dir needs a corpus to train "
                      "its tokenizer")
-  return bpe.train_bpe_tokenizer(corpus, run.model.vocab_size, out)
+  from rstar_jax.distributed import primary   # [multi-process] process 0 trains and writes it
+  if not primary.is_primary():
+    primary.sync("ensure_tokenizer")
+    return bpe.load_tokenizer(out)
+  tok = bpe.train_bpe_tokenizer(corpus, run.model.vocab_size, out)
+  primary.sync("ensure_tokenizer")
+  return tok
 
 
 def _final_answer_ok(example: ChatExample) -> bool | None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
+from rstar_jax.distributed import hostdata, primary
 from rstar_jax.pipelines import rl_metrics
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
@@ -55,8 +56,10 @@ async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: R
     prog.update(done)
     return traj
 
-  trajs = await asyncio.gather(*(one(i, j) for i in range(len(problems)) for j in range(k)))
-  rewards = await runner.rewards(list(trajs), [p.answer for p in problems for _ in range(k)])
+  share = hostdata.local_indices(len(problems))   # [multi-process] this process's problems
+  trajs = await asyncio.gather(*(one(i, j) for i in share for j in range(k)))
+  rewards = await runner.rewards(list(trajs), [problems[i].answer for i in share for _ in range(k)])
+  trajs, rewards = hostdata.gather_lists(list(trajs), list(rewards))   # [multi-process]
   r = np.asarray(rewards, np.float32).reshape(len(problems), k)
   tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
   metrics = {
@@ -87,6 +90,8 @@ async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: R
 
 
 def write_report(report: dict, path: str | os.PathLike) -> None:
+  if not primary.is_primary():   # [multi-process] one writer
+    return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
@@ -126,7 +131,9 @@ def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | Non
   runtime.check_vocab(tokenizer, model_config)
 
   async def main():
-    async with agent_runner.open_runner(run, model_config, params, tokenizer,
+    async with agent_runner.open_runner(run, model_config,
+                                        hostdata.local_params(params),   # [multi-process]
+                                        tokenizer,
                                         engine=engine) as runner:
       return await evaluate(runner, problems, agent_runner.eval_settings(run), k=run.eval.k,
                             seed=run.eval.seed, progress_every_s=run.train.progress_every_s,

@@ -41,6 +41,7 @@ import numpy as np
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
@@ -75,6 +76,7 @@ class Rollouts:
   retries: int
   time_s: float
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)   # async RL: async/*
+  generated: int = 0   # trajectories generated this step, summed over processes
 
 
 @dataclasses.dataclass
@@ -99,15 +101,22 @@ class Selected:
 
 async def collect_rollouts(runner, problems: Sequence[Problem], n: int, seed0: int,
                            settings: RolloutSettings, *, max_retries: int,
-                           progress: Progress | None = None) -> tuple[list[list[Any]], int]:
+                           progress: Progress | None = None, stats: dict | None = None
+                           ) -> tuple[list[list[Any]], int]:
   """``n`` trajectories per problem; each failed rollout is retried with the same seed.
 
   A rollout "fails" when the engine or agent loop raises, or when a tool call ended with
   ``internal_error`` (the pool lost its worker: not the policy's fault, so the sample would be
   biased). After ``max_retries`` failed attempts of one rollout this raises.
-  Returns (groups [P][n], number of retries).
+  With several JAX processes each rolls out its contiguous share of the problems
+  (`hostdata.local_indices`) and every process gets every trajectory (an all-gather).
+  Returns (groups [P][n], number of retries summed over processes); ``stats["generated"]``
+  (when given) is set to the trajectories generated, summed over processes.
   """
-  jobs = [(i, j) for i in range(len(problems)) for j in range(n)]
+  # [multi-process] this process rolls out its share of the prompts only.
+  jobs = [(i, j) for i in hostdata.local_indices(len(problems)) for j in range(n)]
+  if progress:
+    progress.total = len(jobs)
   out: dict[tuple[int, int], Any] = {}
   retries = 0
 
@@ -136,6 +145,11 @@ async def collect_rollouts(runner, problems: Sequence[Problem], n: int, seed0: i
                        f"times; last error: {last_err!r}")
 
   await asyncio.gather(*(one(i, j) for i, j in jobs))
+  # [multi-process] every process gets every trajectory; counts summed over processes.
+  if stats is not None:
+    stats["generated"] = int(hostdata.sum_over_processes(len(out)))
+  retries = int(hostdata.sum_over_processes(retries))
+  out = hostdata.allgather_dict(out)
   return [[out[(i, j)] for j in range(n)] for i in range(len(problems))], retries
 
 
@@ -275,12 +289,18 @@ class RLLoop:
     if step != self._last_saved_step:
       wrote = bool(self.ckpt.save(self.learner.state, {"loop": self.pos.to_json()}, force=True))
       self._last_saved_step = step
+      if primary.process_count() > 1:
+        # [multi-process] commit before the next step: a process lost mid-step then never
+        # takes the step's checkpoint with it (orbax finalises only when every process wrote).
+        self.ckpt.wait_until_finished()
     side = {"optimizer_step": step, "loop": self.pos.to_json(),
             "rng": np.asarray(jax.device_get(self.learner.state.rng)).tolist()}
-    tmp = self._side_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(side, f)
-    os.replace(tmp, self._side_path)
+    if primary.is_primary():   # [multi-process] one writer; the others read it on resume
+      tmp = self._side_path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(side, f)
+      os.replace(tmp, self._side_path)
+    primary.sync("rl_loop.save")
     return wrote
 
   async def run(self, max_steps: int | None = None) -> dict:
@@ -351,9 +371,8 @@ class RLLoop:
     trajs, _ = await collect_rollouts(self.runner, [self.problems[i] for i in cand], k, seed0,
                                       settings, max_retries=self.config.rl.max_step_retries,
                                       progress=prog)
-    rewards = await self.runner.rewards(
-        [t for g in trajs for t in g],
-        [self.problems[i].answer for i in cand for _ in range(k)])
+    rewards = await self.verify([t for g in trajs for t in g],
+                                [self.problems[i].answer for i in cand for _ in range(k)])
     correct = np.asarray(rewards, np.float32).reshape(len(cand), k) > 0
     kept, stats = stages_lib.build_hard_subset(cand, correct.sum(1), k)
     kept += list(range(len(cand), len(self.problems)))   # never sampled: kept
@@ -421,22 +440,33 @@ class RLLoop:
       problems, groups, metrics = await self.async_rl.take(
           (self.pos.stage_index, self.pos.data_source), self.iterator, self._dataset(),
           rollout_settings(self.config, stage), stage.steps - self.pos.stage_step)
+      # The producer generates ahead; a step is charged with the groups it consumes.
       return Rollouts(problems, groups, seed0, k_select, int(metrics["async/rollout_retries"]),
-                      time.monotonic() - t0, metrics)
+                      time.monotonic() - t0, metrics, generated=len(problems) * self.N)
     problems = self.iterator.next_batch(self.P)
     prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
                     every_s=self.progress_every_s)
+    stats: dict[str, int] = {}
     groups, retries = await collect_rollouts(
         self.runner, problems, self.N, seed0, rollout_settings(self.config, stage),
-        max_retries=self.config.rl.max_step_retries, progress=prog)
-    return Rollouts(problems, groups, seed0, k_select, retries, time.monotonic() - t0)
+        max_retries=self.config.rl.max_step_retries, progress=prog, stats=stats)
+    return Rollouts(problems, groups, seed0, k_select, retries, time.monotonic() - t0,
+                    generated=stats["generated"])
+
+  async def verify(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
+    """Outcome rewards, verified once: with several JAX processes each checks its contiguous
+    share and the rewards are all-gathered, so no process decides alone (a timed-out check
+    could otherwise differ between processes)."""
+    return await hostdata.map_sharded(
+        lambda part: self.runner.rewards([t for t, _ in part], [a for _, a in part]),
+        list(zip(trajectories, answers)))
 
   async def score(self, ro: Rollouts) -> Scores:
     """Outcome rewards and p_err + p_format penalties, [P, N] each."""
     t0 = time.monotonic()
     flat = rl_metrics.flatten(ro.groups)
     p, n = len(ro.problems), self.N
-    rewards = np.asarray(await self.runner.rewards(
+    rewards = np.asarray(await self.verify(
         flat, [q.answer for q in ro.problems for _ in range(n)]), np.float32).reshape(p, n)
     rl = self.config.rl
     penalties = penalties_of(flat, rl.p_err_mode, rl.p_format_mode).reshape(p, n)
@@ -467,6 +497,7 @@ class RLLoop:
     metrics: dict[str, Any] = {
         "stage": self.pos.stage_index, "stage_step": self.pos.stage_step,
         "rl_step": self.pos.rl_step + 1, "rollout_retries": float(ro.retries),
+        "rollouts_generated": float(ro.generated),   # summed over processes
         "groups_kept": float(keep.sum()), "groups_total": float(len(ro.problems)),
     }
     metrics.update(rl_metrics.group_outcome_metrics(r))
@@ -496,7 +527,7 @@ class RLLoop:
     if rl.recompute_old_logprobs:
       lp = js.compute_logprobs(self.learner.state.params, sharded)
       sharded = steps_lib.with_old_logprobs(sharded, lp)
-      lp = np.asarray(lp)
+      lp = hostdata.to_host(lp)   # [multi-process] rows spread over processes: gathered
       drift = steps_lib.logprob_drift(batch["old_logprobs"], lp, batch["loss_mask"])
       metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
       if self.async_rl is not None:   # async RL hook: behaviour (sampler) vs proximal log-probs
@@ -529,7 +560,8 @@ class RLLoop:
     t0 = time.monotonic()
     version = int(jax.device_get(self.learner.state.step))
     target = self.weight_transfer or self.runner.engine
-    await target.update_weights(self.learner.model_config, self.learner.params_copy(), version)
+    params = hostdata.local_params(self.learner.params_copy())   # [multi-process] host copy
+    await target.update_weights(self.learner.model_config, params, version)
     self.pos.weight_version = version
     return time.monotonic() - t0
 
@@ -582,8 +614,10 @@ def run_rl(run: RunConfig, workdir: str, *, problems=None, eval_problems=None, t
   runtime.check_vocab(tokenizer, learner.model_config)
 
   async def main():
-    async with agent_runner.open_runner(run, learner.model_config, learner.params_copy(),
-                                        tokenizer, engine=engine) as runner:
+    async with agent_runner.open_runner(
+        run, learner.model_config,
+        hostdata.local_params(learner.params_copy()),   # [multi-process] host-local copy
+        tokenizer, engine=engine) as runner:
       loop = RLLoop(run, learner, runner, workdir, problems=problems,
                     eval_problems=eval_problems)
       last = await loop.run(max_steps=max_steps)

@@ -32,8 +32,12 @@ def maybe_initialize_distributed() -> bool:
   """``jax.distributed.initialize()`` when a multi-host environment is detected.
 
   Detected from the variables JAX's own cluster detection or common launchers set
-  (coordinator address, SLURM, Open MPI, Kubernetes JobSet / TPU pods). Returns whether it ran.
+  (coordinator address, SLURM, Open MPI, Kubernetes JobSet / TPU pods), or the ``RSTAR_*``
+  variables of `scripts/local_cluster.sh` (`rstar_jax.distributed.init`). Returns whether it ran.
   """
+  from rstar_jax.distributed import init as dist_init   # [multi-process]
+  if dist_init.initialize_from_env():
+    return True
   keys = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID",
           "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS")
   num = os.getenv("JAX_NUM_PROCESSES") or os.getenv("SLURM_NTASKS") or \
@@ -130,7 +134,8 @@ def export_checkpoint(run: RunConfig, checkpoint_dir: str, out_dir: str, *,
     learner.state, meta = ck.restore(learner.state, step)
   export_hf(out_dir, learner.model_config, learner.state.params)
   tok_path = tokenizer_path or run.tokenizer_dir()
-  if tok_path:
+  from rstar_jax.distributed.primary import is_primary   # [multi-process] one writer
+  if tok_path and is_primary():
     load_tokenizer(tok_path).save_pretrained(out_dir)
   return int(meta["step"])
 

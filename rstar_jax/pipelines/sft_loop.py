@@ -181,7 +181,8 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
 def export_with_tokenizer(out_dir: str, model_config, params, tokenizer) -> None:
   """HF model directory + the tokenizer files (so the directory is self-contained)."""
   export_hf(out_dir, model_config, params)
-  if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+  from rstar_jax.distributed.primary import is_primary   # [multi-process] one writer
+  if tokenizer is not None and hasattr(tokenizer, "save_pretrained") and is_primary():
     tokenizer.save_pretrained(out_dir)
 
 
