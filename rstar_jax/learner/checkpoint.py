@@ -114,8 +114,10 @@ class Checkpointer:
 def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
     """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``).
 
-    Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time.
+    Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time. With
+    several JAX processes every process must call this; tensors are gathered one at a time and
+    process 0 writes (`rstar_jax.distributed.export`).
     """
-    from rstar_jax.models import qwen3  # imported here: checkpoints work without the model module
+    from rstar_jax.distributed.export import save_hf_multihost
 
-    qwen3.save_hf(os.fspath(out_dir), model_config, params)
+    save_hf_multihost(os.fspath(out_dir), model_config, params)

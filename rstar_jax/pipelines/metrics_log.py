@@ -36,6 +36,11 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
+def _primary() -> bool:
+  from rstar_jax.distributed.primary import is_primary
+  return is_primary()
+
+
 def read_jsonl_metrics(path: str | os.PathLike) -> list[dict]:
   """All records of a metrics file, in order."""
   out = []
@@ -58,8 +63,11 @@ class MetricsWriter:
 
   def __init__(self, directory: str | os.PathLike, name: str = "metrics", *,
                resume_step: int | None = None, tensorboard: bool = True):
-    os.makedirs(directory, exist_ok=True)
     self.path = os.path.join(os.fspath(directory), f"{name}.jsonl")
+    self._file = self._tb = None
+    if not _primary():   # [multi-process] process 0 writes; the others only return records
+      return
+    os.makedirs(directory, exist_ok=True)
     if resume_step is not None and os.path.exists(self.path):
       kept = [r for r in read_jsonl_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
       with open(self.path, "w", encoding="utf-8") as f:
@@ -78,6 +86,8 @@ class MetricsWriter:
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
     rec = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+    if self._file is None:
+      return rec
     self._file.write(json.dumps(rec) + "\n")
     self._file.flush()
     if self._tb is not None:
@@ -88,6 +98,8 @@ class MetricsWriter:
     return rec
 
   def close(self) -> None:
+    if self._file is None:
+      return
     self._file.close()
     if self._tb is not None:
       self._tb.close()
@@ -119,6 +131,8 @@ class Progress:
     if self.done < self.total and now - self._last < self.every_s:
       return
     self._last = now
+    if not _primary():   # [multi-process]
+      return
     dt = max(now - self.t0, 1e-9)
     rate = self.done / dt
     eta = (self.total - self.done) / rate if rate > 0 else float("inf")

@@ -411,3 +411,23 @@ class SGLangEngine:
     def push_metrics(self) -> dict:
         """Metrics of the last successful push (``push/bytes``, ``push/seconds``, ...)."""
         return self.last_push.metrics() if self.last_push is not None else {}
+
+    # ------------------------------------------------------------------ pause / continue
+    # (asynchronous RL, partial rollouts: see rollout/interruptible.py)
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """`POST /pause_generation {"mode": mode}` on every server.
+
+        "abort": every running request returns now with finish_reason abort and its partial
+        output; "retract" / "in_place": running requests are parked (KV recomputed / kept).
+        The servers stay paused until `continue_generation`.
+        """
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause_generation: mode must be 'abort', 'retract' or 'in_place', "
+                             f"got {mode!r}")
+        await asyncio.gather(*[self._request("POST", u, "/pause_generation", {"mode": mode})
+                               for u in self.urls])
+
+    async def continue_generation(self) -> None:
+        """`POST /continue_generation {}` on every server (ends a `pause_generation`)."""
+        await asyncio.gather(*[self._request("POST", u, "/continue_generation", {})
+                               for u in self.urls])

@@ -227,14 +227,14 @@ def test_bucket_plan_and_reconstruct_round_trip():
 
 def test_config_fields_validated():
     from configs import rstar2_tiny_cpu
-    from rstar_jax.pipelines.config_validation import ConfigError, validate_config
+    from rstar_jax.config import ConfigError, from_config_dict
     cfg = rstar2_tiny_cpu.get_config("rl")
-    assert (cfg.rollout.weight_transport, cfg.rollout.weight_delta,
-            cfg.rollout.colocated) == ("disk", False, False)
-    validate_config(cfg, "rl")
+    run = from_config_dict(cfg, "rl")
+    assert (run.rollout.weight_transport, run.rollout.weight_delta,
+            run.rollout.colocated) == ("disk", False, False)
     cfg.rollout.weight_transport = "nfs"
     with pytest.raises(ConfigError, match="rollout.weight_transport"):
-        validate_config(cfg, "rl")
+        from_config_dict(cfg, "rl")
     with pytest.raises(ValueError, match="weight_transport"):
         SGLangEngine(["http://127.0.0.1:1"], weight_transport="nfs")
 

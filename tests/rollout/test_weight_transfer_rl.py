@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
+from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.models import qwen3_hf_layout as layout
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
@@ -19,7 +20,8 @@ def tok_dir(tmp_path_factory):
     problems = synthetic_tasks.generate(3, 4, families=["mul"], difficulty="easy")
     cfg = rstar2_tiny_cpu.get_config("rl")
     d = str(tmp_path_factory.mktemp("tok"))
-    return problems, data_sources.ensure_tokenizer(cfg, d, data_sources.tokenizer_corpus(problems))
+    return problems, data_sources.ensure_tokenizer(from_config_dict(cfg), d,
+                                                   data_sources.tokenizer_corpus(problems))
 
 
 @pytest.mark.slow
@@ -40,13 +42,16 @@ def test_rl_loop_pushes_through_transport(transport, delta, tmp_path, tok_dir):
     cfg.rollout.staging_dir = str(tmp_path / "staging")
     cfg.stages = [dict(name="s", steps=2, response_budget=8, max_turns=1, data="full",
                        reset_optimizer=False, drop_solved_k_of_k=0)]
-    learner = runtime.build_learner(cfg)
+    learner = runtime.build_learner(from_config_dict(cfg))
 
     async def main():
         async with MockSGLangServer(vocab_size=1024) as server:
             cfg.rollout.sglang_urls = [server.url]
-            async with agent_runner.open_runner(cfg, learner.model_config, None, tok) as runner:
-                loop = rl_loop.RLLoop(cfg, learner, runner, str(tmp_path), problems=problems[:1])
+            run = from_config_dict(cfg)
+            assert (run.rollout.weight_transport, run.rollout.weight_delta) == (transport, delta)
+            async with agent_runner.open_runner(run, learner.model_config, None, tok) as runner:
+                assert runner.engine.transport.name == transport
+                loop = rl_loop.RLLoop(run, learner, runner, str(tmp_path), problems=problems[:1])
                 await loop.run()
                 loop.ckpt.close()
             return server
