@@ -1,6 +1,6 @@
 """A mock SGLang HTTP server (aiohttp, 127.0.0.1 only) implementing the subset rstar_jax uses.
 
-Endpoints (SPEC Part II, MACHINE_NOTES §6): POST /generate, POST /update_weights_from_disk,
+Endpoints (SGLang's HTTP server, ``srt/entrypoints/http_server.py``): POST /generate, POST /update_weights_from_disk,
 GET /get_weight_version, GET /get_server_info (+ /server_info), GET /get_load, GET /health,
 POST /abort_request, POST /pause_generation {mode}, POST /continue_generation. The "model" is a deterministic function of the token history, so tests
 can predict outputs; generation proceeds one token per `token_delay_s` so aborts and timeouts
