@@ -9,8 +9,11 @@ run resumes on the mesh it runs on now, which may differ from the one it saved f
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
+import weakref
 from typing import Any, Mapping
 
 import jax
@@ -48,6 +51,13 @@ class Checkpointer:
             max_to_keep=max_to_keep, save_interval_steps=save_interval_steps, create=True,
             enable_async_checkpointing=enable_async)
         self._mgr = ocp.CheckpointManager(self.directory, options=options)
+        # An async save still running when the interpreter exits is cut off (orbax's event loop
+        # is torn down under it: a half-written `<step>.orbax-checkpoint-tmp` folder and
+        # "Event loop is closed" tracebacks). The finalizer waits for it and closes the manager,
+        # at `close()`, when this object is collected, or at exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _close_manager, self._mgr)
+        self._finalizer.atexit = False
+        _at_thread_shutdown(self._finalizer)
 
     def save(self, state: TrainState, metadata: Mapping[str, Any] | None = None, *,
              force: bool = False) -> bool:
@@ -102,13 +112,37 @@ class Checkpointer:
         self._mgr.wait_until_finished()
 
     def close(self) -> None:
-        self._mgr.close()
+        """Waits for pending async saves, then releases the manager (idempotent)."""
+        self._finalizer()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _at_thread_shutdown(fn) -> None:
+    """Runs ``fn`` at interpreter exit while threads and executors still work.
+
+    Plain `atexit` hooks run after `concurrent.futures` has shut down, too late for orbax's
+    commit thread ("cannot schedule new futures after interpreter shutdown").
+    `threading._register_atexit` (what `concurrent.futures` itself uses) runs its hooks in
+    reverse order before that, so this one runs before the executors close.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(fn)
+            return
+    except RuntimeError:  # interpreter already shutting down
+        pass
+    atexit.register(fn)
+
+
+def _close_manager(mgr: ocp.CheckpointManager) -> None:
+    mgr.wait_until_finished()
+    mgr.close()
 
 
 def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
