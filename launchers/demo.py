@@ -5,7 +5,8 @@
   python -m launchers.demo --workdir=/tmp/demo_grpo --rl.roc_mode=random \\
       --config.demo.reuse_sft_from=/tmp/demo_run       (same SFT model, only RL + eval rerun)
 Any config field can be overridden (--config.rl.group_size=4, ...). Rerunning with the same
---workdir skips finished phases and resumes the unfinished one.
+--workdir skips finished phases and resumes the unfinished one, if they ran with the same
+config; otherwise it stops and names the changed fields (--discard_stale reruns those phases).
 """
 import os
 
@@ -20,6 +21,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (summary.json, plot, ckpts).")
 _ROC_MODE = flags.DEFINE_enum("rl.roc_mode", None, ["paper", "released", "random"],
                               "Shorthand for --config.rl.roc_mode (random = plain GRPO).")
+_DISCARD = flags.DEFINE_bool("discard_stale", False, "Delete the outputs of phases that ran "
+                             "with a different config and rerun them (default: stop).")
 
 
 def main(argv):
@@ -28,7 +31,7 @@ def main(argv):
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
-  demo.run_demo(cfg, _WORKDIR.value)
+  demo.run_demo(cfg, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":
