@@ -10,9 +10,10 @@ config; otherwise it stops and names the changed fields (--discard_stale reruns 
 """
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from rstar_jax import cli
 from rstar_jax.pipelines import demo, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -28,6 +29,7 @@ _DISCARD = flags.DEFINE_bool("discard_stale", False, "Delete the outputs of phas
 def main(argv):
   del argv
   runtime.setup_logging()
+  cli.check_workdir(_WORKDIR.value)
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
@@ -36,4 +38,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  cli.run(main)

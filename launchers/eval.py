@@ -5,9 +5,12 @@
   python -m launchers.eval --config=configs/rstar2_tiny_cpu.py:eval \
       --checkpoint_dir=/tmp/rl/ckpt --out=/tmp/eval.json --workdir=/tmp/rl
 """
-from absl import app, flags
+import os
+
+from absl import flags
 from ml_collections import config_flags
 
+from rstar_jax import cli
 from rstar_jax.pipelines import evaluation, runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode eval).",
@@ -22,6 +25,11 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory holding the tokeniz
 def main(argv):
   del argv
   runtime.setup_logging()
+  cli.check_dir(_CKPT.value, "--checkpoint_dir")
+  cli.check_dir(_WORKDIR.value, "--workdir")
+  cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
+  cli.check_dir(_CONFIG.value.model.get("hf_dir", ""), "config.model.hf_dir")
+  cli.check_dir(_CONFIG.value.model.get("tokenizer_dir", ""), "config.model.tokenizer_dir")
   runtime.maybe_initialize_distributed()
   report = evaluation.run_eval(_CONFIG.value, _OUT.value, checkpoint_dir=_CKPT.value,
                                workdir=_WORKDIR.value)
@@ -30,4 +38,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "out"])
-  app.run(main)
+  cli.run(main)

@@ -4,9 +4,10 @@
       --checkpoint_dir=/tmp/rl/ckpt --tokenizer_dir=/tmp/rl/tokenizer --out_dir=/tmp/rl/hf
 The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`.
 """
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from rstar_jax import cli
 from rstar_jax.pipelines import runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config (model shape).",
@@ -20,6 +21,11 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 def main(argv):
   del argv
   runtime.setup_logging()
+  cli.check_dir(_CKPT.value, "--checkpoint_dir")
+  cli.check_dir(_TOK.value, "--tokenizer_dir")
+  cli.check_workdir(_OUT.value, "--out_dir")
+  cli.check_dir(_CONFIG.value.model.get("hf_dir", ""), "config.model.hf_dir")
+  cli.check_dir(_CONFIG.value.model.get("tokenizer_dir", ""), "config.model.tokenizer_dir")
   step = runtime.export_checkpoint(_CONFIG.value, _CKPT.value, _OUT.value,
                                    tokenizer_path=_TOK.value, step=_STEP.value)
   print(f"exported step {step} to {_OUT.value}")
@@ -27,4 +33,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "checkpoint_dir", "out_dir"])
-  app.run(main)
+  cli.run(main)

@@ -5,9 +5,10 @@
   python -m launchers.train --config=configs/rstar2_tiny_cpu.py --config.rl.roc_mode=random ...
 Resumes from <workdir>/ckpt when present (same step, data position, stage).
 """
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from rstar_jax import cli
 from rstar_jax.pipelines import rl_loop, runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode rl).",
@@ -20,6 +21,9 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL st
 def main(argv):
   del argv
   runtime.setup_logging()
+  cli.check_workdir(_WORKDIR.value)
+  cli.check_dir(_CONFIG.value.model.get("hf_dir", ""), "config.model.hf_dir")
+  cli.check_dir(_CONFIG.value.model.get("tokenizer_dir", ""), "config.model.tokenizer_dir")
   runtime.maybe_initialize_distributed()
   out = rl_loop.run_rl(_CONFIG.value, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))
@@ -27,4 +31,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  cli.run(main)
