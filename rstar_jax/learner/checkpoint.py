@@ -19,7 +19,12 @@ from typing import Any, Mapping
 import jax
 import orbax.checkpoint as ocp
 
+from rstar_jax.errors import UserError
 from rstar_jax.learner.train_state import TrainState
+
+
+class CheckpointMismatchError(UserError, ValueError):
+    """A checkpoint's arrays do not fit the state it is restored into."""
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
@@ -95,8 +100,17 @@ class Checkpointer:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint for step {step} in "
                                     f"{self.directory} (have {sorted(self._mgr.all_steps())})")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
-        out = self._mgr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except ValueError as e:
+            # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
+            # with a config (model size, optimizer) other than the one that wrote it.
+            detail = " ".join(str(e).split())
+            raise CheckpointMismatchError(
+                f"checkpoint {self.directory} step {step} does not fit this run's model and "
+                f"optimizer (written with another config? use that config or a new workdir): "
+                f"{detail[:400]}{'...' if len(detail) > 400 else ''}") from e
         arrays = out["state"]
         state = target.replace(params=arrays["params"], opt_state=arrays["opt_state"],
                                step=arrays["step"], rng=arrays["rng"])

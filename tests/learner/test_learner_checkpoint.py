@@ -146,3 +146,19 @@ def test_close_waits_and_is_idempotent(tmp_path):
     ck.close()      # returns only once the async save is committed
     assert sorted(os.listdir(tmp_path)) == ["0"]
     ck.close()
+
+
+def test_restore_into_another_model_is_a_one_line_user_error(tmp_path):
+    from rstar_jax.errors import UserError
+    from rstar_jax.learner.checkpoint import CheckpointMismatchError
+    tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+    with Checkpointer(tmp_path) as ck:
+        ck.save(TrainState.create({"w": jnp.ones((4, 4))}, tx, 0))
+    for other, why in (({"w": jnp.ones((8, 4))}, "stored shape: (4, 4)"),
+                       ({"w": jnp.ones((4, 4)), "b": jnp.ones(3)}, ".b:")):
+        with Checkpointer(tmp_path) as ck, pytest.raises(CheckpointMismatchError) as e:
+            ck.restore(TrainState.create(other, tx, 0))
+        msg = str(e.value)
+        assert isinstance(e.value, UserError) and "\n" not in msg
+        assert msg.startswith(f"checkpoint {tmp_path} step 0 does not fit this run's model")
+        assert why in msg, msg
