@@ -69,6 +69,7 @@ def _launch(*args, timeout=300):
   return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_smoke_run_artifacts_and_resume(tmp_path):
   w = str(tmp_path / "run")
   base = [f"--workdir={w}", "--config=configs/demo.py:smoke", "--rl.roc_mode=random"]

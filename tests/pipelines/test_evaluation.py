@@ -152,6 +152,7 @@ def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path
   assert m["tool_latency_mean_s"] > 0 and m["tool_status_error_frac"] == pytest.approx(4 / 12)
 
 
+@pytest.mark.slow
 def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   """Every sandbox template is SIGKILLed while it holds running tool calls (triggered by the
   calls' arrival, not by a clock); the step still ends with all its rollouts, each with a
