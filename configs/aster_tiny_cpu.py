@@ -28,6 +28,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.rollout.max_turns = 4
   c.rollout.max_tool_calls = 3
   c.rollout.max_batch = 16
+  c.rollout.temperature = 0.8
   c.tool = common.tool_config()
   c.tool.num_workers = 2
   c.tool.stateful = True
@@ -48,7 +49,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   if mode == "sft":
     # As rstar2_tiny_cpu: enough SFT steps that RL's groups are mixed (see its docstring).
     c.optim = common.optim_config(lr=1e-2, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=20, warmup_ratio=0.1, batch_size=4,
+    c.sft = ml_collections.ConfigDict(dict(epochs=30, warmup_ratio=0.1, batch_size=4,
                                            max_seq_len=2048))
     c.stages = []
   else:

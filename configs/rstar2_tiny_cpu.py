@@ -5,11 +5,12 @@ reset; 2G rollouts down-sampled to G by RoC), with a tiny from-scratch Qwen3, a 
 trained on the run's own texts, the embedded JaxSampler and synthetic tool-needing problems.
 It checks the machinery rather than teaching much (the demo, `configs/demo.py`, is the run that
 shows learning), but it does train: the problems are one-digit products ("Compute 7 * 8.") and
-SFT runs 20 epochs over 8 of them at lr 1e-2, so the SFT model gets the tool-call format and
-some answers right when sampled; RL's groups of 8 rollouts over 4 prompts are then often mixed
-(neither all-correct nor all-wrong) and the optimizer steps. The response budgets (128+) fit the
-~95-token scripted trajectory (tool tokens count). With harder problems or fewer SFT steps
-every group is all-wrong and RL makes no update.
+SFT runs 30 epochs over 4 of them at lr 1e-2, so the SFT model gets the tool-call format and
+some answers right when sampled (temperature 0.8); RL's groups of 8 rollouts for each of the 4
+prompts are then often mixed (neither all-correct nor all-wrong) and the optimizer steps (3
+updates in 4 RL steps in the launcher test's run). The response budgets (128+) fit the
+~95-token scripted trajectory (tool tokens count). With 3-digit operands, 8 problems x 20
+epochs, or budgets under the trajectory length, every group was all-wrong: no update.
 
 Usage: --config=configs/rstar2_tiny_cpu.py          (RL)
        --config=configs/rstar2_tiny_cpu.py:sft      (SFT on scripted tool chats)
@@ -31,7 +32,7 @@ def synthetic_data() -> ml_collections.ConfigDict:
       train_path="", sft_path="",
       # Used when the paths are empty: seeded synthetic tasks, disjoint train / held-out.
       synthetic=ml_collections.ConfigDict(dict(
-          seed=0, n_train=8, n_eval=8, families=["mul"],
+          seed=0, n_train=4, n_eval=8, families=["mul"],
           # One-digit operands: a ~70k-parameter model copies them into the code after a
           # few dozen SFT steps (3-digit "easy" operands stay at chance: no RL signal).
           difficulty=ml_collections.ConfigDict(dict(
@@ -54,6 +55,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.rollout.response_budget = 128
   c.rollout.max_turns = 2
   c.rollout.max_batch = 16
+  c.rollout.temperature = 0.8   # the tiny SFT model keeps the tool-call JSON intact more often
   c.tool = common.tool_config()
   c.tool.num_workers = 2
   c.tool.max_response_chars = 256
@@ -70,7 +72,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.data = synthetic_data()
   if mode == "sft":
     c.optim = common.optim_config(lr=1e-2, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=20, warmup_ratio=0.1, batch_size=4,
+    c.sft = ml_collections.ConfigDict(dict(epochs=30, warmup_ratio=0.1, batch_size=4,
                                            max_seq_len=2048))
     c.stages = []
   else:
