@@ -12,6 +12,7 @@ from configs.rstar2_tiny_cpu import synthetic_data, tiny_model
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  common.check_variant(mode, "configs/aster_tiny_cpu.py")
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = tiny_model()
@@ -44,13 +45,12 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval.response_budget = 128
   c.eval.max_problems = 4
   c.data = synthetic_data()
-  c.coldstart = ml_collections.ConfigDict(dict(min_tool_calls=1, max_trajectories=64,
-                                               require_all_calls_ok=True))
+  c.coldstart = common.coldstart_config(min_tool_calls=1, max_trajectories=64,
+                                       require_all_calls_ok=True)
   if mode == "sft":
     # As rstar2_tiny_cpu: enough SFT steps that RL's groups are mixed (see its docstring).
     c.optim = common.optim_config(lr=1e-2, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=30, warmup_ratio=0.1, batch_size=4,
-                                           max_seq_len=2048))
+    c.sft = common.sft_config(epochs=30.0, warmup_ratio=0.1, batch_size=4, max_seq_len=2048)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2)

@@ -28,20 +28,17 @@ def tiny_model() -> ml_collections.ConfigDict:
 
 
 def synthetic_data() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      train_path="", sft_path="",
-      # Used when the paths are empty: seeded synthetic tasks, disjoint train / held-out.
-      synthetic=ml_collections.ConfigDict(dict(
-          seed=0, n_train=4, n_eval=8, families=["mul"],
-          # One-digit operands: a ~70k-parameter model copies them into the code after a
-          # few dozen SFT steps (3-digit "easy" operands stay at chance: no RL signal).
-          difficulty=ml_collections.ConfigDict(dict(
-              operand_digits=1, modulus_digits=2, exponent_digits=2, range_max=1_000,
-              n_max=40, index_max=500)))),
-  ))
+  # The paths stay empty: seeded synthetic tasks, disjoint train / held-out. One-digit operands:
+  # a ~70k-parameter model copies them into the code after a few dozen SFT steps (3-digit
+  # "easy" operands stay at chance: no RL signal).
+  return common.synthetic_data(seed=0, n_train=4, n_eval=8, families=["mul"],
+                               difficulty=dict(operand_digits=1, modulus_digits=2,
+                                               exponent_digits=2, range_max=1_000, n_max=40,
+                                               index_max=500))
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  common.check_variant(mode, "configs/rstar2_tiny_cpu.py")
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = tiny_model()
@@ -72,8 +69,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.data = synthetic_data()
   if mode == "sft":
     c.optim = common.optim_config(lr=1e-2, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=30, warmup_ratio=0.1, batch_size=4,
-                                           max_seq_len=2048))
+    c.sft = common.sft_config(epochs=30.0, warmup_ratio=0.1, batch_size=4, max_seq_len=2048)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2, schedule="constant")

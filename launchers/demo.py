@@ -33,7 +33,9 @@ def main(argv):
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
-  demo.run_demo(cfg, _WORKDIR.value, discard_stale=_DISCARD.value)
+  run = cli.typed_config(cfg, "rl", "launchers.demo")
+  cli.check_model_dirs(run)
+  demo.run_demo(run, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":

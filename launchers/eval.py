@@ -25,13 +25,13 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory holding the tokeniz
 def main(argv):
   del argv
   runtime.setup_logging()
+  run = cli.typed_config(_CONFIG.value, "eval", "launchers.eval", check_paths=True)
   cli.check_dir(_CKPT.value, "--checkpoint_dir")
   cli.check_dir(_WORKDIR.value, "--workdir")
   cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
-  cli.check_dir(_CONFIG.value.model.get("hf_dir", ""), "config.model.hf_dir")
-  cli.check_dir(_CONFIG.value.model.get("tokenizer_dir", ""), "config.model.tokenizer_dir")
+  cli.check_model_dirs(run)
   runtime.maybe_initialize_distributed()
-  report = evaluation.run_eval(_CONFIG.value, _OUT.value, checkpoint_dir=_CKPT.value,
+  report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value,
                                workdir=_WORKDIR.value)
   print(runtime.summary_json(report["metrics"]))
 

@@ -10,6 +10,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli
+from rstar_jax.config import from_config_dict
 from rstar_jax.errors import UserError
 from rstar_jax.pipelines import runtime
 
@@ -25,20 +26,21 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 def main(argv):
   del argv
   runtime.setup_logging()
+  # Any mode: only the model shape (and tokenizer) are read.
+  run = from_config_dict(_CONFIG.value, check_inputs=False)
   cli.check_dir(_CKPT.value, "--checkpoint_dir")
   cli.check_dir(_TOK.value, "--tokenizer_dir")
   cli.check_workdir(_OUT.value, "--out_dir")
-  cli.check_dir(_CONFIG.value.model.get("hf_dir", ""), "config.model.hf_dir")
-  cli.check_dir(_CONFIG.value.model.get("tokenizer_dir", ""), "config.model.tokenizer_dir")
+  cli.check_model_dirs(run)
   # The tokenizer: the flag, else the config's (model.tokenizer_dir / hf_dir), else the one a
   # from-scratch run saved next to its ckpt/. A model directory without one is not loadable.
   run_tok = os.path.join(os.path.dirname(os.path.abspath(_CKPT.value)), "tokenizer")
-  tok = _TOK.value or runtime.tokenizer_dir(_CONFIG.value) or (
+  tok = _TOK.value or run.tokenizer_dir() or (
       run_tok if os.path.isfile(os.path.join(run_tok, "tokenizer.json")) else "")
   if not tok:
     raise UserError("export_hf: no tokenizer to copy: pass --tokenizer_dir, or the run's "
                     "--config.model.hf_dir / --config.model.tokenizer_dir")
-  step = runtime.export_checkpoint(_CONFIG.value, _CKPT.value, _OUT.value,
+  step = runtime.export_checkpoint(run, _CKPT.value, _OUT.value,
                                    tokenizer_path=tok, step=_STEP.value)
   print(f"exported step {step} to {_OUT.value}")
 

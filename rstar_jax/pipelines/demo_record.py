@@ -15,9 +15,10 @@ from typing import Any
 from rstar_jax import run_record
 from rstar_jax.run_record import Phase
 
-_DATA = ("data", "coldstart", "tool.max_response_chars", "tool.timeout_s",
-         "demo.show_tool_time", "demo.system_prompt")
-_TOKENIZER = _DATA + ("model.vocab_size", "demo.with_tools", "demo.domain_tokens",
+# Dotted paths of the typed config (`rstar_jax.config.schema`), e.g. ``rollout.system_prompt``.
+_DATA = ("data", "coldstart", "tool.max_response_chars", "tool.timeout_s", "tool.show_time",
+         "rollout.system_prompt")
+_TOKENIZER = _DATA + ("model.vocab_size", "rollout.with_tools", "demo.domain_tokens",
                       "demo.number_tokens", "demo.split_digits")
 _SFT = _TOKENIZER + ("model", "mesh", "sft", "sft_optim")
 _EVAL_SFT = _SFT + ("eval", "rollout", "tool", "rl.answer_mode", "demo")
