@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from absl import app, logging
 

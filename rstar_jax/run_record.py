@@ -23,7 +23,8 @@ import fnmatch
 import json
 import os
 import shutil
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 from rstar_jax.errors import UserError
 

@@ -59,7 +59,7 @@ def _one_line_error(proc, expected: str, key: str) -> None:
   """Exit 2, no traceback, and exactly one stderr line mentioning ``key``: ``expected``."""
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  lines = [l for l in proc.stderr.splitlines() if key in l]
+  lines = [ln for ln in proc.stderr.splitlines() if key in ln]
   assert len(lines) == 1 and expected in lines[0], proc.stderr[-3000:]
 
 
@@ -69,7 +69,7 @@ def test_launcher_reports_bad_paths_in_one_line(tmp_path):
   proc = _launch(f"--workdir={f}/run")
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr
-  lines = [l for l in proc.stderr.splitlines() if "--workdir" in l]
+  lines = [ln for ln in proc.stderr.splitlines() if "--workdir" in ln]
   assert len(lines) == 1 and "is a file, not a directory" in lines[0], proc.stderr[-3000:]
   proc = _launch(f"--workdir={tmp_path}/run", f"--config.model.hf_dir={tmp_path}/nope")
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
