@@ -177,6 +177,9 @@ class RLConfig(_Section):
   max_step_retries: int = field(3, int_range(0), "Retries of a failed rollout (engine error, lost tool worker).")
   hard_subset_max_problems: int = field(0, int_range(0), "Problems sampled when building a hard subset (0 = all).")
   collapse_window: int = field(5, int_range(1), "Steps of falling tool calls/trajectory before a collapse warning (ASTER).")
+  max_staleness: int = field(0, int_range(0), "Async RL: 0 = synchronous loop; k >= 1 = rollouts for the next steps overlap the update, a group is trained only if its oldest token is within k weight pushes of the version trained (AReaL max_head_offpolicyness).")
+  partial_rollout: str = field("continue", one_of(("continue", "restart")), "Async RL, at a weight push: in-flight trajectories 'continue' with the new weights (tokens keep their versions) or 'restart'.")
+  tis_cap: float = field(0.0, num_range(0), "Token-level truncated importance-sampling cap between sampler and learner log-probs (ASTER 2.0); 0 = off.")
 
   def _cross(self):
     out = []
