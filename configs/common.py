@@ -11,6 +11,16 @@ section's dataclass; nothing here changes.
 import ml_collections
 
 from rstar_jax.config import schema
+from rstar_jax.errors import UserError
+
+
+def check_variant(variant: str, recipe: str, variants=schema.MODES) -> str:
+  """``variant`` (the ``:name`` after a recipe path) if it is one of ``variants``; else a
+  one-line `UserError` listing them (a typo such as ``:sfT`` must not run the default job)."""
+  if variant not in variants:
+    raise UserError(f"{recipe}: unknown variant {variant!r}; expected one of "
+                    + ", ".join(repr(v) for v in variants))
+  return variant
 
 
 def section(cls, **overrides) -> ml_collections.ConfigDict:

@@ -9,6 +9,7 @@ from configs import common
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  common.check_variant(mode, "configs/rstar2_qwen3_14b.py")
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = common.model_config(hf_dir="/checkpoints/Qwen3-14B-Base")

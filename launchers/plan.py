@@ -32,8 +32,10 @@ if __name__ == "__main__":
 
 import json  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from rstar_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (RL or SFT mode).")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 64, "Fake devices to plan for (applied "
@@ -74,4 +76,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main)

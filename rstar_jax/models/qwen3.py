@@ -165,6 +165,14 @@ def _maybe_remat(fn, c: Qwen3Config):
 # ----------------------------------------------------------------------------- forward
 
 
+def _check_static_config(config: Any, fn: str) -> None:
+    # Under jax.jit without static_argnames the config arrives as a pytree of tracers and fails
+    # deep inside with "... has no attribute remat"; say what to do instead.
+    if not isinstance(config, Qwen3Config):
+        raise TypeError(f"qwen3.{fn}: config must be a static Qwen3Config (jit with "
+                        f"static_argnames='config'); got {type(config).__name__}")
+
+
 def default_positions(attention_mask: jax.Array) -> jax.Array:
     """[B, T] mask -> positions cumsum(mask) - 1, clipped at 0 (pads before a row's start)."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -186,6 +194,7 @@ def forward(params: Params, config: Qwen3Config, input_ids: jax.Array,
     Returns:
       logits: [B, T, V] float32.
     """
+    _check_static_config(config, "forward")
     c = config
     B, T = input_ids.shape
     mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
@@ -251,6 +260,7 @@ def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, ca
     writes its new k/v into its buffers, then attends over them, so the buffers are updated in
     place and read once.
     """
+    _check_static_config(config, "forward_cached")
     c = config
     B, T = input_ids.shape
     S = cache.max_len

@@ -69,8 +69,13 @@ def add_metric_sums(acc: Metrics | None, new: Mapping[str, tuple[jax.Array, jax.
 
 
 def reduce_metrics(sums: Mapping[str, tuple[jax.Array, jax.Array]]) -> dict[str, jax.Array]:
-    """{name: (num, den)} -> {name: num / den} (0 where den == 0). Jittable."""
-    return {k: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+    """{name: (num, den)} -> {name: num / den}. Jittable.
+
+    A metric with nothing to average over (den == 0, e.g. a batch whose loss mask is all
+    zeros) is NaN, not 0.0: a 0.0 clip fraction or loss would read as a real measurement.
+    The metrics logger writes NaN as JSON ``null``; use ``jnp.nan_to_num`` to get zeros.
+    """
+    return {k: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.nan)
             for k, (num, den) in sums.items()}
 
 

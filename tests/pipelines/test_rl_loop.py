@@ -26,6 +26,7 @@ def _config():
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 2          # 2-way FSDP: sharded batches and row padding, kept cheap
   cfg.train.batch_prompts = 2
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # 4 rollouts per prompt (counts below)
   cfg.rollout.response_budget = 16
   cfg.rollout.max_turns = 1
   cfg.optim.warmup_steps = 2
@@ -194,6 +195,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.train.batch_prompts = 2
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # groups of 4 below, RoC keeps 2
   cfg.rl.roc_mode = "released"
   run = from_config_dict(cfg)
   learner = runtime.build_learner(run)
