@@ -78,7 +78,7 @@ def rl_config() -> ml_collections.ConfigDict:
       entropy_coef=0.0,
       loss_agg="token-mean",         # "token-mean" | "seq-mean-token-mean" ("seq-mean") | "seq-mean-token-sum"
       recompute_old_logprobs=True,   # True: learner recomputes after RoC (released code); False: sampler's
-      answer_mode="answer_tag",      # reward: last boxed answer inside <answer> (paper) | "anywhere" (released)
+      answer_mode="answer_tag",      # reward: "answer_tag" last boxed in <answer> (paper) | "anywhere" last boxed | "released" (prime_math rules or math-verify over the full text; docs/fidelity.md)
       max_step_retries=3,            # retries of a failed rollout (engine error, lost tool worker)
       hard_subset_max_problems=0,    # 0 = sample the whole set when building a hard subset
       collapse_window=5,             # steps of falling tool calls/trajectory before a warning

@@ -241,7 +241,7 @@ def validate_config(config: ml_collections.ConfigDict, mode: str | None = None,
 OPTIONAL: dict[str, dict[str, Check]] = {
     "model": {"tokenizer_dir": is_str, "rms_norm_eps": num_range(0, lo_open=True)},
     "mesh": {"num_devices": int_range(0)},
-    "rl": {"answer_mode": one_of(("answer_tag", "anywhere")), "max_step_retries": int_range(0), "hard_subset_max_problems": int_range(0),
+    "rl": {"answer_mode": one_of(("answer_tag", "anywhere", "released")), "max_step_retries": int_range(0), "hard_subset_max_problems": int_range(0),
            "collapse_window": int_range(1), "ppo_mini_batches": int_range(1),
            "ppo_epochs": int_range(1), "neg_adv_scale": num_range(0, 1)},
     "rollout": {"decode_chunk": int_range(1), "max_len": int_range(0)},
