@@ -3,14 +3,15 @@
 A full run config has these sections:
   model     which policy: an HF checkpoint dir (real runs) or tiny from-scratch dims (CPU demo).
   mesh      device mesh axis sizes; -1 on one axis means "all remaining devices".
-  optim     AdamW + schedule (SPEC §6.3: lr 1e-6 constant after 20 warm-up steps, wd 0.01, clip 1.0).
-  rl        GRPO-RoC knobs (SPEC §1 and the decisions table).
-  rollout   engine + agent loop limits (SPEC §3.4, §5).
-  tool      code pool limits (SPEC §4).
-  stages    the multi-stage recipe, a list of per-stage overrides (SPEC §6.3, §8.3).
-  data      problem / trajectory files.
+  optim     AdamW + schedule (rStar2-Agent paper: lr 1e-6 constant after 20 warm-up steps).
+  rl        GRPO-RoC knobs (rStar2-Agent §2.2; ASTER's TIS).
+  rollout   engine + agent loop limits and chat format.
+  tool      code pool limits.
+  stages    the multi-stage recipe, a list of per-stage overrides.
+  data      problem / trajectory files and training-set filters (`data_filters`).
   train     batch sizes, micro-batching, checkpointing, logging.
-  eval      avg@k pass@1 settings (SPEC §10).
+  eval      avg@k / pass@k settings or a named protocol.
+Where each recipe value comes from (paper, released code) is tabulated in docs/fidelity.md.
 """
 import ml_collections
 
@@ -82,6 +83,7 @@ def rl_config() -> ml_collections.ConfigDict:
       max_step_retries=3,            # retries of a failed rollout (engine error, lost tool worker)
       hard_subset_max_problems=0,    # 0 = sample the whole set when building a hard subset
       collapse_window=5,             # steps of falling tool calls/trajectory before a warning
+      tis_cap=0.0,                   # token-level truncated IS cap between sampler and learner log-probs (0 = off; ASTER: 2.0)
   ))
 
 
@@ -98,6 +100,7 @@ def rollout_config(engine: str = "jax") -> ml_collections.ConfigDict:
       max_tool_calls=0,              # 0 = unlimited; ASTER: 50
       max_batch=64,                  # JaxSampler slots
       decode_chunk=16,               # JaxSampler tokens per jitted decode call
+      chat_format="rstar2",          # "rstar2" (project) | "rstar2_released" (released tool name/joining) | "qwen3_thinking" (ASTER)
   ))
 
 
@@ -108,6 +111,7 @@ def tool_config() -> ml_collections.ConfigDict:
       memory_limit_mb=384,           # 256 MB + 128 MB (code-judge)
       max_response_chars=1024,       # middle-truncated tool response body
       stateful=False,                # ASTER: variables persist across the calls of one trajectory
+      truncation="project",          # "project" (body <= max_response_chars) | "released" (first/last max//2 chars around a marker)
   ))
 
 
@@ -133,12 +137,32 @@ def eval_config() -> ml_collections.ConfigDict:
       response_budget=30720,
       seed=0,
       max_problems=0,                # 0 = every problem of the eval set
+      protocol="",                   # "" (the fields above) | "released" | "paper_avg_at_k" (rstar_jax.pipelines.eval_protocols)
+      csv_path="",                   # per-problem CSV (num correct, avg@k, pass@k); "" = next to the JSON report
   ))
 
 
+def data_filters(integer_answers_only: bool = False, drop_overlong_prompts: bool = True) -> dict:
+  """Training-set filters applied once, before the first step (rstar_jax.data.filters).
+
+  integer_answers_only: keep problems whose gold answer is an integer (rStar2-Agent RL data).
+  drop_overlong_prompts: drop (and count) problems whose rendered prompt exceeds
+    rollout.max_prompt_tokens instead of failing mid-run (released verl:
+    data.filter_overlong_prompts=True with max_prompt_length 2048).
+  """
+  return dict(integer_answers_only=integer_answers_only,
+              drop_overlong_prompts=drop_overlong_prompts)
+
+
 def stage(name: str, steps: int, response_budget: int, max_turns: int, data: str = "full",
-          reset_optimizer: bool = False, drop_solved_k_of_k: int = 0) -> dict:
+          reset_optimizer: bool = False, drop_solved_k_of_k: int = 0,
+          recent_steps: int = 0) -> dict:
   """One RL stage. `data="hard"` uses the subset left after dropping problems that the policy
-  at the stage start solves k of k times (`drop_solved_k_of_k` = k; rStar2 stage 3: k = 8)."""
-  return dict(name=name, steps=steps, response_budget=response_budget, max_turns=max_turns,
-              data=data, reset_optimizer=reset_optimizer, drop_solved_k_of_k=drop_solved_k_of_k)
+  at the stage start solves k of k times (`drop_solved_k_of_k` = k; rStar2 stage 3: k = 8).
+  `data="recent"` drops instead the problems whose training rollouts were all correct at their
+  latest appearance in the last `recent_steps` RL steps (ASTER stage 2; no re-sampling)."""
+  d = dict(name=name, steps=steps, response_budget=response_budget, max_turns=max_turns,
+           data=data, reset_optimizer=reset_optimizer, drop_solved_k_of_k=drop_solved_k_of_k)
+  if recent_steps:
+    d["recent_steps"] = recent_steps
+  return d

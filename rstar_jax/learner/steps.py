@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.rl import losses, registry
+from rstar_jax.rl import losses, off_policy, registry
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
 
@@ -76,6 +76,10 @@ class StepConfig:
             rows of the whole batch with at least one loss token.
         optim: the OptimConfig the state's ``tx`` was built from; used only to report the
             learning rate of each update. None omits the ``learning_rate`` metric.
+        tis_cap: C of token-level truncated importance sampling between the sampler's and the
+            learner's log-probs (`rstar_jax.rl.off_policy.tis_policy_loss`; ASTER: 2.0); the RL
+            batch then needs ``behav_logprobs`` [N, T] (the sampler's) next to
+            ``old_logprobs`` (the learner's recomputed ones). None = off.
     """
 
     num_micro_batches: int = 1
@@ -86,6 +90,7 @@ class StepConfig:
     entropy_coef: float = 0.0
     agg: str = "token-mean"
     optim: optim.OptimConfig | None = None
+    tis_cap: float | None = None
 
     def __post_init__(self):
         def bad(field, expected):
@@ -104,6 +109,8 @@ class StepConfig:
             bad("dual_clip_c", "None or a float > 1")
         if self.agg not in losses.AGGREGATIONS:
             bad("agg", f"one of {losses.AGGREGATIONS}")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            bad("tis_cap", "None or a float >= 1")
 
 
 def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1) -> None:
@@ -162,11 +169,15 @@ def _sft_micro_loss(apply_fn, params, mb, normaliser):
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
     logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"])
+    kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+              entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg, normalizer=normaliser)
+    if cfg.tis_cap is not None:
+        return off_policy.tis_policy_loss(logp, mb["old_logprobs"], mb["behav_logprobs"],
+                                          mb["advantages"], _target_mask(mb["loss_mask"]),
+                                          tis_cap=cfg.tis_cap, **kw)
     loss_fn = registry.get("policy_loss", cfg.policy_loss)
     return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
-                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
-                   entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg,
-                   normalizer=normaliser)
+                   **kw)
 
 
 def _split_micro(x: jax.Array, m: int) -> jax.Array:
@@ -245,8 +256,9 @@ def rl_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
 
     Args/returns as `sft_step`, with the RL batch; metrics add the policy-loss statistics.
     """
-    check_batch(batch, RL_KEYS, config.num_micro_batches)
-    batch = {k: batch[k] for k in RL_KEYS}
+    keys = RL_KEYS + (("behav_logprobs",) if config.tis_cap is not None else ())
+    check_batch(batch, keys, config.num_micro_batches)
+    batch = {k: batch[k] for k in keys}
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, config.agg)
     loss_fn = lambda p, mb: _rl_micro_loss(apply_fn, p, mb, norm, config)

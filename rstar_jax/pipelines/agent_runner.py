@@ -58,14 +58,18 @@ class AgentRunner:
     max_response_chars: tool response body limit (middle truncation).
     stateful_tools: one interpreter session per trajectory (ASTER) instead of fresh processes.
     max_prompt_tokens: prompts longer than this raise (they would silently eat the budget).
-    answer_mode: reward extraction ("answer_tag" paper, "anywhere" released code).
+    answer_mode: reward mode of `math_reward.score` ("answer_tag" paper, "anywhere",
+      "released" = the released rStar2-Agent reward).
     verify_timeout_s: bound on each math-verify call.
+    chat_format: `chat_format.FORMATS` name of the prompt / tool-turn layout.
+    tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
   """
 
   def __init__(self, engine, pool, tokenizer, *, tool_timeout_s: float = 4.0,
                max_response_chars: int = 1024, stateful_tools: bool = False,
                max_prompt_tokens: int = 2048, answer_mode: str = "answer_tag",
-               verify_timeout_s: float = 5.0):
+               verify_timeout_s: float = 5.0, chat_format: str = "rstar2",
+               tool_truncation: str = "project"):
     self.engine = engine
     self.pool = pool
     self.tokenizer = tokenizer
@@ -75,15 +79,24 @@ class AgentRunner:
     self.max_prompt_tokens = max_prompt_tokens
     self.answer_mode = answer_mode
     self.verify_timeout_s = verify_timeout_s
+    self.chat_format = chat_format
+    self.tool_truncation = tool_truncation
     self._prompt_cache: dict[str, list[int]] = {}
     from rstar_jax.tokenization import chat_format
     self._chat = chat_format
     self.pad_id = _pad_id(tokenizer)
 
+  def prompt_length(self, problem: Problem) -> int:
+    """Tokens of ``problem``'s rendered prompt (never raises on length)."""
+    ids = self._prompt_cache.get(problem.problem)
+    if ids is None:
+      ids = list(self._chat.prompt_ids(self.tokenizer, self.chat_format, problem.problem))
+    return len(ids)
+
   def prompt_ids(self, problem: Problem) -> list[int]:
     ids = self._prompt_cache.get(problem.problem)
     if ids is None:
-      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem))
+      ids = list(self._chat.prompt_ids(self.tokenizer, self.chat_format, problem.problem))
       if len(ids) > self.max_prompt_tokens:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
                          f"{self.max_prompt_tokens}: {problem.problem[:80]!r}...")
@@ -98,7 +111,8 @@ class AgentRunner:
         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
         max_parallel_calls=settings.max_parallel_calls, max_tool_calls=settings.max_tool_calls,
         tool_timeout_s=self.tool_timeout_s, max_tool_response_chars=self.max_response_chars,
-        stateful_tool=self.stateful_tools, seed=int(seed))
+        stateful_tool=self.stateful_tools, seed=int(seed), chat_format=self.chat_format,
+        tool_truncation=self.tool_truncation)
     return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
                                            problem.problem, cfg,
                                            prompt_ids=self.prompt_ids(problem),
@@ -163,7 +177,9 @@ async def open_runner(config: ml_collections.ConfigDict, model_config, params, t
                       stateful_tools=bool(t.stateful),
                       max_prompt_tokens=int(config.rollout.max_prompt_tokens),
                       answer_mode=config.rl.get("answer_mode", "answer_tag")
-                      if "rl" in config else "answer_tag")
+                      if "rl" in config else "answer_tag",
+                      chat_format=config.rollout.get("chat_format", "rstar2"),
+                      tool_truncation=t.get("truncation", "project"))
   finally:
     await pool.close()
     close = getattr(engine, "close", None)

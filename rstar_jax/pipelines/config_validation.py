@@ -24,7 +24,7 @@ LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum
 ENGINES = ("jax", "sglang")
 SCHEDULES = ("constant", "cosine")
 DTYPES = ("float32", "bfloat16")
-STAGE_DATA = ("full", "hard")
+STAGE_DATA = ("full", "hard", "recent")
 
 
 class ConfigError(ValueError):
@@ -243,10 +243,14 @@ OPTIONAL: dict[str, dict[str, Check]] = {
     "mesh": {"num_devices": int_range(0)},
     "rl": {"answer_mode": one_of(("answer_tag", "anywhere", "released")), "max_step_retries": int_range(0), "hard_subset_max_problems": int_range(0),
            "collapse_window": int_range(1), "ppo_mini_batches": int_range(1),
-           "ppo_epochs": int_range(1), "neg_adv_scale": num_range(0, 1)},
-    "rollout": {"decode_chunk": int_range(1), "max_len": int_range(0)},
+           "ppo_epochs": int_range(1), "neg_adv_scale": num_range(0, 1),
+           "tis_cap": num_range(0)},
+    "rollout": {"decode_chunk": int_range(1), "max_len": int_range(0),
+                "chat_format": one_of(("rstar2", "rstar2_released", "qwen3_thinking"))},
+    "tool": {"truncation": one_of(("project", "released"))},
     "train": {"progress_every_s": num_range(0), "length_bucket": int_range(2)},
-    "eval": {"seed": int_range(0), "max_problems": int_range(0)},
+    "eval": {"seed": int_range(0), "max_problems": int_range(0),
+             "protocol": one_of(("", "released", "paper_avg_at_k")), "csv_path": is_str},
     "sft": {"shuffle": is_bool, "log_every_s": num_range(0)},
 }
 
@@ -283,6 +287,9 @@ def _cross_checks(config, mode, check_paths) -> list[tuple[str, str]]:
     if _is_num(kl) and kl != 0:
       out.append(("rl.kl_coef", f"expected 0 (no reference-policy KL term is implemented; "
                                 f"the paper uses none), got {kl!r}"))
+    tc = _get(rl, "tis_cap")
+    if _is_num(tc) and 0 < tc < 1:
+      out.append(("rl.tis_cap", f"expected 0 (off) or a cap >= 1, got {tc!r}"))
     dc = _get(rl, "dual_clip_c")
     if _is_num(dc) and 0 < dc <= 1:
       out.append(("rl.dual_clip_c", f"expected 0 (off) or a value > 1, got {dc!r}"))
@@ -306,8 +313,15 @@ def _cross_checks(config, mode, check_paths) -> list[tuple[str, str]]:
           want = check(v)
           if want is not None:
             out.append((f"stages[{i}].{field}", f"expected {want}, got {_got(v)}"))
+        rs = _get(st, "recent_steps")
+        if rs is not _MISSING and not _is_int(rs) or (_is_int(rs) and rs < 0):
+          out.append((f"stages[{i}].recent_steps", f"expected an int >= 0, got {_got(rs)}"))
+        if _get(st, "data") == "recent" and (rs is _MISSING or not _is_int(rs) or rs < 1):
+          out.append((f"stages[{i}].recent_steps",
+                      "expected k >= 1 for a stage with data='recent', got "
+                      f"{'nothing' if rs is _MISSING else _got(rs)}"))
         for extra in _keys(st):
-          if extra not in STAGE_SCHEMA:
+          if extra not in STAGE_SCHEMA and extra != "recent_steps":
             out.append((f"stages[{i}].{extra}",
                         f"unknown field (known: {sorted(STAGE_SCHEMA)})"))
         if _get(st, "data") == "hard" and _get(st, "drop_solved_k_of_k") in (0, _MISSING):
@@ -323,6 +337,12 @@ def _cross_checks(config, mode, check_paths) -> list[tuple[str, str]]:
                                        f"{'nothing' if tp is _MISSING else _got(tp)}"))
       elif check_paths and not os.path.isfile(tp):
         out.append(("data.train_path", f"expected an existing file, got {tp!r} (not found)"))
+  data = _get(config, "data")
+  if data is not _MISSING:
+    for name in ("integer_answers_only", "drop_overlong_prompts"):
+      v = _get(data, name)
+      if v is not _MISSING and not isinstance(v, bool):
+        out.append((f"data.{name}", f"expected a bool, got {_got(v)}"))
   if mode == "sft":
     data = _get(config, "data")
     if data is not _MISSING:

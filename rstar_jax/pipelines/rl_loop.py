@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 
 from rstar_jax.data.iterator import EpochIterator
+from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import steps as steps_lib
@@ -122,6 +123,8 @@ class LoopPosition:
   weight_version: int = 0
   collapse: dict | None = None
   hard_subset_stats: dict | None = None
+  # Per RL step [(problem index, all rollouts correct)], newest last, for "recent" stages.
+  recent_outcomes: list | None = None
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -153,10 +156,22 @@ class RLLoop:
     self.workdir = os.fspath(workdir)
     self.problems = list(problems) if problems is not None else \
         load_problems(config.data.train_path)
+    data = config.get("data", {})
+    self.problems, self.filter_counts = data_filters.filter_problems(
+        self.problems, integer_answers_only=bool(data.get("integer_answers_only", False)),
+        max_prompt_tokens=int(config.rollout.max_prompt_tokens)
+        if data.get("drop_overlong_prompts", False) else 0,
+        prompt_length=runner.prompt_length)
+    if self.filter_counts["filter_kept"] < self.filter_counts["filter_total"]:
+      log.info("training set filters: %s", self.filter_counts)
     if not self.problems:
-      raise ValueError("RL loop: the training problem set is empty")
+      raise ValueError(f"RL loop: the training problem set is empty (filters: "
+                       f"{self.filter_counts})")
     self.eval_problems = list(eval_problems) if eval_problems else []
     self.stages = stages_lib.stages_from_config(list(config.stages))
+    self._problem_index = {(p.problem, p.answer): i for i, p in enumerate(self.problems)}
+    self._recent_window = max([s.recent_steps for s in self.stages if s.data == "recent"],
+                              default=0)
     rl = config.rl
     self.G = int(rl.group_size)
     self.N = int(rl.oversample) * self.G
@@ -287,8 +302,9 @@ class RLLoop:
     if stage.reset_optimizer and self.pos.rl_step > 0:
       self.learner.state = reset_optimizer(self.learner.state)
       log.info("stage %r: optimizer state reset", stage.name)
-    if stage.data == "hard":
-      kept, stats = await self.hard_subset(stage)
+    if stage.data in ("hard", "recent"):
+      kept, stats = (await self.hard_subset(stage)) if stage.data == "hard" else \
+          self.recent_subset(stage)
       self.pos.hard_indices = kept
       self.pos.hard_subset_stats = stats
       self.pos.data_source = "hard"
@@ -320,6 +336,25 @@ class RLLoop:
     log.info("hard subset for %r: kept %d of %d candidates", stage.name, stats["hard_subset_kept"],
              stats["hard_subset_candidates"])
     return kept, stats
+
+  def recent_subset(self, stage: stages_lib.Stage) -> tuple[list[int], dict]:
+    """The problems not all-correct at their latest appearance in the last
+    ``stage.recent_steps`` RL steps' training rollouts (`stages.recent_unsolved_subset`)."""
+    history = (self.pos.recent_outcomes or [])[-stage.recent_steps:]
+    kept, stats = stages_lib.recent_unsolved_subset(len(self.problems), history)
+    if not kept:
+      raise RuntimeError(f"stage {stage.name!r}: every problem was all-correct in the recent "
+                         "rollouts; the subset is empty")
+    log.info("recent-rollout subset for %r: dropped %d of %d seen problems", stage.name,
+             stats["recent_dropped"], stats["recent_seen"])
+    return kept, stats
+
+  def _record_outcomes(self, problems, rewards: np.ndarray) -> None:
+    if not self._recent_window:
+      return
+    step = [[self._problem_index[(p.problem, p.answer)], bool((rewards[i] > 0).all())]
+            for i, p in enumerate(problems)]
+    self.pos.recent_outcomes = ((self.pos.recent_outcomes or []) + [step])[-self._recent_window:]
 
   def _settings(self, stage: stages_lib.Stage) -> RolloutSettings:
     r = self.cfg.rollout
@@ -413,6 +448,7 @@ class RLLoop:
     rewards = np.asarray(await self.runner.rewards(
         flat, [p.answer for p in problems for _ in range(self.N)]), np.float32)
     rewards = rewards.reshape(len(problems), self.N)
+    self._record_outcomes(problems, rewards)
     penalties = np.asarray([
         quality.p_err([c.status for c in t.tool_calls], rl.p_err_mode,
                       [c.output_text for c in t.tool_calls])
@@ -442,6 +478,7 @@ class RLLoop:
         "groups_kept": float(keep.sum()), "groups_total": float(len(problems)),
     }
     metrics.update(rl_metrics.group_outcome_metrics(rewards))
+    metrics.update({k: float(v) for k, v in self.filter_counts.items()})
     metrics.update(rl_metrics.trajectory_metrics(flat, rewards.reshape(-1)))
     metrics.update(rl_metrics.trajectory_metrics(kept_trajs, kept_rewards, prefix="kept_"))
     metrics.update(rl_metrics.tool_latency_metrics(flat))
@@ -457,6 +494,8 @@ class RLLoop:
       batch = batch_lib.make_rl_batch(kept_trajs, kept_adv, pad_to,
                                       pad_id=self.runner.pad_id, row_multiple=self.rows)
       js = self.learner.jitted
+      if float(rl.get("tis_cap", 0.0)):   # TIS: the sampler's log-probs are the behaviour's
+        batch["behav_logprobs"] = batch["old_logprobs"].copy()
       sharded = js.shard_batch(batch)
       if rl.recompute_old_logprobs:
         lp = js.compute_logprobs(self.learner.state.params, sharded)

@@ -132,7 +132,7 @@ def step_config_from(cfg: ml_collections.ConfigDict, oc: optim.OptimConfig) -> s
     rl = cfg.rl
     kw.update(eps_low=float(rl.eps_low), eps_high=float(rl.eps_high),
               dual_clip_c=float(rl.dual_clip_c) or None, entropy_coef=float(rl.entropy_coef),
-              agg=LOSS_AGG[rl.loss_agg])
+              agg=LOSS_AGG[rl.loss_agg], tis_cap=float(rl.get("tis_cap", 0.0)) or None)
   return steps.StepConfig(**kw)
 
 

@@ -1,4 +1,4 @@
-"""The multi-stage RL recipe: stage records and the hard subset (SPEC §6.3, §8.3).
+"""The multi-stage RL recipe: stage records and the hard subsets (rStar2-Agent §4, ASTER §3; docs/fidelity.md).
 
 rStar2-Agent stage 3 trains on the problems left after dropping those the policy at the stage
 start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prompts that are
@@ -24,9 +24,13 @@ class Stage:
     steps: RL steps in this stage.
     response_budget: generated + tool tokens per trajectory.
     max_turns: assistant turns per trajectory.
-    data: "full" (the whole problem set) or "hard" (the subset built at the stage start).
+    data: "full" (the whole problem set), "hard" (the subset built at the stage start by
+      re-sampling k rollouts per problem; rStar2-Agent stage 3) or "recent" (the subset left
+      after dropping the problems whose rollouts were all correct the last time they were
+      trained on within the previous ``recent_steps`` RL steps; ASTER stage 2, no re-sampling).
     reset_optimizer: fresh optimizer state (and warm-up) at the stage start.
     drop_solved_k_of_k: k for the hard subset (problems solved k of k are dropped).
+    recent_steps: the window of RL steps a "recent" stage reads (>= 1 for data="recent").
   """
 
   name: str
@@ -36,12 +40,17 @@ class Stage:
   data: str = "full"
   reset_optimizer: bool = False
   drop_solved_k_of_k: int = 0
+  recent_steps: int = 0
 
   def __post_init__(self):
     if self.steps < 1:
       raise ValueError(f"Stage {self.name!r}.steps: expected >= 1, got {self.steps}")
-    if self.data not in ("full", "hard"):
-      raise ValueError(f"Stage {self.name!r}.data: expected 'full' or 'hard', got {self.data!r}")
+    if self.data not in ("full", "hard", "recent"):
+      raise ValueError(f"Stage {self.name!r}.data: expected 'full', 'hard' or 'recent', got "
+                       f"{self.data!r}")
+    if self.data == "recent" and self.recent_steps < 1:
+      raise ValueError(f"Stage {self.name!r}.recent_steps: expected >= 1 for a 'recent' stage, "
+                       f"got {self.recent_steps}")
     if self.data == "hard" and self.drop_solved_k_of_k < 1:
       raise ValueError(f"Stage {self.name!r}.drop_solved_k_of_k: expected >= 1 for a hard "
                        f"stage, got {self.drop_solved_k_of_k}")
@@ -100,3 +109,29 @@ def build_hard_subset(problems: Sequence[T], num_correct: Sequence[int], k: int,
            "hard_subset_dropped": n - len(kept),
            "hard_subset_kept_frac": len(kept) / n if n else 0.0}
   return kept, stats
+
+
+def recent_unsolved_subset(num_problems: int, history: Sequence[Sequence[Sequence[Any]]]
+                           ) -> tuple[list[int], dict[str, int]]:
+  """Indices of the problems NOT all-correct at their latest appearance in ``history``.
+
+  ASTER's stage-2 filter: the training rollouts of the last stage-1 steps decide; a problem
+  whose group was all correct the last time it was sampled is dropped, every other problem
+  (including ones not sampled in the window) is kept.
+
+  Args:
+    num_problems: size of the training set (indices 0..num_problems-1).
+    history: oldest first, one entry per RL step: [(problem_index, all_correct), ...].
+  Returns:
+    (kept indices in order, stats: recent_window_steps, recent_seen, recent_dropped).
+  """
+  latest: dict[int, bool] = {}
+  for step in history:
+    for i, all_correct in step:
+      if not 0 <= int(i) < num_problems:
+        raise ValueError(f"recent_unsolved_subset: problem index {i} outside [0, {num_problems})")
+      latest[int(i)] = bool(all_correct)
+  dropped = {i for i, ok in latest.items() if ok}
+  kept = [i for i in range(num_problems) if i not in dropped]
+  return kept, {"recent_window_steps": len(history), "recent_seen": len(latest),
+                "recent_dropped": len(dropped)}

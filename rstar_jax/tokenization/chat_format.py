@@ -1,4 +1,4 @@
-"""rStar2-Agent prompt / turn rendering (SPEC §3), token-in/token-out.
+"""rStar2-Agent / ASTER prompt and turn rendering, token-in/token-out.
 
 Prompt  = <|im_start|>system\\n{SYSTEM_PROMPT}\\n\\n{Hermes tool block}<|im_end|>\\n
           <|im_start|>user\\n{USER_PREFIX}{question}<|im_end|>\\n
@@ -12,6 +12,20 @@ decoded and re-encoded: the agent loop decodes only to parse tool calls.
 `render_chat_ids` renders a whole trajectory (messages) for SFT with the same pieces, so a
 trajectory written by the agent loop and the same conversation rendered for SFT agree token
 for token (as long as the model's ids are the canonical encoding of its text).
+
+Formats (`ChatFormat`, looked up by name with `get_format`; every function takes ``fmt``):
+  "rstar2"           this project's default: tool `execute_python_code_with_standard_io`,
+                     shortened descriptions, tool turn led by ChatML's "\\n".
+  "rstar2_released"  the released rStar2-Agent code (microsoft/rStar,
+                     rstar2_agent/config/rstar2_agent_trainer.yaml custom_chat_template and
+                     tool_config/python_tool_config.yaml): tool `python_code_with_standard_io`
+                     with the released descriptions; the tool turn is appended right after the
+                     assistant's <|im_end|> with no newline (verl's agent loop renders the tool
+                     messages with the template and strips the system prefix).
+  "qwen3_thinking"   ASTER: the Qwen3 thinking template (no system text, bare user turn, the
+                     generation prompt opens <think>) with a stateful `code_interpreter` tool
+                     that takes only `code`.
+See docs/fidelity.md.
 """
 from __future__ import annotations
 
@@ -109,6 +123,139 @@ def stop_token_id(tokenizer) -> int:
     if tid is None or tid == getattr(tokenizer, "unk_token_id", -1):
         raise ValueError(f"tokenizer has no {IM_END} token")
     return int(tid)
+
+
+# ------------------------------------------------------------------------------- formats
+
+def _tools_block(schema: Mapping[str, Any]) -> str:
+    """The Hermes tool block of the Qwen / rStar2 templates for one tool."""
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            + json.dumps(schema, ensure_ascii=False) + "\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+    """One prompt / tool-turn layout.
+
+    Attributes:
+        name: registry name (`get_format`).
+        tool_schema: the OpenAI-style function schema shown in the system turn.
+        system_prompt: text before the tool block ("" = the tool block alone).
+        user_prefix: text put before the question in the user turn.
+        generation_prompt: the assistant prefill ending the prompt and every tool turn.
+        tool_turn_lead: text between the assistant's <|im_end|> and the tool turn's
+            <|im_start|> ("\\n" = ChatML; "" = the released rStar2 loop).
+        call_fields: argument names `format_tool_call` writes (("code", "input") or ("code",)).
+    """
+    name: str
+    tool_schema: Mapping[str, Any]
+    system_prompt: str
+    user_prefix: str
+    generation_prompt: str
+    tool_turn_lead: str = "\n"
+    call_fields: tuple = ("code", "input")
+
+    @property
+    def tool_name(self) -> str:
+        return self.tool_schema["function"]["name"]
+
+    @property
+    def tools_block(self) -> str:
+        return _tools_block(self.tool_schema)
+
+
+_RELEASED_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "python_code_with_standard_io",
+        "description": ("Execute Python code with standard input and capture standard output. "
+                        "This function takes a Python code string and an input string, provides "
+                        "the input string through standard input (stdin) to the code, and "
+                        "captures and returns any output produced through standard output "
+                        "(stdout). If the executed code raises an exception, the error message "
+                        "will be captured and returned instead."),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string",
+                         "description": ("A string containing Python code to be executed. The "
+                                         "code can read from standard input using the input() "
+                                         "function.")},
+                "input": {"type": "string",
+                          "description": ("A string that will be provided as standard input to "
+                                          "the code when it calls input().")},
+            },
+            "required": ["code", "input"],
+        },
+    },
+}
+# ASTER's tool: one stateful Python session per trajectory. Name from the ASTER paper; the
+# description is ours (the reproduction's exact wording is not public in this form).
+_CODE_INTERPRETER_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "code_interpreter",
+        "description": ("Execute Python code in a stateful interpreter: variables, imports and "
+                        "definitions persist across calls within this conversation. Returns "
+                        "the standard output, or the error message if the code raises."),
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string",
+                                    "description": "The Python code to execute."}},
+            "required": ["code"],
+        },
+    },
+}
+
+RSTAR2 = ChatFormat("rstar2", TOOL_SCHEMA, SYSTEM_PROMPT, USER_PREFIX, GENERATION_PROMPT)
+RSTAR2_RELEASED = ChatFormat("rstar2_released", _RELEASED_SCHEMA, SYSTEM_PROMPT, USER_PREFIX,
+                             GENERATION_PROMPT, tool_turn_lead="")
+QWEN3_THINKING = ChatFormat("qwen3_thinking", _CODE_INTERPRETER_SCHEMA, "", "",
+                            "<|im_start|>assistant\n<think>\n", call_fields=("code",))
+FORMATS = {f.name: f for f in (RSTAR2, RSTAR2_RELEASED, QWEN3_THINKING)}
+
+
+def get_format(fmt: "str | ChatFormat") -> ChatFormat:
+    """A `ChatFormat` by name (or returned as is); ValueError lists the known names."""
+    if isinstance(fmt, ChatFormat):
+        return fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"chat format must be one of {sorted(FORMATS)}, got {fmt!r}")
+    return FORMATS[fmt]
+
+
+def prompt_text(fmt: "str | ChatFormat", question: str) -> str:
+    """The rendered prompt of ``question`` in format ``fmt`` (ends with its prefill)."""
+    f = get_format(fmt)
+    if not isinstance(question, str):
+        raise TypeError(f"prompt_text: question must be str, got {type(question).__name__}")
+    system = (f.system_prompt + "\n\n" if f.system_prompt else "") + f.tools_block
+    return (f"<|im_start|>system\n{system}<|im_end|>\n"
+            f"<|im_start|>user\n{f.user_prefix}{question}<|im_end|>\n{f.generation_prompt}")
+
+
+def prompt_ids(tokenizer, fmt: "str | ChatFormat", question: str) -> list[int]:
+    return _encode(tokenizer, prompt_text(fmt, question))
+
+
+def format_tool_turn_text(fmt: "str | ChatFormat", texts: Union[str, Sequence[str]]) -> str:
+    """The tool turn of ``fmt`` for one or several tool-response bodies."""
+    f = get_format(fmt)
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if not texts:
+        raise ValueError("format_tool_turn_text: no tool response texts")
+    blocks = "\n".join(TOOL_RESPONSE_BLOCK.format(text=t) for t in texts)
+    return (f.tool_turn_lead + "<|im_start|>user\n" + blocks + "<|im_end|>\n"
+            + f.generation_prompt)
+
+
+def format_tool_turn_ids(tokenizer, fmt: "str | ChatFormat",
+                         texts: Union[str, Sequence[str]]) -> list[int]:
+    return _encode(tokenizer, format_tool_turn_text(fmt, texts))
 
 
 # ------------------------------------------------------------------------------- tool calls

@@ -24,13 +24,14 @@ def test_recipe_configs_validate(module, mode):
 
 def test_recipe_stage_plans():
   r = rstar2_qwen3_14b.get_config("rl")
+  # released trainer: 5 assistant turns in every stage (paper: 10 / 10 / 15)
   assert [(s["response_budget"], s["max_turns"], s["steps"]) for s in r.stages] == \
-      [(8192, 10, 300), (12288, 10, 85), (12288, 15, 125)]
+      [(8192, 5, 300), (12288, 5, 85), (12288, 5, 125)]
   assert r.stages[2]["data"] == "hard" and r.stages[2]["reset_optimizer"]
   assert r.stages[2]["drop_solved_k_of_k"] == 8
   a = aster_qwen3_4b.get_config("rl")
   assert a.rl.roc_mode == "random" and a.rollout.max_tool_calls == 50 and a.tool.stateful
-  assert [s["data"] for s in a.stages] == ["full", "hard"]
+  assert [s["data"] for s in a.stages] == ["full", "recent"]
 
 
 def test_distributed_init_only_with_multi_process_env(monkeypatch):
