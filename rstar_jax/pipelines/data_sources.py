@@ -56,7 +56,8 @@ def train_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
 def eval_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
   path = cfg.eval.get("path", "")
   if path:
-    probs = load_problems(path)
+    from rstar_jax.data.eval_sets import load_eval_problems
+    probs = load_eval_problems(path)   # MATH-500 / AIME layouts as published
   elif _has_synthetic(cfg):
     probs = _synthetic_splits(cfg)[1]
   else:

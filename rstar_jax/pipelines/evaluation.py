@@ -1,4 +1,4 @@
-"""avg@k pass@1 evaluation with the agent loop (SPEC §10).
+"""avg@k / pass@k evaluation with the agent loop (named protocols: `eval_protocols`).
 
 Each problem is attempted ``k`` times (independent seeds) with the eval sampling settings
 (temperature 0.6, 30 turns, 30K tokens in the paper); pass@1 is the mean correctness over all
@@ -60,6 +60,7 @@ async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: R
   tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
   metrics = {
       "accuracy": float(r.mean()),                     # avg@k pass@1
+      "avg_at_k": float(r.mean()),
       "pass_at_k": float((r > 0).any(axis=1).mean()),
       "num_problems": len(problems), "k": k,
       "response_length_mean": tm["response_length_mean"],
@@ -106,6 +107,7 @@ def run_eval(config, out_path: str, *, problems: Sequence[Problem] | None = None
   from rstar_jax.learner.checkpoint import Checkpointer
   from rstar_jax.pipelines import agent_runner, data_sources, runtime
   from rstar_jax.pipelines.config_validation import validate_config
+  from rstar_jax.pipelines import eval_protocols
   from rstar_jax.pipelines.rl_loop import eval_settings
   validate_config(config, "eval", check_paths=problems is None)
   if problems is None:
@@ -130,12 +132,19 @@ def run_eval(config, out_path: str, *, problems: Sequence[Problem] | None = None
   async def main():
     async with agent_runner.open_runner(config, model_config, params, tokenizer,
                                         engine=engine) as runner:
-      return await evaluate(runner, problems, eval_settings(config), k=int(config.eval.k),
+      return await evaluate(runner, problems, eval_settings(config),
+                            k=int(eval_protocols.resolve(config.eval)["k"]),
                             seed=int(config.eval.get("seed", 0)),
                             progress_every_s=float(config.train.get("progress_every_s", 10.0))
                             if "train" in config else 10.0, keep_samples=4)
 
   report = _asyncio.run(main())
   report["checkpoint_dir"] = checkpoint_dir
+  report["protocol"] = str(config.eval.get("protocol", "") or "")
   write_report(report, out_path)
+  from rstar_jax.pipelines import eval_protocols
+  csv_path = str(config.eval.get("csv_path", "") or "") or \
+      os.path.splitext(out_path)[0] + "_per_problem.csv"
+  eval_protocols.write_csv(report, csv_path)
+  report["csv_path"] = csv_path
   return report

@@ -44,7 +44,7 @@ from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
-from rstar_jax.pipelines import rl_metrics, stages as stages_lib
+from rstar_jax.pipelines import eval_protocols, rl_metrics, stages as stages_lib
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 from rstar_jax.pipelines.runtime import Learner, length_bucket  # noqa: F401 (re-export)
@@ -529,7 +529,8 @@ class RLLoop:
         (self.pos.rl_step + 1) % int(cfg.train.eval_every) == 0:
       from rstar_jax.pipelines.evaluation import evaluate
       rep = await evaluate(self.runner, self.eval_problems, eval_settings(cfg),
-                           k=int(cfg.eval.k), seed=int(cfg.eval.get("seed", 0)),
+                           k=int(eval_protocols.resolve(cfg.eval)["k"]),
+                           seed=int(cfg.eval.get("seed", 0)),
                            progress_every_s=self.progress_every_s)
       metrics.update({f"eval_{k}": v for k, v in rep["metrics"].items()})
 
@@ -551,9 +552,9 @@ def _drift(batch: dict, recomputed: np.ndarray) -> float:
 
 
 def eval_settings(cfg: ml_collections.ConfigDict) -> RolloutSettings:
-  e, r = cfg.eval, cfg.rollout
-  return RolloutSettings(response_budget=int(e.response_budget), max_turns=int(e.max_turns),
-                         temperature=float(e.temperature), top_p=float(e.top_p),
+  e, r = eval_protocols.resolve(cfg.eval), cfg.rollout
+  return RolloutSettings(response_budget=int(e["response_budget"]), max_turns=int(e["max_turns"]),
+                         temperature=float(e["temperature"]), top_p=float(e["top_p"]),
                          top_k=int(r.top_k), max_tool_calls=int(r.max_tool_calls),
                          max_parallel_calls=int(r.max_parallel_calls))
 
