@@ -6,12 +6,12 @@
 Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the
 tool-call JSON wrapper are single tokens), a short system prompt without the tool-schema block
-(otherwise SPEC §3's chat format, identical in SFT, RL and evaluation), short tool-needing
+(otherwise the rStar2-Agent chat format of rstar_jax/tokenization/chat_format.py, identical in SFT, RL and evaluation), short tool-needing
 problems with two-digit operands (a*b mod m, a^e mod m, C(n,k) mod m, power sums mod m, prime
 counts), and the same 200 held-out problems evaluated with the same settings (temperature 0.6,
 k=1) before and after RL.
 
-Where the RL settings leave the paper's (SPEC §6) and why, all measured on this model:
+Where the RL settings leave the paper's (rStar2-Agent, arXiv:2508.20722; docs/fidelity.md) and why, all measured on this model:
   * rollout temperature 0.6 (paper 1.0): at 1.0 the SFT model solves ~10% of its rollouts,
     at 0.6 ~55%, so most groups are mixed and every step has a signal;
   * 32 prompts x 8 rollouts kept to 4 per step (paper 16 of 32 per prompt): more distinct

@@ -302,7 +302,7 @@ def _parse_one(body: str, tool_name: str) -> ToolCall:
 
 
 def parse_tool_calls(text: str, tool_name: str = TOOL_NAME) -> list[ToolCall]:
-    """Every `<tool_call>{json}</tool_call>` in `text`, in order (SPEC §3.2).
+    """Every `<tool_call>{json}</tool_call>` in `text`, in order (Hermes format, as the released rStar2 tool parser).
 
     A call whose JSON fails to parse, lacks name/arguments, names another tool or lacks a string
     `code` comes back with `.error` set to the message returned to the model.
@@ -311,7 +311,7 @@ def parse_tool_calls(text: str, tool_name: str = TOOL_NAME) -> list[ToolCall]:
 
 
 def format_tool_call(code: str, stdin: str = "", tool_name: str = TOOL_NAME) -> str:
-    """The canonical text of one call as the assistant writes it (SPEC §3.1)."""
+    """The canonical text of one call as the assistant writes it (Hermes <tool_call> JSON)."""
     return ("\n<tool_call>\n" + json.dumps({"name": tool_name,
                                             "arguments": {"code": code, "input": stdin}})
             + "\n</tool_call>")
