@@ -310,10 +310,13 @@ def parse_tool_calls(text: str, tool_name: str = TOOL_NAME) -> list[ToolCall]:
     return [_parse_one(m.group(1), tool_name) for m in _TOOL_CALL_RE.finditer(text)]
 
 
-def format_tool_call(code: str, stdin: str = "", tool_name: str = TOOL_NAME) -> str:
-    """The canonical text of one call as the assistant writes it (Hermes <tool_call> JSON)."""
+def format_tool_call(code: str, stdin: str = "", tool_name: str = TOOL_NAME,
+                     fields: tuple = ("code", "input")) -> str:
+    """The canonical text of one call as the assistant writes it (Hermes <tool_call> JSON);
+    ``fields=("code",)`` for a code-only tool (`QWEN3_THINKING`)."""
+    args = {"code": code, "input": stdin}
     return ("\n<tool_call>\n" + json.dumps({"name": tool_name,
-                                            "arguments": {"code": code, "input": stdin}})
+                                            "arguments": {k: args[k] for k in fields}})
             + "\n</tool_call>")
 
 
@@ -335,12 +338,14 @@ class RenderedChat:
         return [0] * len(self.prompt_ids) + self.loss_mask
 
 
-def _assistant_text(msg: Mapping[str, Any], where: str) -> str:
+def _assistant_text(msg: Mapping[str, Any], where: str, fmt: ChatFormat = None) -> str:
+    fmt = fmt or RSTAR2
     content = msg.get("content") or ""
     if not isinstance(content, str):
         raise TypeError(f"{where}: content must be a string, got {type(content).__name__}")
-    if content.startswith("<reason>"):  # the prefill already holds <reason>
-        content = content[len("<reason>"):]
+    prefill = fmt.generation_prompt[len("<|im_start|>assistant\n"):]
+    if prefill and content.startswith(prefill):  # the prefill already holds it (<reason>, ...)
+        content = content[len(prefill):]
     for j, call in enumerate(msg.get("tool_calls") or ()):
         fn = call.get("function", call)
         args = fn.get("arguments", {})
@@ -349,26 +354,35 @@ def _assistant_text(msg: Mapping[str, Any], where: str) -> str:
         if "code" not in args:
             raise ValueError(f"{where}.tool_calls[{j}]: arguments lack 'code'")
         content += format_tool_call(args["code"], args.get("input", "") or "",
-                                    fn.get("name", TOOL_NAME))
+                                    fn.get("name", fmt.tool_name), fmt.call_fields)
     return content
 
 
 def render_chat_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
-                    system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True) -> RenderedChat:
+                    system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True,
+                    fmt: "str | ChatFormat | None" = None) -> RenderedChat:
     """Renders [system?] user (assistant tool+)* assistant into prompt/response ids + loss mask.
 
     Assistant content may start with "<reason>" (dropped: the prefill has it) and may carry
     OpenAI-style `tool_calls` (appended as <tool_call> blocks); `<|im_end|>` is appended to each
     assistant turn with mask 1. Consecutive `tool` messages become one tool turn (mask 0) built
     by `tool_turn_ids`, exactly as the agent loop appends them.
+
+    ``fmt`` (a `FORMATS` name or `ChatFormat`) renders in that format instead, as the agent loop
+    does with the same format (a system message then replaces the format's system text);
+    ``system_prompt`` / ``with_tools`` apply to the default format only.
     """
     msgs = list(messages)
+    f = None if fmt is None else get_format(fmt)
     if msgs and msgs[0].get("role") == "system":
         system_prompt, msgs = msgs[0]["content"], msgs[1:]
+        if f is not None:
+            f = dataclasses.replace(f, system_prompt=system_prompt)
     if not msgs or msgs[0].get("role") != "user":
         raise ValueError("render_chat_ids: messages must start with a user message "
                          f"(after an optional system), got roles {[m.get('role') for m in messages]}")
-    prompt = build_prompt_ids(tokenizer, msgs[0]["content"], system_prompt, with_tools)
+    prompt = build_prompt_ids(tokenizer, msgs[0]["content"], system_prompt, with_tools) \
+        if f is None else prompt_ids(tokenizer, f, msgs[0]["content"])
     im_end = stop_token_id(tokenizer)
     ids: list[int] = []
     mask: list[int] = []
@@ -380,7 +394,7 @@ def render_chat_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
         if role != expect and not (expect == "assistant" and role is None):
             raise ValueError(f"{where}: expected role {expect!r}, got {role!r}")
         if role == "assistant":
-            piece = _encode(tokenizer, _assistant_text(msgs[i], where)) + [im_end]
+            piece = _encode(tokenizer, _assistant_text(msgs[i], where, f)) + [im_end]
             ids += piece
             mask += [1] * len(piece)
             i += 1
@@ -390,7 +404,8 @@ def render_chat_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
             while i < len(msgs) and msgs[i].get("role") == "tool":
                 texts.append(str(msgs[i].get("content", "")))
                 i += 1
-            piece = tool_turn_ids(tokenizer, texts)
+            piece = tool_turn_ids(tokenizer, texts) if f is None else \
+                format_tool_turn_ids(tokenizer, f, texts)
             ids += piece
             mask += [0] * len(piece)
             expect = "assistant"

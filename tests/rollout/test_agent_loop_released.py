@@ -62,3 +62,19 @@ def test_config_rejects_unknown_options():
         AgentLoopConfig(tool_truncation="left")
     with pytest.raises(ValueError, match="AgentLoopConfig.chat_format"):
         AgentLoopConfig(chat_format="chatml")
+
+
+@pytest.mark.parametrize("fmt", ["rstar2_released", "qwen3_thinking"])
+def test_sft_renderer_matches_agent_loop_per_format(tokenizer, fmt):
+    f = cf.get_format(fmt)
+    call = "run." + cf.format_tool_call("print(2+2)", "", f.tool_name, f.call_fields)
+    eng = ScriptedEngine(tokenizer, lambda r, t: call if t == 0 else "so 4 \\boxed{4}")
+    t = asyncio.run(run_trajectory(eng, tokenizer, FakePool(), "Q", AgentLoopConfig(
+        response_budget=4000, chat_format=fmt), render=lambda r, n: r.stdout.strip()))
+    msgs = [{"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "run.", "tool_calls": [
+                {"function": {"name": f.tool_name, "arguments": {"code": "print(2+2)"}}}]},
+            {"role": "tool", "content": "4"}, {"role": "assistant", "content": "so 4 \\boxed{4}"}]
+    r = cf.render_chat_ids(tokenizer, msgs, fmt=fmt)
+    assert (r.prompt_ids, r.response_ids, r.loss_mask) == (t.prompt_ids, t.response_ids,
+                                                           t.loss_mask)
