@@ -442,7 +442,9 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
         out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32))))
 
     return JittedSteps(
-        sft_step=jit_step(sft_step, SFT_KEYS), rl_step=jit_step(rl_step, RL_KEYS),
+        sft_step=jit_step(sft_step, SFT_KEYS),
+        rl_step=jit_step(rl_step, RL_KEYS + (("behav_logprobs",) if config.tis_cap is not None
+                                             else ())),
         compute_logprobs=lambda params, batch: logprobs(params, {k: batch[k] for k in lp_keys}),
         state_shardings=state_sh, mesh=mesh, data_axes=data_axes,
         num_micro_batches=config.num_micro_batches)
