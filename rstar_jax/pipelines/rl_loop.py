@@ -160,7 +160,7 @@ class RLLoop:
     self.problems, self.filter_counts = data_filters.filter_problems(
         self.problems, integer_answers_only=bool(data.get("integer_answers_only", False)),
         max_prompt_tokens=int(config.rollout.max_prompt_tokens)
-        if data.get("drop_overlong_prompts", False) else 0,
+        if data.get("drop_overlong_prompts", True) else 0,
         prompt_length=runner.prompt_length)
     if self.filter_counts["filter_kept"] < self.filter_counts["filter_total"]:
       log.info("training set filters: %s", self.filter_counts)
