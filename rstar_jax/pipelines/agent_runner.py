@@ -87,11 +87,12 @@ class AgentRunner:
     self.pad_id = _pad_id(tokenizer)
 
   def prompt_length(self, problem: Problem) -> int:
-    """Tokens of ``problem``'s rendered prompt (never raises on length)."""
-    ids = self._prompt_cache.get(problem.problem)
-    if ids is None:
-      ids = list(self._chat.prompt_ids(self.tokenizer, self.chat_format, problem.problem))
-    return len(ids)
+    """Tokens of ``problem``'s prompt as `prompt_ids` renders it (subclasses included);
+    ``max_prompt_tokens + 1`` for a prompt that `prompt_ids` refuses as too long."""
+    try:
+      return len(self.prompt_ids(problem))
+    except ValueError:
+      return self.max_prompt_tokens + 1
 
   def prompt_ids(self, problem: Problem) -> list[int]:
     ids = self._prompt_cache.get(problem.problem)
