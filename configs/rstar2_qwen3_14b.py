@@ -50,17 +50,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval.protocol = "released"      # examples/aime_eval.sh: n = 16, greedy, 5 turns, 30,720
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
-  c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-14b", hbm_gib=192.0,
-                                          mem_fraction=0.55, mfu=0.35))
-  c.data = ml_collections.ConfigDict(dict(
-      train_path="/data/rstar2_rl_42k.jsonl",
-      sft_path="/data/nonreasoning_sft.jsonl",
-      **common.data_filters(integer_answers_only=True, drop_overlong_prompts=True),
-  ))
+  c.plan = common.plan_config(model_preset="qwen3-14b", hbm_gib=192.0, mem_fraction=0.55,
+                              mfu=0.35)
+  c.data = common.data_config(train_path="/data/rstar2_rl_42k.jsonl",
+                              sft_path="/data/nonreasoning_sft.jsonl",
+                              integer_answers_only=True, drop_overlong_prompts=True)
   if mode == "sft":
     c.optim = common.optim_config(lr=5e-6, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=3, warmup_ratio=0.04, batch_size=128,
-                                           max_seq_len=4096))
+    c.sft = common.sft_config(epochs=3.0, warmup_ratio=0.04, batch_size=128, max_seq_len=4096)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-6, warmup_steps=20, schedule="constant")

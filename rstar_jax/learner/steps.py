@@ -7,6 +7,8 @@ Batch layout (built by `rstar_jax.learner.batch`; N rows, T columns, right-padde
   loss_mask      float32 [N, T]  1 = train on this token (RL: model-generated response tokens)
   old_logprobs   float32 [N, T]  RL only: behaviour-policy log-prob of input_ids[:, t]
   advantages     float32 [N]     RL only
+  behaviour_logprobs float32 [N, T]  RL with StepConfig.tis_cap only: the sampler's log-probs
+                                 (old_logprobs are then the learner's recomputed ones)
 
 Target convention ("token-aligned"): column t of loss_mask / old_logprobs / the returned
 log-probs is about token ``input_ids[:, t]``, predicted by the logits at column ``t - 1``.
@@ -15,8 +17,8 @@ Column 0 is never a target.
 Exact token-mean under gradient accumulation: the loss normaliser is the loss-mask token count
 of the WHOLE batch, computed before the micro-batch loop; each micro-batch contributes
 ``sum(per-token loss * mask) / total``, so the summed gradient is exactly the gradient of the
-whole-batch token-mean (SPEC §1.3 notes the released verl code's approximation; we do not copy
-it). Micro-batch j holds rows n with ``n % M == j`` (a strided split), so with the rows sharded
+whole-batch token-mean (the released verl code approximates it per micro-batch; we do not copy
+that). Micro-batch j holds rows n with ``n % M == j`` (a strided split), so with the rows sharded
 over the data axes every device works on every micro-batch.
 
 Losses come from ``rstar_jax.rl.losses`` (``sft_loss``; the policy loss named in StepConfig,
@@ -28,9 +30,10 @@ approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (befor
 ``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
 
 Old log-probs: the RL batch carries the sampler's log-probs. To use the learner's own instead
-(recomputed after RoC, as verl does), call `JittedSteps.recompute_old_logprobs` (or
-`compute_logprobs` + `with_old_logprobs`) before `rl_step`; `logprob_drift` measures how far the
-two disagree (the sampler/trainer mismatch).
+(recomputed after RoC, as verl does), call `compute_logprobs` + `with_old_logprobs` before
+`rl_step`; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
+Log-probs and entropies come from the one `rstar_jax.rl.losses.token_logprobs_and_entropy`
+(prediction-aligned); the learner shifts by one column to the token-aligned layout above.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.rl import losses, off_policy, registry
+from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
 
@@ -55,6 +58,9 @@ Metrics = dict[str, jax.Array]
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+# The sampler's per-token log-probs [N, T] (behaviour policy), read by the off-policy losses
+# when StepConfig.tis_cap is set; "old_logprobs" then holds the learner's recomputed ones.
+BEHAVIOUR_KEY = "behaviour_logprobs"
 
 # (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
@@ -68,6 +74,7 @@ class StepConfig:
         num_micro_batches: M; the batch's N rows are split into M strided micro-batches whose
             gradients are accumulated (N must be a multiple of M).
         policy_loss: name of the policy loss in ``rstar_jax.rl.registry`` ("grpo_roc").
+        sft_loss: name of the SFT loss in ``rstar_jax.rl.registry`` ("nll").
         eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (rStar2-Agent: 0.2 / 0.28).
         dual_clip_c: dual-clip bound for negative advantages (released verl code: 3.0); None off.
         entropy_coef: entropy bonus weight (paper: 0).
@@ -76,14 +83,18 @@ class StepConfig:
             rows of the whole batch with at least one loss token.
         optim: the OptimConfig the state's ``tx`` was built from; used only to report the
             learning rate of each update. None omits the ``learning_rate`` metric.
-        tis_cap: C of token-level truncated importance sampling between the sampler's and the
-            learner's log-probs (`rstar_jax.rl.off_policy.tis_policy_loss`; ASTER: 2.0); the RL
-            batch then needs ``behav_logprobs`` [N, T] (the sampler's) next to
-            ``old_logprobs`` (the learner's recomputed ones). None = off.
+        tis_cap: C of the importance weight between the sampler's and the learner's
+            log-probs (ASTER: 2.0 with token-level truncated IS); the RL batch then needs
+            ``behaviour_logprobs`` [N, T] (the sampler's) next to ``old_logprobs`` (the
+            learner's recomputed ones) and the loss is ``off_policy_loss``. None = off.
+        off_policy_loss: name in ``rstar_jax.rl.registry`` kind "off_policy_loss" used when
+            ``tis_cap`` is set: "tis" (w = min(rho, C)) or "decoupled_ppo" (AReaL,
+            w = rho * 1[rho <= C]); `rstar_jax.rl.off_policy`.
     """
 
     num_micro_batches: int = 1
     policy_loss: str = "grpo_roc"
+    sft_loss: str = "nll"
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip_c: float | None = None
@@ -91,6 +102,7 @@ class StepConfig:
     agg: str = "token-mean"
     optim: optim.OptimConfig | None = None
     tis_cap: float | None = None
+    off_policy_loss: str = "tis"
 
     def __post_init__(self):
         def bad(field, expected):
@@ -101,6 +113,8 @@ class StepConfig:
             bad("num_micro_batches", "an int >= 1")
         if self.policy_loss not in registry.names("policy_loss"):
             bad("policy_loss", f"one of {registry.names('policy_loss')}")
+        if self.sft_loss not in registry.names("sft_loss"):
+            bad("sft_loss", f"one of {registry.names('sft_loss')}")
         if not 0.0 <= self.eps_low < 1.0:
             bad("eps_low", "a float in [0, 1)")
         if not self.eps_high >= 0.0:
@@ -111,6 +125,13 @@ class StepConfig:
             bad("agg", f"one of {losses.AGGREGATIONS}")
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             bad("tis_cap", "None or a float >= 1")
+        if self.off_policy_loss not in registry.names("off_policy_loss"):
+            bad("off_policy_loss", f"one of {registry.names('off_policy_loss')}")
+
+    @property
+    def rl_keys(self) -> tuple[str, ...]:
+        """Batch keys `rl_step` reads (the behaviour log-probs only with an off-policy loss)."""
+        return RL_KEYS + ((BEHAVIOUR_KEY,) if self.tis_cap is not None else ())
 
 
 def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1) -> None:
@@ -128,17 +149,10 @@ def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1)
                          f"{num_micro_batches}")
 
 
-def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array
-                               ) -> tuple[jax.Array, jax.Array]:
-    """Token-aligned log-probs and entropies from causal-LM logits.
-
-    Args:
-        logits: [B, T, V]; logits[:, t] predicts input_ids[:, t + 1].
-        input_ids: [B, T] int32.
-    Returns:
-        logp [B, T] float32: logp[:, t] = log p(input_ids[:, t] | ids[:, :t]); column 0 is 0.
-        entropy [B, T] float32: entropy of the distribution that predicted column t; column 0 is 0.
-    """
+def _token_aligned(logits: jax.Array, input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`losses.token_logprobs_and_entropy` on causal-LM logits, re-indexed to the batch layout:
+    column t is about ``input_ids[:, t]`` (predicted by ``logits[:, t - 1]``); column 0 is 0.
+    logits [B, T, V], input_ids [B, T] -> logp, entropy [B, T] float32."""
     logp, ent = losses.token_logprobs_and_entropy(logits[:, :-1], input_ids[:, 1:])
     pad = jnp.zeros_like(logp[:, :1])
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
@@ -146,7 +160,7 @@ def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array
 
 def _target_mask(loss_mask: jax.Array) -> jax.Array:
     """float32 mask with column 0 forced to 0 (nothing predicts the first token)."""
-    mask = loss_mask.astype(jnp.float32)
+    mask = jnp.asarray(loss_mask, jnp.float32)
     return mask.at[:, 0].set(0.0)
 
 
@@ -159,22 +173,22 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
     return jnp.maximum(count, 1.0)
 
 
-def _sft_micro_loss(apply_fn, params, mb, normaliser):
+def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
     mask = _target_mask(mb["loss_mask"])
-    return losses.sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:],
-                           normalizer=normaliser)
+    loss_fn = registry.get("sft_loss", cfg.sft_loss)
+    return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
-    logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"])
+    logp, ent = _token_aligned(logits, mb["input_ids"])
     kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
               entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg, normalizer=normaliser)
     if cfg.tis_cap is not None:
-        return off_policy.tis_policy_loss(logp, mb["old_logprobs"], mb["behav_logprobs"],
-                                          mb["advantages"], _target_mask(mb["loss_mask"]),
-                                          tis_cap=cfg.tis_cap, **kw)
+        off_fn = registry.get("off_policy_loss", cfg.off_policy_loss)
+        return off_fn(logp, mb["old_logprobs"], mb[BEHAVIOUR_KEY], mb["advantages"],
+                      _target_mask(mb["loss_mask"]), cap=cfg.tis_cap, **kw)
     loss_fn = registry.get("policy_loss", cfg.policy_loss)
     return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
                    **kw)
@@ -242,7 +256,7 @@ def sft_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
     batch = {k: batch[k] for k in SFT_KEYS}
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, "token-mean")
-    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm)
+    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm, config)
     grads, sums = _accumulate(loss_fn, state.params, batch, config.num_micro_batches,
                               micro_sharding)
     return _finish(state, grads, sums, jnp.sum(mask), config)
@@ -256,7 +270,7 @@ def rl_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
 
     Args/returns as `sft_step`, with the RL batch; metrics add the policy-loss statistics.
     """
-    keys = RL_KEYS + (("behav_logprobs",) if config.tis_cap is not None else ())
+    keys = config.rl_keys
     check_batch(batch, keys, config.num_micro_batches)
     batch = {k: batch[k] for k in keys}
     mask = _target_mask(batch["loss_mask"])
@@ -278,7 +292,7 @@ def compute_logprobs(params, batch: Batch, *, apply_fn: ApplyFn, num_micro_batch
 
     def one(mb):
         logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
-        return token_logprobs_and_entropy(logits, mb["input_ids"])[0]
+        return _token_aligned(logits, mb["input_ids"])[0]
 
     mb_in = {k: batch[k] for k in ("input_ids", "attention_mask")}
     if num_micro_batches == 1:
@@ -351,10 +365,6 @@ class JittedSteps:
                 f"num_micro_batches {self.num_micro_batches} = {dp * self.num_micro_batches} "
                 "(pad with make_*_batch(row_multiple=...))")
         return {k: jax.device_put(v, self.batch_sharding(v)) for k, v in batch.items()}
-
-    def recompute_old_logprobs(self, params, batch: Batch) -> dict[str, jax.Array]:
-        """``batch`` with old_logprobs = the learner's log-probs under ``params`` (masked)."""
-        return with_old_logprobs(batch, self.compute_logprobs(params, batch))
 
     def shard_state(self, state: TrainState) -> TrainState:
         """Places ``state`` (built with the same ``tx``) onto ``state_shardings``."""
@@ -443,8 +453,7 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
 
     return JittedSteps(
         sft_step=jit_step(sft_step, SFT_KEYS),
-        rl_step=jit_step(rl_step, RL_KEYS + (("behav_logprobs",) if config.tis_cap is not None
-                                             else ())),
+        rl_step=jit_step(rl_step, config.rl_keys),
         compute_logprobs=lambda params, batch: logprobs(params, {k: batch[k] for k in lp_keys}),
         state_shardings=state_sh, mesh=mesh, data_axes=data_axes,
         num_micro_batches=config.num_micro_batches)

@@ -7,33 +7,34 @@
   paper_avg_at_k  the rStar2-Agent paper's avg@k: k = 16 samples at temperature 0.6, top-p 0.95,
                   up to 30 turns and 30,720 tokens; pass@1 averaged over the k samples.
 Both report avg@k (mean correctness over all k samples of all problems) and pass@k (share of
-problems solved at least once); `write_csv` writes one row per problem.
+problems solved at least once); `write_csv` writes one row per problem. Selected with
+``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from typing import Any, Mapping
+
+from rstar_jax.config import EvalConfig
 
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "released": dict(k=16, temperature=0.0, top_p=1.0, max_turns=5, response_budget=30720),
     "paper_avg_at_k": dict(k=16, temperature=0.6, top_p=0.95, max_turns=30,
                            response_budget=30720),
 }
-FIELDS = ("k", "temperature", "top_p", "max_turns", "response_budget")
 
 
-def resolve(eval_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The effective eval settings: the protocol's values when ``eval.protocol`` is set, else
-    the config's own fields."""
-    name = eval_cfg.get("protocol", "") or ""
-    if name and name not in PROTOCOLS:
+def resolve(eval_cfg: EvalConfig) -> EvalConfig:
+    """The effective eval settings: ``eval_cfg`` with its protocol's k / sampling / turns /
+    budget when ``eval.protocol`` is set, else ``eval_cfg`` itself."""
+    name = eval_cfg.protocol
+    if not name:
+        return eval_cfg
+    if name not in PROTOCOLS:
         raise ValueError(f"config.eval.protocol: expected one of {['', *PROTOCOLS]}, got {name!r}")
-    base = {f: eval_cfg[f] for f in FIELDS}
-    if name:
-        base.update(PROTOCOLS[name])
-    base["protocol"] = name
-    return base
+    return dataclasses.replace(eval_cfg, **PROTOCOLS[name])
 
 
 def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:

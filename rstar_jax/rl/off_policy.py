@@ -23,7 +23,10 @@ learner (behav_logp == prox_logp) every ρ_t = exp(0) = 1, so both reduce exactl
 `policy_loss` (weights are 1.0 bit for bit, and C >= 1 never truncates them).
 
 The functions are registered under kind "off_policy_loss" (not "policy_loss": they take the
-extra behaviour log-probs, so they cannot be called with `policy_loss`'s positional layout).
+extra behaviour log-probs, so they cannot be called with `policy_loss`'s positional layout),
+all with one signature ``(logp, prox_logp, behav_logp, adv, loss_mask, *, cap, **ppo_kwargs)``
+so the learner selects one by name (``rl.off_policy_loss``) and passes ``rl.tis_cap`` as
+``cap``; the RL batch carries the sampler's log-probs under ``behaviour_logprobs``.
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def behaviour_weights(prox_logp: jax.Array, behav_logp: jax.Array, loss_mask: ja
 
 @registry.register("off_policy_loss", "tis")
 def tis_policy_loss(logp: jax.Array, prox_logp: jax.Array, behav_logp: jax.Array,
-                    adv: jax.Array, loss_mask: jax.Array, *, tis_cap: float = 2.0,
+                    adv: jax.Array, loss_mask: jax.Array, *, cap: float = 2.0,
                     **ppo_kwargs) -> tuple[jax.Array, losses.Metrics]:
     """Clipped surrogate with token-level truncated importance sampling.
 
@@ -93,12 +96,12 @@ def tis_policy_loss(logp: jax.Array, prox_logp: jax.Array, behav_logp: jax.Array
     Args:
         logp, prox_logp, behav_logp: [N, T] current, proximal and behaviour log-probs.
         adv: [N] or [N, T]; loss_mask: [N, T].
-        tis_cap: C (ASTER: 2.0).
+        cap: C (ASTER: 2.0).
         **ppo_kwargs: passed to `rstar_jax.rl.losses.policy_loss` (eps_low, dual_clip_c, ...).
     Returns:
         (loss, metrics): `policy_loss`'s metrics plus those of `behaviour_weights`.
     """
-    w, wm = behaviour_weights(prox_logp, behav_logp, loss_mask, cap=tis_cap, mode="truncate")
+    w, wm = behaviour_weights(prox_logp, behav_logp, loss_mask, cap=cap, mode="truncate")
     loss, m = losses.policy_loss(logp, prox_logp, adv, loss_mask, is_weights=w, **ppo_kwargs)
     m.update(wm)
     return loss, m
@@ -107,18 +110,17 @@ def tis_policy_loss(logp: jax.Array, prox_logp: jax.Array, behav_logp: jax.Array
 @registry.register("off_policy_loss", "decoupled_ppo")
 def decoupled_policy_loss(logp: jax.Array, prox_logp: jax.Array, behav_logp: jax.Array,
                           adv: jax.Array, loss_mask: jax.Array, *,
-                          behav_imp_weight_cap: float | None = None,
+                          cap: float | None = None,
                           **ppo_kwargs) -> tuple[jax.Array, losses.Metrics]:
     """AReaL's decoupled PPO objective.
 
         ℓ_t = w_t · max(-A r_t, -A clip(r_t, 1-ε_low, 1+ε_high)),  r_t = π_θ/π_prox,
         w_t = (π_prox/π_behav) · 1[π_prox/π_behav <= C]   (C None: no cap)
 
-    Args and returns as `tis_policy_loss`; ``behav_imp_weight_cap`` is AReaL's C (tokens
+    Args and returns as `tis_policy_loss`; ``cap`` is AReaL's C (``behav_imp_weight_cap``; tokens
     above it get weight 0, but stay in the token-mean's denominator, as in AReaL).
     """
-    w, wm = behaviour_weights(prox_logp, behav_logp, loss_mask, cap=behav_imp_weight_cap,
-                              mode="mask")
+    w, wm = behaviour_weights(prox_logp, behav_logp, loss_mask, cap=cap, mode="mask")
     loss, m = losses.policy_loss(logp, prox_logp, adv, loss_mask, is_weights=w, **ppo_kwargs)
     m.update(wm)
     return loss, m

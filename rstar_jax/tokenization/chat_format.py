@@ -228,18 +228,26 @@ def get_format(fmt: "str | ChatFormat") -> ChatFormat:
     return FORMATS[fmt]
 
 
-def prompt_text(fmt: "str | ChatFormat", question: str) -> str:
-    """The rendered prompt of ``question`` in format ``fmt`` (ends with its prefill)."""
+def prompt_text(fmt: "str | ChatFormat", question: str, system_prompt: str | None = None,
+                with_tools: bool = True) -> str:
+    """The rendered prompt of ``question`` in format ``fmt`` (ends with its prefill).
+
+    ``system_prompt`` replaces the format's system text (None = the format's); ``with_tools``
+    False leaves the tool block out. For "rstar2" this equals `build_prompt_text`.
+    """
     f = get_format(fmt)
     if not isinstance(question, str):
         raise TypeError(f"prompt_text: question must be str, got {type(question).__name__}")
-    system = (f.system_prompt + "\n\n" if f.system_prompt else "") + f.tools_block
+    sp = f.system_prompt if system_prompt is None else system_prompt
+    tools = f.tools_block if with_tools else ""
+    system = sp + ("\n\n" if sp and tools else "") + tools
     return (f"<|im_start|>system\n{system}<|im_end|>\n"
             f"<|im_start|>user\n{f.user_prefix}{question}<|im_end|>\n{f.generation_prompt}")
 
 
-def prompt_ids(tokenizer, fmt: "str | ChatFormat", question: str) -> list[int]:
-    return _encode(tokenizer, prompt_text(fmt, question))
+def prompt_ids(tokenizer, fmt: "str | ChatFormat", question: str,
+               system_prompt: str | None = None, with_tools: bool = True) -> list[int]:
+    return _encode(tokenizer, prompt_text(fmt, question, system_prompt, with_tools))
 
 
 def format_tool_turn_text(fmt: "str | ChatFormat", texts: Union[str, Sequence[str]]) -> str:
@@ -370,7 +378,7 @@ def render_chat_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
 
     ``fmt`` (a `FORMATS` name or `ChatFormat`) renders in that format instead, as the agent loop
     does with the same format (a system message then replaces the format's system text);
-    ``system_prompt`` / ``with_tools`` apply to the default format only.
+    ``system_prompt`` applies to the default format only; ``with_tools`` to every format.
     """
     msgs = list(messages)
     f = None if fmt is None else get_format(fmt)
@@ -382,7 +390,7 @@ def render_chat_ids(tokenizer, messages: Sequence[Mapping[str, Any]],
         raise ValueError("render_chat_ids: messages must start with a user message "
                          f"(after an optional system), got roles {[m.get('role') for m in messages]}")
     prompt = build_prompt_ids(tokenizer, msgs[0]["content"], system_prompt, with_tools) \
-        if f is None else prompt_ids(tokenizer, f, msgs[0]["content"])
+        if f is None else prompt_ids(tokenizer, f, msgs[0]["content"], with_tools=with_tools)
     im_end = stop_token_id(tokenizer)
     ids: list[int] = []
     mask: list[int] = []

@@ -1,6 +1,7 @@
 """Training-set filters: integer answers only; overlong prompts dropped and counted."""
 import pytest
 
+from rstar_jax.config import ConfigError
 from rstar_jax.data.filters import filter_problems
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import stages
@@ -36,5 +37,5 @@ def test_recent_unsolved_subset_latest_appearance_wins():
     assert stats == {"recent_window_steps": 3, "recent_seen": 4, "recent_dropped": 2}
     with pytest.raises(ValueError, match="outside"):
         stages.recent_unsolved_subset(2, [[[5, True]]])
-    with pytest.raises(ValueError, match="recent_steps"):
-        stages.Stage("s2", 10, 100, 5, data="recent")
+    with pytest.raises(ConfigError, match="stage.recent_steps"):
+        stages.Stage(name="s2", steps=10, response_budget=100, max_turns=5, data="recent")

@@ -8,31 +8,40 @@ import pathlib
 import pytest
 
 from configs import rstar2_qwen3_14b
+from rstar_jax.config import ConfigError, from_config_dict
 from rstar_jax.data.eval_sets import load_eval_problems
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import eval_protocols, evaluation
-from rstar_jax.pipelines.agent_runner import RolloutSettings
-from rstar_jax.pipelines.rl_loop import eval_settings
+from rstar_jax.pipelines.agent_runner import RolloutSettings, eval_settings
 from rstar_jax.rollout.types import Trajectory
 
 MATH500 = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "math500.jsonl"
 
 
+def _run(cfg):
+  return from_config_dict(cfg, "eval", check_inputs=False)
+
+
 def test_protocols_resolve_to_their_settings():
   cfg = rstar2_qwen3_14b.get_config("eval")
-  assert cfg.eval.protocol == "released"
-  s = eval_settings(cfg)
+  cfg.eval.k, cfg.eval.max_turns = 3, 7          # the protocol overrides these
+  run = _run(cfg)
+  assert run.eval.protocol == "released"
+  s = eval_settings(run)
   assert (s.temperature, s.top_p, s.max_turns, s.response_budget) == (0.0, 1.0, 5, 30720)
-  assert eval_protocols.resolve(cfg.eval)["k"] == 16
+  assert s.max_parallel_calls == 1               # the tool-loop limits stay the recipe's
+  assert eval_protocols.resolve(run.eval).k == 16
   cfg.eval.protocol = "paper_avg_at_k"
-  s = eval_settings(cfg)
+  s = eval_settings(_run(cfg))
   assert (s.temperature, s.top_p, s.max_turns, s.response_budget) == (0.6, 0.95, 30, 30720)
   cfg.eval.protocol, cfg.eval.temperature, cfg.eval.k = "", 1.0, 4
-  assert eval_settings(cfg).temperature == 1.0 and eval_protocols.resolve(cfg.eval)["k"] == 4
+  run = _run(cfg)
+  assert eval_settings(run).temperature == 1.0 and eval_settings(run).max_turns == 7
+  assert eval_protocols.resolve(run.eval) is run.eval and run.eval.k == 4
   cfg.eval.protocol = "avg"
-  with pytest.raises(ValueError, match="config.eval.protocol"):
-    eval_protocols.resolve(cfg.eval)
+  with pytest.raises(ConfigError, match="eval.protocol"):
+    _run(cfg)
 
 
 class _FakeRunner:

@@ -3,8 +3,9 @@
 import pytest
 
 from configs import aster_qwen3_4b, rstar2_qwen3_14b
-from rstar_jax.pipelines import runtime
-from rstar_jax.pipelines.config_validation import ConfigError, validate_config
+from rstar_jax.config import ConfigError, from_config_dict
+from rstar_jax.config.schema import DataConfig, EvalConfig, RLConfig, RolloutConfig, ToolConfig
+from rstar_jax.pipelines import eval_protocols
 
 
 def test_rstar2_released_values():
@@ -21,6 +22,9 @@ def test_rstar2_released_values():
   assert c.data.integer_answers_only and c.data.drop_overlong_prompts
   assert c.rollout.max_prompt_tokens == 2048
   assert c.eval.protocol == "released"
+  run = from_config_dict(c, "rl", check_inputs=False)
+  assert run.stages[2].max_turns == 5 and run.data.integer_answers_only
+  assert run.step_config().tis_cap is None and run.step_config().dual_clip_c == 3.0
 
 
 def test_aster_values():
@@ -34,21 +38,44 @@ def test_aster_values():
   assert c.rollout.chat_format == "qwen3_thinking"
   assert c.stages[1]["data"] == "recent" and c.stages[1]["recent_steps"] >= 1
   assert (c.eval.temperature, c.eval.top_p) == (1.0, 1.0)
-  # the learner step really gets the TIS cap
-  sc = runtime.step_config_from(c, None)
-  assert sc.tis_cap == 2.0 and sc.dual_clip_c == 10.0
+  # the learner step really gets the TIS cap and the off-policy loss by registry name
+  run = from_config_dict(c, "rl", check_inputs=False)
+  sc = run.step_config()
+  assert sc.tis_cap == 2.0 and sc.off_policy_loss == "tis" and sc.dual_clip_c == 10.0
+  assert run.stages[1].data == "recent" and run.stages[1].recent_steps == 135
+  c.rl.off_policy_loss = "decoupled_ppo"
+  assert from_config_dict(c, "rl", check_inputs=False).step_config().off_policy_loss \
+      == "decoupled_ppo"
 
 
 def test_new_fields_are_validated():
+  d = aster_qwen3_4b.get_config("rl").to_dict()   # a plain dict: ConfigDict casts types
+  d["rl"]["off_policy_loss"] = "nope"
+  d["rollout"]["chat_format"] = "chatml"
+  d["tool"]["truncation"] = "left"
+  d["eval"]["protocol"] = "avg"
+  d["data"]["integer_answers_only"] = "yes"
+  with pytest.raises(ConfigError) as e:
+    from_config_dict(d, "rl", check_inputs=False)
+  paths = {p for p, _ in e.value.problems}
+  assert {"rl.off_policy_loss", "rollout.chat_format", "tool.truncation", "eval.protocol",
+          "data.integer_answers_only"} <= paths, paths
+  # cross-field rules run once the fields are well-typed
   c = aster_qwen3_4b.get_config("rl")
   c.rl.tis_cap = 0.5
-  c.rollout.chat_format = "chatml"
-  c.tool.truncation = "left"
-  c.eval.protocol = "avg"
-  c.data.integer_answers_only = "yes"
   c.stages[1]["recent_steps"] = 0
   with pytest.raises(ConfigError) as e:
-    validate_config(c)
+    from_config_dict(c, "rl", check_inputs=False)
   paths = {p for p, _ in e.value.problems}
-  assert {"rl.tis_cap", "rollout.chat_format", "tool.truncation", "eval.protocol",
-          "data.integer_answers_only", "stages[1].recent_steps"} <= paths
+  assert {"rl.tis_cap", "stages[1].recent_steps"} <= paths, paths
+
+
+def test_defaults_leave_the_project_behaviour():
+  """The new fields default to today's behaviour (TIS off, project format / truncation, no
+  protocol, no integer filter, overlong prompts dropped)."""
+  assert (RLConfig().tis_cap, RLConfig().off_policy_loss, RLConfig().answer_mode) == \
+      (0.0, "tis", "answer_tag")
+  assert RolloutConfig().chat_format == "rstar2" and ToolConfig().truncation == "project"
+  assert (EvalConfig().protocol, EvalConfig().csv_path) == ("", "")
+  assert (DataConfig().integer_answers_only, DataConfig().drop_overlong_prompts) == (False, True)
+  assert set(eval_protocols.PROTOCOLS) | {""} == {"", "released", "paper_avg_at_k"}
