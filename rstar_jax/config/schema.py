@@ -178,6 +178,8 @@ class RLConfig(_Section):
   max_step_retries: int = field(3, int_range(0), "Retries of a failed rollout (engine error, lost tool worker).")
   hard_subset_max_problems: int = field(0, int_range(0), "Problems sampled when building a hard subset (0 = all).")
   collapse_window: int = field(5, int_range(1), "Steps of falling tool calls/trajectory before a collapse warning (ASTER).")
+  max_staleness: int = field(0, int_range(0), "Async RL: 0 = synchronous loop; k >= 1 = rollouts for the next steps overlap the update, a group is trained only if its oldest token is within k weight pushes of the version trained (AReaL max_head_offpolicyness).")
+  partial_rollout: str = field("continue", one_of(("continue", "restart")), "Async RL, at a weight push: in-flight trajectories 'continue' with the new weights (tokens keep their versions) or 'restart'.")
   tis_cap: float = field(0.0, num_range(0), "Token-level truncated importance sampling cap C between the sampler's and the learner's log-probs, w = min(rho, C) (0 = off, else >= 1; ASTER: 2.0). The batch then carries the sampler's log-probs and the loss is rl.off_policy_loss.")
   off_policy_loss: str = field("tis", registered("off_policy_loss"), "Loss used when tis_cap > 0 (rstar_jax.rl.registry 'off_policy_loss', `rl.off_policy`): 'tis' (w = min(rho, C); ASTER) or 'decoupled_ppo' (AReaL, w = rho * 1[rho <= C]).")
 

@@ -79,6 +79,7 @@ class Rollouts:
   select_key: jax.Array
   retries: int
   time_s: float
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)   # async RL: async/*
 
 
 @dataclasses.dataclass
@@ -169,6 +170,7 @@ class LoopPosition:
   hard_subset_stats: dict | None = None
   # Per RL step [(problem index, all rollouts correct)], newest last, for "recent" stages.
   recent_outcomes: list | None = None
+  async_state: dict | None = None   # rl.max_staleness >= 1: groups issued, not yet trained on
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -233,6 +235,9 @@ class RLLoop:
     self.iterator: EpochIterator | None = None
     self.writer: MetricsWriter | None = None
     self.progress_every_s = run.train.progress_every_s
+    # async RL hook (issue 19): None at rl.max_staleness == 0 (the synchronous loop)
+    from rstar_jax.pipelines import async_rollout
+    self.async_rl = async_rollout.from_config(run, runner)
 
   # ------------------------------------------------------------------ resume / checkpoint
 
@@ -258,6 +263,11 @@ class RLLoop:
     if self.pos.collapse:
       self.collapse.load_state_dict(self.pos.collapse)
     self._make_iterator(self.pos.data_state)
+    if self.async_rl is not None:   # async RL hook: groups in flight at the save come back
+      self.async_rl.load_state_dict(self.pos.async_state)
+    elif self.pos.async_state and self.pos.async_state["pending"]:
+      log.warning("resuming an asynchronous run (rl.max_staleness >= 1) synchronously: its %d "
+                  "in-flight prompt groups are skipped", len(self.pos.async_state["pending"]))
     log.info("resumed at RL step %d (stage %d, step %d in stage, weight version %d)",
              self.pos.rl_step, self.pos.stage_index, self.pos.stage_step,
              self.pos.weight_version)
@@ -278,6 +288,8 @@ class RLLoop:
     """Checkpoints the state (when it changed) and always the loop position side file."""
     self.pos.data_state = self.iterator.state_dict() if self.iterator else None
     self.pos.collapse = self.collapse.state_dict()
+    if self.async_rl is not None:   # async RL hook: same instant as data_state (no await)
+      self.pos.async_state = self.async_rl.state_dict()
     step = int(jax.device_get(self.learner.state.step))
     wrote = False
     if step != self._last_saved_step:
@@ -324,6 +336,8 @@ class RLLoop:
       self.save()
       self.ckpt.wait_until_finished()
     finally:
+      if self.async_rl is not None:   # async RL hook: cancel what is in flight
+        await self.async_rl.stop()
       self.writer.close()
     return last
 
@@ -413,11 +427,15 @@ class RLLoop:
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)
     metrics = self.selection_metrics(ro, scores, sel)
+    metrics.update(ro.metrics)
     t0 = time.monotonic()
     t_push = 0.0
     batch = self.build_batch(sel)
     if batch is not None:
-      metrics.update(self.update(batch, seed=ro.seed0 + 1))
+      if self.async_rl is not None:   # async RL hook: rollouts go on during the update
+        metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
+      else:
+        metrics.update(self.update(batch, seed=ro.seed0 + 1))
       t_update = time.monotonic() - t0
       t_push = await self.push()
     else:
@@ -434,12 +452,20 @@ class RLLoop:
     return metrics
 
   async def rollout(self, stage: StageConfig) -> Rollouts:
-    """Next ``P`` problems, ``N`` trajectories each; splits the state's RNG for the step."""
-    problems = self.iterator.next_batch(self.P)
+    """Next ``P`` problems, ``N`` trajectories each; splits the state's RNG for the step.
+    At ``rl.max_staleness >= 1`` the groups come from the async producer (`async_rollout`),
+    generated while earlier steps trained."""
     self.learner.state, key = self.learner.state.split_rng()
     k_seed, k_select = jax.random.split(key)
     seed0 = int(jax.random.randint(k_seed, (), 0, 2**31 - 1))
     t0 = time.monotonic()
+    if self.async_rl is not None:   # async RL hook
+      problems, groups, metrics = await self.async_rl.take(
+          (self.pos.stage_index, self.pos.data_source), self.iterator, self._dataset(),
+          rollout_settings(self.config, stage), stage.steps - self.pos.stage_step)
+      return Rollouts(problems, groups, seed0, k_select, int(metrics["async/rollout_retries"]),
+                      time.monotonic() - t0, metrics)
+    problems = self.iterator.next_batch(self.P)
     prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
                     every_s=self.progress_every_s)
     groups, retries = await collect_rollouts(
@@ -519,6 +545,8 @@ class RLLoop:
       lp = np.asarray(lp)
       drift = steps_lib.logprob_drift(batch["old_logprobs"], lp, batch["loss_mask"])
       metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
+      if self.async_rl is not None:   # async RL hook: behaviour (sampler) vs proximal log-probs
+        batch, sharded = self.async_rl.with_behaviour_logprobs(batch, sharded, lp, metrics)
       batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
     m, epochs = rl.ppo_mini_batches, rl.ppo_epochs
     if m == 1 and epochs == 1:

@@ -202,6 +202,10 @@ class JaxSampler:
       weight_version: initial version reported in results.
     """
 
+    # update_weights lands between decode chunks; rows in flight continue with the new weights
+    # and record each token's version (rollout/interruptible.py relies on this).
+    swaps_weights_in_flight = True
+
     def __init__(self, config: qwen3.Qwen3Config, params: Any, *, max_batch: int = 8,
                  max_len: int | None = None, prefill_buckets: Sequence[int] | None = None,
                  decode_chunk: int = 16, seed: int = 0, tokenizer: Any = None,

@@ -346,3 +346,23 @@ class SGLangEngine:
         self._staged.append(path)
         while len(self._staged) > self.keep_versions:
             shutil.rmtree(self._staged.pop(0), ignore_errors=True)
+
+    # ------------------------------------------------------------------ pause / continue
+    # (asynchronous RL, partial rollouts: see rollout/interruptible.py)
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """`POST /pause_generation {"mode": mode}` on every server.
+
+        "abort": every running request returns now with finish_reason abort and its partial
+        output; "retract" / "in_place": running requests are parked (KV recomputed / kept).
+        The servers stay paused until `continue_generation`.
+        """
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause_generation: mode must be 'abort', 'retract' or 'in_place', "
+                             f"got {mode!r}")
+        await asyncio.gather(*[self._request("POST", u, "/pause_generation", {"mode": mode})
+                               for u in self.urls])
+
+    async def continue_generation(self) -> None:
+        """`POST /continue_generation {}` on every server (ends a `pause_generation`)."""
+        await asyncio.gather(*[self._request("POST", u, "/continue_generation", {})
+                               for u in self.urls])

@@ -2,7 +2,7 @@
 
 Endpoints (SPEC Part II, MACHINE_NOTES §6): POST /generate, POST /update_weights_from_disk,
 GET /get_weight_version, GET /get_server_info (+ /server_info), GET /get_load, GET /health,
-POST /abort_request. The "model" is a deterministic function of the token history, so tests
+POST /abort_request, POST /pause_generation {mode}, POST /continue_generation. The "model" is a deterministic function of the token history, so tests
 can predict outputs; generation proceeds one token per `token_delay_s` so aborts and timeouts
 cut it mid-way. `update_weights_from_disk` really loads every safetensors file of the directory
 (checking the index when there is one) and keeps the tensors, proving the pushed dir complete.
@@ -72,6 +72,7 @@ class MockSGLangServer:
         r.add_get("/health", self._health)
         r.add_get("/health_generate", self._health)
         r.add_post("/abort_request", self._abort)
+        self._add_pause_routes(r)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -94,6 +95,40 @@ class MockSGLangServer:
     async def __aexit__(self, *exc):
         await self.close()
 
+    # ------------------------------------------------------------------ pause / continue
+    # SGLang's tokenizer manager: "abort" aborts every running request and returns once they
+    # have all answered; other modes park running requests. New /generate requests wait while
+    # paused. /continue_generation ends the pause.
+    paused_mode: Optional[str] = None
+    pause_calls: int = 0
+
+    def _add_pause_routes(self, r) -> None:
+        r.add_post("/pause_generation", self._pause)
+        r.add_post("/continue_generation", self._continue)
+
+    async def _wait_while_paused(self, state: dict) -> None:
+        while self.paused_mode is not None and not state["abort"] and not self._closing:
+            await asyncio.sleep(0.002)
+
+    async def _pause(self, request):
+        body = await request.json() if request.can_read_body else {}
+        mode = (body or {}).get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            return web.json_response({"error": f"Invalid mode: {mode!r}"}, status=400)
+        self.paused_mode = mode
+        self.pause_calls += 1
+        if mode == "abort":
+            for rid, st in list(self._running.items()):
+                st["abort"] = True
+                self.aborted.append(rid)
+            while self._running and not self._closing:   # drained, as SGLang waits for it
+                await asyncio.sleep(0.002)
+        return web.json_response({"success": True})
+
+    async def _continue(self, request):
+        self.paused_mode = None
+        return web.json_response({"success": True})
+
     def _fault(self, path: str) -> Optional[web.Response]:
         q = self._faults.get(path)
         if q:
@@ -110,6 +145,8 @@ class MockSGLangServer:
         sp = body.get("sampling_params") or {}
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             return web.json_response({"error": "input_ids must be a list of int"}, status=400)
+        while self.paused_mode is not None and not self._closing:   # held at the door
+            await asyncio.sleep(0.002)
         rid = body.get("rid") or f"auto{len(self.requests)}"
         max_new = int(sp.get("max_new_tokens", 128))
         stops = set(sp.get("stop_token_ids") or ())
@@ -125,6 +162,7 @@ class MockSGLangServer:
             await asyncio.sleep(self.generate_delay_s)
             hist = list(ids)
             while len(out) < max_new:
+                await self._wait_while_paused(state)
                 if state["abort"]:
                     finish = {"type": "abort", "message": "Abort in waiting queue",
                               "status_code": 200, "err_type": None}
