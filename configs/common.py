@@ -6,7 +6,8 @@ and ``--config.rl.group_size=8`` keep working). Launchers convert a whole recipe
 
 Sections: model, mesh, optim, rl, rollout, tool, train, eval, data, stages (a list of stage
 dicts), and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
-section's dataclass; nothing here changes.
+section's dataclass; nothing here changes. Where each recipe value comes from (paper,
+released code) and the test that checks it: docs/fidelity.md.
 """
 import ml_collections
 
@@ -93,7 +94,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 def stage(name: str, steps: int, response_budget: int, max_turns: int, **overrides) -> dict:
   """One RL stage (`schema.StageConfig`). ``data="hard"`` trains on the subset left after
   dropping problems the policy at the stage start solves k of k times
-  (``drop_solved_k_of_k`` = k; rStar2-Agent stage 3: k = 8)."""
+  (``drop_solved_k_of_k`` = k; rStar2-Agent stage 3: k = 8); ``data="recent"`` drops instead
+  the problems whose training rollouts were all correct at their latest appearance in the last
+  ``recent_steps`` RL steps (ASTER stage 2; no re-sampling)."""
   d = schema.defaults_dict(schema.StageConfig)
   d.update(name=name, steps=steps, response_budget=response_budget, max_turns=max_turns,
            **overrides)

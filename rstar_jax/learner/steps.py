@@ -7,6 +7,8 @@ Batch layout (built by `rstar_jax.learner.batch`; N rows, T columns, right-padde
   loss_mask      float32 [N, T]  1 = train on this token (RL: model-generated response tokens)
   old_logprobs   float32 [N, T]  RL only: behaviour-policy log-prob of input_ids[:, t]
   advantages     float32 [N]     RL only
+  behaviour_logprobs float32 [N, T]  RL with StepConfig.tis_cap only: the sampler's log-probs
+                                 (old_logprobs are then the learner's recomputed ones)
 
 Target convention ("token-aligned"): column t of loss_mask / old_logprobs / the returned
 log-probs is about token ``input_ids[:, t]``, predicted by the logits at column ``t - 1``.
@@ -47,7 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.rl import losses, registry
+from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
 
@@ -56,6 +58,9 @@ Metrics = dict[str, jax.Array]
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+# The sampler's per-token log-probs [N, T] (behaviour policy), read by the off-policy losses
+# when StepConfig.tis_cap is set; "old_logprobs" then holds the learner's recomputed ones.
+BEHAVIOUR_KEY = "behaviour_logprobs"
 
 # (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
@@ -78,6 +83,13 @@ class StepConfig:
             rows of the whole batch with at least one loss token.
         optim: the OptimConfig the state's ``tx`` was built from; used only to report the
             learning rate of each update. None omits the ``learning_rate`` metric.
+        tis_cap: C of the importance weight between the sampler's and the learner's
+            log-probs (ASTER: 2.0 with token-level truncated IS); the RL batch then needs
+            ``behaviour_logprobs`` [N, T] (the sampler's) next to ``old_logprobs`` (the
+            learner's recomputed ones) and the loss is ``off_policy_loss``. None = off.
+        off_policy_loss: name in ``rstar_jax.rl.registry`` kind "off_policy_loss" used when
+            ``tis_cap`` is set: "tis" (w = min(rho, C)) or "decoupled_ppo" (AReaL,
+            w = rho * 1[rho <= C]); `rstar_jax.rl.off_policy`.
     """
 
     num_micro_batches: int = 1
@@ -89,6 +101,8 @@ class StepConfig:
     entropy_coef: float = 0.0
     agg: str = "token-mean"
     optim: optim.OptimConfig | None = None
+    tis_cap: float | None = None
+    off_policy_loss: str = "tis"
 
     def __post_init__(self):
         def bad(field, expected):
@@ -109,6 +123,15 @@ class StepConfig:
             bad("dual_clip_c", "None or a float > 1")
         if self.agg not in losses.AGGREGATIONS:
             bad("agg", f"one of {losses.AGGREGATIONS}")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            bad("tis_cap", "None or a float >= 1")
+        if self.off_policy_loss not in registry.names("off_policy_loss"):
+            bad("off_policy_loss", f"one of {registry.names('off_policy_loss')}")
+
+    @property
+    def rl_keys(self) -> tuple[str, ...]:
+        """Batch keys `rl_step` reads (the behaviour log-probs only with an off-policy loss)."""
+        return RL_KEYS + ((BEHAVIOUR_KEY,) if self.tis_cap is not None else ())
 
 
 def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1) -> None:
@@ -160,11 +183,15 @@ def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
     logp, ent = _token_aligned(logits, mb["input_ids"])
+    kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+              entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg, normalizer=normaliser)
+    if cfg.tis_cap is not None:
+        off_fn = registry.get("off_policy_loss", cfg.off_policy_loss)
+        return off_fn(logp, mb["old_logprobs"], mb[BEHAVIOUR_KEY], mb["advantages"],
+                      _target_mask(mb["loss_mask"]), cap=cfg.tis_cap, **kw)
     loss_fn = registry.get("policy_loss", cfg.policy_loss)
     return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
-                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
-                   entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg,
-                   normalizer=normaliser)
+                   **kw)
 
 
 def _split_micro(x: jax.Array, m: int) -> jax.Array:
@@ -243,8 +270,9 @@ def rl_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
 
     Args/returns as `sft_step`, with the RL batch; metrics add the policy-loss statistics.
     """
-    check_batch(batch, RL_KEYS, config.num_micro_batches)
-    batch = {k: batch[k] for k in RL_KEYS}
+    keys = config.rl_keys
+    check_batch(batch, keys, config.num_micro_batches)
+    batch = {k: batch[k] for k in keys}
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, config.agg)
     loss_fn = lambda p, mb: _rl_micro_loss(apply_fn, p, mb, norm, config)
@@ -427,7 +455,8 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
         out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32))))
 
     return JittedSteps(
-        sft_step=jit_step(sft_step, SFT_KEYS), rl_step=jit_step(rl_step, RL_KEYS),
+        sft_step=jit_step(sft_step, SFT_KEYS),
+        rl_step=jit_step(rl_step, config.rl_keys),
         compute_logprobs=lambda params, batch: logprobs(params, {k: batch[k] for k in lp_keys}),
         state_shardings=state_sh, mesh=mesh, data_axes=data_axes,
         num_micro_batches=config.num_micro_batches)
