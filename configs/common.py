@@ -33,6 +33,10 @@ def model_config(hf_dir: str = "", **tiny) -> ml_collections.ConfigDict:
   m.param_dtype = "float32"
   m.dtype = "float32"          # compute dtype; "bfloat16" on accelerators
   m.remat = False              # per-layer rematerialisation (needed at 14B scale)
+  # Learner attention: "xla" (dense T x T scores), "blockwise" (O(T * block) memory, long rows)
+  # or "fused" (cuDNN flash attention on CUDA, else XLA); see rstar_jax/models/attention.py.
+  m.attention = "xla"
+  m.attention_block_size = 512
   # Directory with tokenizer.json; empty = hf_dir. A from-scratch model needs one (the demo
   # trains a byte-level BPE tokenizer and points here).
   m.tokenizer_dir = ""

@@ -104,6 +104,7 @@ SCHEMA: dict[str, dict[str, Check]] = {
         "head_dim": int_range(1), "rope_theta": num_range(0, lo_open=True),
         "max_position_embeddings": int_range(2), "tie_word_embeddings": is_bool,
         "param_dtype": one_of(DTYPES), "dtype": one_of(DTYPES), "remat": is_bool,
+        "attention": one_of(("xla", "blockwise", "fused")), "attention_block_size": int_range(1),
     },
     "mesh": {"data": int_range(-1), "fsdp": int_range(-1), "tensor": int_range(-1)},
     "optim": {

@@ -51,7 +51,7 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
   """Qwen3Config from ``cfg.model`` (HF dir or tiny dims)."""
   m = cfg.model
   if m.hf_dir:
-    return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat)
+    return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat, **_attention(m))
   return qwen3.Qwen3Config(
       vocab_size=m.vocab_size, hidden_size=m.hidden_size,
       intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
@@ -59,7 +59,13 @@ def model_config_from(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
       head_dim=m.head_dim, rope_theta=float(m.rope_theta),
       rms_norm_eps=float(m.get("rms_norm_eps", 1e-6)),
       tie_word_embeddings=m.tie_word_embeddings,
-      max_position_embeddings=m.max_position_embeddings, dtype=m.dtype, remat=m.remat)
+      max_position_embeddings=m.max_position_embeddings, dtype=m.dtype, remat=m.remat,
+      **_attention(m))
+
+
+def _attention(m) -> dict:
+  """model.attention / attention_block_size (configs without them keep the defaults)."""
+  return {k: m[k] for k in ("attention", "attention_block_size") if k in m}
 
 
 def optim_config_from(cfg: ml_collections.ConfigDict, total_steps: int | None = None

@@ -84,18 +84,24 @@ class StepShape:
                 raise ValueError(f"StepShape.{f}: expected an int >= 1, got {getattr(self, f)!r}")
 
 
+def _attention_fields(m) -> dict:
+    return {k: m[k] for k in ("attention", "attention_block_size") if k in m}
+
+
 def model_config_for_plan(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
     """The policy's Qwen3Config: the HF dir when readable here, else ``plan.model_preset``,
     else the tiny dims of ``cfg.model``."""
     m = cfg.model
     if m.hf_dir and os.path.isfile(os.path.join(m.hf_dir, "config.json")):
-        return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat)
+        return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat,
+                                         **_attention_fields(m))
     preset = cfg.get("plan", {}).get("model_preset", "") if "plan" in cfg else ""
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"plan.model_preset: expected one of {sorted(PRESETS)}, "
                              f"got {preset!r}")
-        return qwen3.Qwen3Config(**PRESETS[preset], dtype=m.dtype, remat=m.remat)
+        return qwen3.Qwen3Config(**PRESETS[preset], dtype=m.dtype, remat=m.remat,
+                                 **_attention_fields(m))
     if m.hf_dir:
         raise ValueError(f"model.hf_dir={m.hf_dir!r} has no config.json here and the config "
                          f"has no plan.model_preset (one of {sorted(PRESETS)})")
