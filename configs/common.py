@@ -125,6 +125,9 @@ def train_config() -> ml_collections.ConfigDict:
       log_every=1,
       eval_every=0,                  # RL steps between held-out evaluations (0 = none in the loop)
       progress_every_s=10.0,         # progress lines during rollouts / SFT / eval
+      # RL and SFT: pack several trajectories per row (segment ids, per-segment positions;
+      # rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = "token-mean".
+      pack_rows=True,
   ))
 
 

@@ -113,3 +113,22 @@ def pack_batch(batch: dict[str, np.ndarray], *, capacity: int | None = None,
                 out["advantages"][r, sl] = adv[i] if adv.ndim == 1 else adv[i, :ln]
             col += ln
     return out
+
+
+def pack_for_step(batch: dict[str, np.ndarray], *, row_multiple: int, pad_id: int = 0
+                  ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """`pack_batch` for a training loop: the packed row count is rounded up to row_multiple x
+    a power of two (so a run compiles a few row counts, not one per step), never above the
+    unpacked count. Returns (batch, metrics) with ``batch/pad_fraction_unpacked`` and
+    ``batch/pad_fraction_packed`` (padding cells / all cells, empty rows included) and
+    ``batch/rows_packed``."""
+    n = batch["input_ids"].shape[0]
+    packed = pack_batch(batch, row_multiple=row_multiple, pad_id=pad_id)
+    units = packed["input_ids"].shape[0] // row_multiple
+    rows = min(row_multiple * (1 << max(units - 1, 0).bit_length()),
+               -(-n // row_multiple) * row_multiple)
+    if rows > packed["input_ids"].shape[0]:
+        packed = pack_batch(batch, row_multiple=rows, pad_id=pad_id)
+    return packed, {"batch/pad_fraction_unpacked": pad_fraction(batch),
+                    "batch/pad_fraction_packed": pad_fraction(packed),
+                    "batch/rows_packed": float(packed["input_ids"].shape[0])}

@@ -246,7 +246,8 @@ OPTIONAL: dict[str, dict[str, Check]] = {
            "collapse_window": int_range(1), "ppo_mini_batches": int_range(1),
            "ppo_epochs": int_range(1), "neg_adv_scale": num_range(0, 1)},
     "rollout": {"decode_chunk": int_range(1), "max_len": int_range(0)},
-    "train": {"progress_every_s": num_range(0), "length_bucket": int_range(2)},
+    "train": {"progress_every_s": num_range(0), "length_bucket": int_range(2),
+              "pack_rows": is_bool},
     "eval": {"seed": int_range(0), "max_problems": int_range(0)},
     "sft": {"shuffle": is_bool, "log_every_s": num_range(0)},
 }

@@ -40,6 +40,7 @@ import numpy as np
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
@@ -375,7 +376,7 @@ class RLLoop:
     if m == 1 and epochs == 1:
       return [sharded]
     rm = self.learner.row_multiple
-    per_mb = -(-self.rows // m)
+    per_mb = -(-batch["input_ids"].shape[0] // m)   # packed batches have fewer rows
     rows = -(-per_mb // rm) * rm
     js = self.learner.jitted
     return [js.shard_batch(mb) for _ in range(epochs)
@@ -456,6 +457,10 @@ class RLLoop:
       pad_to = length_bucket(longest, int(cfg.train.get("length_bucket", 64)))
       batch = batch_lib.make_rl_batch(kept_trajs, kept_adv, pad_to,
                                       pad_id=self.runner.pad_id, row_multiple=self.rows)
+      if cfg.train.get("pack_rows", True) and rl.get("loss_agg", "token-mean") == "token-mean":
+        batch, pack_metrics = packing.pack_for_step(batch, row_multiple=self.learner.row_multiple,
+                                                    pad_id=self.runner.pad_id)
+        metrics.update(pack_metrics)
       js = self.learner.jitted
       sharded = js.shard_batch(batch)
       if rl.recompute_old_logprobs:

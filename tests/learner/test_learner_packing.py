@@ -157,3 +157,16 @@ def test_sharded_packed_step_and_logprobs_equal_unpacked():
     np.testing.assert_allclose(np.sort(out["packed"][2][packed["loss_mask"] > 0]),
                                np.sort(out["unpacked"][2][unpacked["loss_mask"] > 0]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_pack_for_step_rounds_rows_and_reports_padding():
+    trajs, adv = _trajs(n=9)
+    b = make_rl_batch(trajs, adv, pad_to=24, row_multiple=16)   # 16 rows, 9 real
+    packed, m = packing.pack_for_step(b, row_multiple=2)
+    rows = packed["input_ids"].shape[0]
+    assert rows in (2, 4, 8, 16) and rows <= 16
+    assert m["batch/rows_packed"] == rows
+    assert m["batch/pad_fraction_packed"] < m["batch/pad_fraction_unpacked"]
+    assert m["batch/pad_fraction_unpacked"] == pytest.approx(packing.pad_fraction(b))
+    assert packed["attention_mask"].sum() == b["attention_mask"].sum()
+    assert packed["loss_mask"].sum() == b["loss_mask"].sum()
