@@ -15,10 +15,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   c.model.remat = True
-  # 8 nodes x 8 MI300X: tensor-parallel inside a node (xGMI), FSDP across the 8 nodes; the
-  # (B, T, T) attention scores of a 16k-token row only fit with heads split 8 ways.
-  # Plan: python -m launchers.plan --config=configs/rstar2_qwen3_14b.py (third_party/rocm/README.md)
-  c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
+  # Blockwise attention: O(T x block) memory instead of the (B, H, T, T) scores, so a 12-16k
+  # token row fits without splitting heads; rows are packed (train.pack_rows, on by default).
+  c.model.attention = "blockwise"
+  c.model.attention_block_size = 512
+  # 8 nodes x 8 MI300X, pure FSDP over all 64 devices (no tensor parallelism needed once the
+  # T x T scores are gone). Plan: python -m launchers.plan --config=configs/rstar2_qwen3_14b.py
+  # --stage=1 (third_party/rocm/README.md)
+  c.mesh = common.mesh_config(data=1, fsdp=64, tensor=1)
   c.rl = common.rl_config()
   c.rollout = common.rollout_config(engine="sglang")
   # Every SGLang worker is listed (not only sglang-router): the engine's KV-capacity scheduler
@@ -28,14 +32,18 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.tool = common.tool_config()
   c.tool.num_workers = 64
   c.train = common.train_config()
-  # RL: 512 prompts x 16 = 8192 rows over 8 data shards = 1024 rows per shard; 512
-  # micro-batches -> 2 rows of T = 16384 per shard per micro-batch (the plan's fit).
-  c.train.micro_batches = 512 if mode == "rl" else 2
+  # RL: 512 prompts x 16 = 8192 rows over 64 data shards = 128 rows per shard; 128
+  # micro-batches -> 1 row of T = 14336 (stage 2/3) per device per micro-batch (the plan's
+  # fit). Packed rows need fewer micro-batches for the same trajectories.
+  c.train.micro_batches = 128 if mode == "rl" else 1
   c.eval = common.eval_config()
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
   c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-14b", hbm_gib=192.0,
-                                          mem_fraction=0.55, mfu=0.35))
+                                          mem_fraction=0.55, mfu=0.35,
+                                          # mean trajectory length / T assumed for the
+                                          # packed-rows FLOPs in the plan (not measured)
+                                          packed_fill=0.5))
   c.data = ml_collections.ConfigDict(dict(
       train_path="/data/rstar2_rl_42k.jsonl",
       sft_path="/data/nonreasoning_sft.jsonl",

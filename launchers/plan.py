@@ -46,7 +46,7 @@ _MFU = flags.DEFINE_float("mfu", None, "Assumed MFU for the implied step time (d
                           "plan.mfu, else 0.35).")
 _PEAK = flags.DEFINE_float("peak_tflops", 1307.0, "Dense bf16 peak per device (MI300X 1307).")
 _STEPS = flags.DEFINE_list("steps", ["rl", "sft"], "Steps to compile: rl, sft.")
-_STAGE = flags.DEFINE_integer("stage", 0, "RL stage whose response budget sets T.")
+_STAGE = flags.DEFINE_integer("stage", 0, "RL stage (0-based) whose response budget sets T.")
 _OUT = flags.DEFINE_string("out", None, "Write the plan here as JSON.")
 
 
@@ -59,7 +59,8 @@ def main(argv):
   hw = plan_lib.Hardware(
       hbm_gib=_HBM.value or p.get("hbm_gib", 192.0),
       mem_fraction=_MEM_FRACTION.value or p.get("mem_fraction", 0.93),
-      peak_tflops=_PEAK.value, mfu=_MFU.value or p.get("mfu", 0.35))
+      peak_tflops=_PEAK.value, mfu=_MFU.value or p.get("mfu", 0.35),
+      packed_fill=p.get("packed_fill", None))
   result = plan_lib.plan_config(
       cfg, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
       stage_index=_STAGE.value,
