@@ -155,6 +155,9 @@ def section_learner(args) -> dict:
                  "steps_timed": len(times)}
             if peak:
                 r["mfu"] = flops / t / (peak * 1e12)
+            if impl == "fused":   # did cuDNN run, or the logged XLA fallback?
+                from rstar_jax.models import attention
+                r["fallback"] = sorted(attention._logged) or None
             out["results"][impl] = r
             del state
         except Exception as e:   # noqa: BLE001 (one implementation failing keeps the others)
