@@ -304,14 +304,13 @@ def section_rl_loop(args) -> dict:
             with open(path) as f:
                 metrics = [json.loads(line) for line in f if line.strip()]
     import jax
-    keep = ("rl_step", "loss", "reward_mean", "rollout/seconds", "batch/pad_fraction_unpacked",
-            "batch/pad_fraction_packed", "tool/isolation")
     last = summary.get("last_metrics") or {}
     return {"seconds": dt, "device": jax.devices()[0].device_kind,
             "rl_step": summary.get("rl_step"),
             "steps_logged": len([m for m in metrics if "rl_step" in m]),
-            "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))
-                             and (k in keep or k.startswith(("batch/", "timing/", "loss")))}}
+            # Every numeric metric of the last step (an update happens only when RoC keeps a
+            # group: a random tiny policy often solves nothing, then no batch/* metrics).
+            "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
 
 
 # ----------------------------------------------------------------------------- driver
