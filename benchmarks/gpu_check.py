@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTIONS = ("env", "learner", "sampler", "dlpack", "rl_loop")
 # Seconds per section on a GPU (sum < 8 min including process starts); smoke mode on CPU.
-BUDGET = {"env": 60, "learner": 200, "sampler": 150, "dlpack": 40, "rl_loop": 120}
+BUDGET = {"env": 40, "learner": 170, "sampler": 130, "dlpack": 30, "rl_loop": 100}
 SMOKE_BUDGET = {"env": 60, "learner": 240, "sampler": 240, "dlpack": 60, "rl_loop": 300}
 
 # Dense bf16 peak TFLOP/s per device kind (vendor datasheets, no sparsity).
