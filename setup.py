@@ -32,6 +32,7 @@ setup(
             "torch==2.13.0",
             "reasoning-gym==0.1.25",
             "ray>=2.50",
+            "ruff>=0.6",
         ],
         "ray": ["ray>=2.50"],
     },

@@ -290,13 +290,14 @@ def section_dlpack(args) -> dict:
 
 def section_rl_loop(args) -> dict:
     from configs import rstar2_tiny_cpu
+    from rstar_jax.config import from_config_dict
     from rstar_jax.pipelines import rl_loop
 
     cfg = rstar2_tiny_cpu.get_config("rl")
     cfg.train.eval_every = 0
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        summary = rl_loop.run_rl(cfg, tmp, max_steps=2)
+        summary = rl_loop.run_rl(from_config_dict(cfg, "rl"), tmp, max_steps=2)
         dt = time.perf_counter() - t0
         metrics = []
         path = os.path.join(tmp, "metrics.jsonl")

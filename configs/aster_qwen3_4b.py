@@ -1,4 +1,4 @@
-"""ASTER on Qwen3-4B (SPEC §8): interaction-dense cold start, then 2 RL stages with a tool-call budget.
+"""ASTER on Qwen3-4B: interaction-dense cold start, then 2 RL stages with a tool-call budget.
 
 Usage: --config=configs/aster_qwen3_4b.py        (RL)
        --config=configs/aster_qwen3_4b.py:sft    (cold-start SFT on dense trajectories)
@@ -40,17 +40,16 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval = common.eval_config()
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
-  c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-4b", hbm_gib=192.0,
-                                          mem_fraction=0.55, mfu=0.35))
-  c.data = ml_collections.ConfigDict(dict(train_path="/data/dapo17k.jsonl",
-                                          sft_path="/data/aster_dense_4k.jsonl"))
+  c.plan = common.plan_config(model_preset="qwen3-4b", hbm_gib=192.0, mem_fraction=0.55,
+                              mfu=0.35)
+  c.data = common.data_config(train_path="/data/dapo17k.jsonl",
+                              sft_path="/data/aster_dense_4k.jsonl")
   # Cold-start selection (ASTER §8.2): correct answer, every tool call succeeded, > 9 calls.
-  c.coldstart = ml_collections.ConfigDict(dict(min_tool_calls=10, max_trajectories=4000,
-                                               require_all_calls_ok=True))
+  c.coldstart = common.coldstart_config(min_tool_calls=10, max_trajectories=4000,
+                                       require_all_calls_ok=True)
   if mode == "sft":
     c.optim = common.optim_config(lr=3e-5, warmup_steps=0, schedule="constant")
-    c.sft = ml_collections.ConfigDict(dict(epochs=6, warmup_ratio=0.06, batch_size=16,
-                                           max_seq_len=32768))
+    c.sft = common.sft_config(epochs=6.0, warmup_ratio=0.06, batch_size=16, max_seq_len=32768)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-6, warmup_steps=20)

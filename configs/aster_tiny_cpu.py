@@ -43,12 +43,11 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval.response_budget = 48
   c.eval.max_problems = 4
   c.data = synthetic_data()
-  c.coldstart = ml_collections.ConfigDict(dict(min_tool_calls=1, max_trajectories=64,
-                                               require_all_calls_ok=True))
+  c.coldstart = common.coldstart_config(min_tool_calls=1, max_trajectories=64,
+                                       require_all_calls_ok=True)
   if mode == "sft":
     c.optim = common.optim_config(lr=1e-3, warmup_steps=0, schedule="constant")
-    c.sft = ml_collections.ConfigDict(dict(epochs=1, warmup_ratio=0.1, batch_size=8,
-                                           max_seq_len=2048))
+    c.sft = common.sft_config(epochs=1.0, warmup_ratio=0.1, batch_size=8, max_seq_len=2048)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2)

@@ -6,12 +6,12 @@
 Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the
 tool-call JSON wrapper are single tokens), a short system prompt without the tool-schema block
-(otherwise SPEC §3's chat format, identical in SFT, RL and evaluation), short tool-needing
+(otherwise rStar2-Agent's chat format, identical in SFT, RL and evaluation), short tool-needing
 problems with two-digit operands (a*b mod m, a^e mod m, C(n,k) mod m, power sums mod m, prime
 counts), and the same 200 held-out problems evaluated with the same settings (temperature 0.6,
 k=1) before and after RL.
 
-Where the RL settings leave the paper's (SPEC §6) and why, all measured on this model:
+Where the RL settings leave the paper's (rStar2-Agent) and why, all measured on this model:
   * rollout temperature 0.6 (paper 1.0): at 1.0 the SFT model solves ~10% of its rollouts,
     at 0.6 ~55%, so most groups are mixed and every step has a signal;
   * 32 prompts x 8 rollouts kept to 4 per step (paper 16 of 32 per prompt): more distinct
@@ -28,6 +28,7 @@ metric; 0.385 -> 0.550) and ends tool errors and truncations, but lowers the gre
 import ml_collections
 
 from configs import common
+from rstar_jax.config import schema
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
@@ -42,23 +43,19 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                 max_position_embeddings=1024)
   c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
   c.mesh.num_devices = 1
-  c.data = ml_collections.ConfigDict(dict(
-      train_path="", sft_path="",
-      synthetic=ml_collections.ConfigDict(dict(
-          seed=0, n_train=1000, n_eval=200,
-          families=["mulmod", "powmod", "ncr_mod", "power_sum", "count_primes"],
-          # Two-digit numbers: every number the model copies is a frequent token, so 10 SFT
-          # epochs teach the copies (with "easy"'s 3-digit operands they stay near chance).
-          difficulty=ml_collections.ConfigDict(dict(
-              operand_digits=2, modulus_digits=2, exponent_digits=2, range_max=100, n_max=40,
-              index_max=99)))),
-  ))
+  c.data = common.synthetic_data(
+      seed=0, n_train=1000, n_eval=200,
+      families=["mulmod", "powmod", "ncr_mod", "power_sum", "count_primes"],
+      # Two-digit numbers: every number the model copies is a frequent token, so 10 SFT
+      # epochs teach the copies (with "easy"'s 3-digit operands they stay near chance).
+      difficulty=ml_collections.ConfigDict(dict(
+          operand_digits=2, modulus_digits=2, exponent_digits=2, range_max=100, n_max=40,
+          index_max=99)))
   # Scripted interaction-dense cold start (rstar_jax.data.coldstart) + ASTER selection.
-  c.coldstart = ml_collections.ConfigDict(dict(
-      explore_prob=0.8, bug_prob=0.3, min_tool_calls=2, max_trajectories=0, max_calls=3,
-      seed=0))
-  c.sft = ml_collections.ConfigDict(dict(epochs=10.0, warmup_ratio=0.05, batch_size=16,
-                                         max_seq_len=256, log_every_s=15.0))
+  c.coldstart = common.coldstart_config(explore_prob=0.8, bug_prob=0.3, min_tool_calls=2,
+                                        max_trajectories=0, max_calls=3, seed=0)
+  c.sft = common.sft_config(epochs=10.0, warmup_ratio=0.05, batch_size=16, max_seq_len=256,
+                            log_every_s=15.0)
   c.sft_optim = common.optim_config(lr=3e-3, warmup_steps=0, schedule="cosine")
   c.optim = common.optim_config(lr=3e-4, warmup_steps=2, schedule="constant")
   c.rl = common.rl_config()
@@ -74,9 +71,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_batch = 64
   c.rollout.max_len = 256
   c.rollout.decode_chunk = 16
+  # A short system prompt and no tool-schema block keep prompts ~40 tokens on a CPU.
+  c.rollout.system_prompt = "Solve the problem with the python tool."
+  c.rollout.with_tools = False
   c.tool = common.tool_config()
   c.tool.num_workers = 2
   c.tool.max_response_chars = 128
+  c.tool.show_time = False      # no "execution time" line in tool responses (fewer tokens)
   c.train = common.train_config()
   c.train.batch_prompts = 32
   c.train.checkpoint_every = 5
@@ -91,20 +92,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval.max_turns = 5
   c.eval.response_budget = 200
   c.eval.max_problems = 200
-  c.demo = ml_collections.ConfigDict(dict(
-      # A short system prompt and no tool-schema block keep prompts ~40 tokens on a CPU.
-      system_prompt="Solve the problem with the python tool.",
-      with_tools=False,
-      show_tool_time=False,       # no "execution time" line in tool responses (fewer tokens)
-      split_digits=True,          # digits outside number tokens are one token each
-      domain_tokens=True,         # user prefix and tool-call JSON wrapper as single tokens
-      number_tokens=1000,         # "0".."999" are single tokens (longer numbers: 3-digit chunks)
-      curve_eval_problems=48,     # held-out problems evaluated every train.eval_every steps
-      reuse_sft_from="",          # another demo workdir whose data/tokenizer/SFT phases to copy
-      rl_max_steps=0,             # stop RL after this many steps in this call (0 = all); rerun
-                                  # with the same --workdir to resume
-      plot=True,
-  ))
+  c.demo = common.section(schema.DemoConfig, split_digits=True, domain_tokens=True,
+                          number_tokens=1000, curve_eval_problems=48)
   if variant == "smoke":
     _smoke(c)
   return c

@@ -1,7 +1,7 @@
-"""rStar2-Agent on Qwen3-14B (SPEC §6.3): 3 RL stages, 64 GPUs, SGLang rollouts.
+"""rStar2-Agent on Qwen3-14B (paper recipe): 3 RL stages, 64 GPUs, SGLang rollouts.
 
 Usage: --config=configs/rstar2_qwen3_14b.py            (RL, all stages; plan default = stage 1)
-       --config=configs/rstar2_qwen3_14b.py:sft        (non-reasoning SFT, SPEC §6.1)
+       --config=configs/rstar2_qwen3_14b.py:sft        (non-reasoning SFT)
 """
 import ml_collections
 
@@ -39,19 +39,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval = common.eval_config()
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
-  c.plan = ml_collections.ConfigDict(dict(model_preset="qwen3-14b", hbm_gib=192.0,
-                                          mem_fraction=0.55, mfu=0.35,
-                                          # mean trajectory length / T assumed for the
-                                          # packed-rows FLOPs in the plan (not measured)
-                                          packed_fill=0.5))
-  c.data = ml_collections.ConfigDict(dict(
-      train_path="/data/rstar2_rl_42k.jsonl",
-      sft_path="/data/nonreasoning_sft.jsonl",
-  ))
+  # packed_fill: mean trajectory length / T assumed for the packed-rows FLOPs (not measured).
+  c.plan = common.plan_config(model_preset="qwen3-14b", hbm_gib=192.0, mem_fraction=0.55,
+                              mfu=0.35, packed_fill=0.5)
+  c.data = common.data_config(train_path="/data/rstar2_rl_42k.jsonl",
+                              sft_path="/data/nonreasoning_sft.jsonl")
   if mode == "sft":
     c.optim = common.optim_config(lr=5e-6, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=3, warmup_ratio=0.04, batch_size=128,
-                                           max_seq_len=4096))
+    c.sft = common.sft_config(epochs=3.0, warmup_ratio=0.04, batch_size=128, max_seq_len=4096)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-6, warmup_steps=20, schedule="constant")

@@ -22,13 +22,9 @@ def tiny_model() -> ml_collections.ConfigDict:
 
 
 def synthetic_data() -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict(dict(
-      train_path="", sft_path="",
-      # Used when the paths are empty: seeded synthetic tasks, disjoint train / held-out.
-      synthetic=ml_collections.ConfigDict(dict(seed=0, n_train=24, n_eval=8,
-                                               families=["mul", "mulmod", "powmod"],
-                                               difficulty="easy")),
-  ))
+  # The paths stay empty: seeded synthetic tasks, disjoint train / held-out.
+  return common.synthetic_data(seed=0, n_train=24, n_eval=8,
+                               families=["mul", "mulmod", "powmod"], difficulty="easy")
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
@@ -61,8 +57,7 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.data = synthetic_data()
   if mode == "sft":
     c.optim = common.optim_config(lr=1e-3, warmup_steps=0, schedule="cosine")
-    c.sft = ml_collections.ConfigDict(dict(epochs=1, warmup_ratio=0.1, batch_size=8,
-                                           max_seq_len=2048))
+    c.sft = common.sft_config(epochs=1.0, warmup_ratio=0.1, batch_size=8, max_seq_len=2048)
     c.stages = []
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2, schedule="constant")

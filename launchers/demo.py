@@ -12,6 +12,7 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import demo, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -28,7 +29,7 @@ def main(argv):
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
-  demo.run_demo(cfg, _WORKDIR.value)
+  demo.run_demo(from_config_dict(cfg, "rl"), _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 from absl import app, flags
 from ml_collections import config_flags
 
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import evaluation, runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode eval).",
@@ -23,7 +24,8 @@ def main(argv):
   del argv
   runtime.setup_logging()
   runtime.maybe_initialize_distributed()
-  report = evaluation.run_eval(_CONFIG.value, _OUT.value, checkpoint_dir=_CKPT.value,
+  run = from_config_dict(_CONFIG.value, "eval", check_paths=True)
+  report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value,
                                workdir=_WORKDIR.value)
   print(runtime.summary_json(report["metrics"]))
 

@@ -7,6 +7,7 @@ The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_
 from absl import app, flags
 from ml_collections import config_flags
 
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config (model shape).",
@@ -20,7 +21,8 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 def main(argv):
   del argv
   runtime.setup_logging()
-  step = runtime.export_checkpoint(_CONFIG.value, _CKPT.value, _OUT.value,
+  run = from_config_dict(_CONFIG.value, check_inputs=False)
+  step = runtime.export_checkpoint(run, _CKPT.value, _OUT.value,
                                    tokenizer_path=_TOK.value, step=_STEP.value)
   print(f"exported step {step} to {_OUT.value}")
 

@@ -54,15 +54,16 @@ def main(argv):
   del argv
   from rstar_jax.planning import plan as plan_lib
 
-  cfg = _CONFIG.value
-  p = cfg.plan if "plan" in cfg else {}
-  hw = plan_lib.Hardware(
-      hbm_gib=_HBM.value or p.get("hbm_gib", 192.0),
-      mem_fraction=_MEM_FRACTION.value or p.get("mem_fraction", 0.93),
-      peak_tflops=_PEAK.value, mfu=_MFU.value or p.get("mfu", 0.35),
-      packed_fill=p.get("packed_fill", None))
+  from rstar_jax.config import from_config_dict
+
+  run = from_config_dict(_CONFIG.value, check_inputs=False)
+  p = run.plan
+  hw = plan_lib.Hardware(hbm_gib=_HBM.value or p.hbm_gib,
+                         mem_fraction=_MEM_FRACTION.value or p.mem_fraction,
+                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu,
+                         packed_fill=(p.packed_fill or None) if run.train.pack_rows else None)
   result = plan_lib.plan_config(
-      cfg, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
+      run, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
       stage_index=_STAGE.value,
       config_path=config_flags.get_config_filename(flags.FLAGS["config"]))
   print(plan_lib.format_table(result))

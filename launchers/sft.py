@@ -7,6 +7,7 @@ Resumes from <workdir>/ckpt when present; writes <workdir>/hf (HF model + tokeni
 from absl import app, flags
 from ml_collections import config_flags
 
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import runtime, sft_loop
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode sft).",
@@ -19,7 +20,8 @@ def main(argv):
   del argv
   runtime.setup_logging()
   runtime.maybe_initialize_distributed()
-  out = sft_loop.run_sft(_CONFIG.value, _WORKDIR.value, max_steps=_MAX_STEPS.value)
+  run = from_config_dict(_CONFIG.value, "sft", check_paths=True)
+  out = sft_loop.run_sft(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))
 
 

@@ -8,6 +8,7 @@ Resumes from <workdir>/ckpt when present (same step, data position, stage).
 from absl import app, flags
 from ml_collections import config_flags
 
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import rl_loop, runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode rl).",
@@ -21,7 +22,8 @@ def main(argv):
   del argv
   runtime.setup_logging()
   runtime.maybe_initialize_distributed()
-  out = rl_loop.run_rl(_CONFIG.value, _WORKDIR.value, max_steps=_MAX_STEPS.value)
+  run = from_config_dict(_CONFIG.value, "rl", check_paths=True)
+  out = rl_loop.run_rl(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))
 
 

@@ -4,4 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 export PYTHONDONTWRITEBYTECODE=1
+# Where the code tool's strongest sandbox is possible (root + bubblewrap), a threat test that
+# skips at the namespaces level fails the run instead of passing silently.
+if [ "$(id -u)" = "0" ] && command -v bwrap >/dev/null 2>&1; then
+  export RSTAR_REQUIRE_NAMESPACES="${RSTAR_REQUIRE_NAMESPACES:-1}"
+fi
 exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"

@@ -174,3 +174,20 @@ def split_rl_batch(batch: dict[str, np.ndarray], num_mini_batches: int, rng: np.
             mb[k][: len(part)] = v[part]
         out.append(mb)
     return out
+
+
+def length_bucket(longest: int, minimum: int = 64) -> int:
+    """Smallest power of two >= max(longest, minimum): a batch's padded length T (one compiled
+    step per bucket instead of one per length)."""
+    t = max(int(longest), minimum, 2)
+    return 1 << (t - 1).bit_length()
+
+
+def pad_id_of(tokenizer) -> int:
+    """The id padding columns hold: the tokenizer's pad id, else its EOS id, else 0 (padding is
+    masked out everywhere, so only its range matters)."""
+    for attr in ("pad_token_id", "eos_token_id"):
+        v = getattr(tokenizer, attr, None)
+        if isinstance(v, int):
+            return v
+    return 0

@@ -18,8 +18,8 @@ Column 0 is never a target.
 Exact token-mean under gradient accumulation: the loss normaliser is the loss-mask token count
 of the WHOLE batch, computed before the micro-batch loop; each micro-batch contributes
 ``sum(per-token loss * mask) / total``, so the summed gradient is exactly the gradient of the
-whole-batch token-mean (SPEC §1.3 notes the released verl code's approximation; we do not copy
-it). Micro-batch j holds rows n with ``n % M == j`` (a strided split), so with the rows sharded
+whole-batch token-mean (the released verl code approximates it per micro-batch; we do not copy
+that). Micro-batch j holds rows n with ``n % M == j`` (a strided split), so with the rows sharded
 over the data axes every device works on every micro-batch.
 
 Losses come from ``rstar_jax.rl.losses`` (``sft_loss``; the policy loss named in StepConfig,
@@ -31,9 +31,10 @@ approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (befor
 ``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
 
 Old log-probs: the RL batch carries the sampler's log-probs. To use the learner's own instead
-(recomputed after RoC, as verl does), call `JittedSteps.recompute_old_logprobs` (or
-`compute_logprobs` + `with_old_logprobs`) before `rl_step`; `logprob_drift` measures how far the
-two disagree (the sampler/trainer mismatch).
+(recomputed after RoC, as verl does), call `compute_logprobs` + `with_old_logprobs` before
+`rl_step`; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
+Log-probs and entropies come from the one `rstar_jax.rl.losses.token_logprobs_and_entropy`
+(prediction-aligned); the learner shifts by one column to the token-aligned layout above.
 """
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class StepConfig:
         num_micro_batches: M; the batch's N rows are split into M strided micro-batches whose
             gradients are accumulated (N must be a multiple of M).
         policy_loss: name of the policy loss in ``rstar_jax.rl.registry`` ("grpo_roc").
+        sft_loss: name of the SFT loss in ``rstar_jax.rl.registry`` ("nll").
         eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (rStar2-Agent: 0.2 / 0.28).
         dual_clip_c: dual-clip bound for negative advantages (released verl code: 3.0); None off.
         entropy_coef: entropy bonus weight (paper: 0).
@@ -85,6 +87,7 @@ class StepConfig:
 
     num_micro_batches: int = 1
     policy_loss: str = "grpo_roc"
+    sft_loss: str = "nll"
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip_c: float | None = None
@@ -101,6 +104,8 @@ class StepConfig:
             bad("num_micro_batches", "an int >= 1")
         if self.policy_loss not in registry.names("policy_loss"):
             bad("policy_loss", f"one of {registry.names('policy_loss')}")
+        if self.sft_loss not in registry.names("sft_loss"):
+            bad("sft_loss", f"one of {registry.names('sft_loss')}")
         if not 0.0 <= self.eps_low < 1.0:
             bad("eps_low", "a float in [0, 1)")
         if not self.eps_high >= 0.0:
@@ -130,17 +135,10 @@ def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1)
                          f"{num_micro_batches}")
 
 
-def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array
-                               ) -> tuple[jax.Array, jax.Array]:
-    """Token-aligned log-probs and entropies from causal-LM logits.
-
-    Args:
-        logits: [B, T, V]; logits[:, t] predicts input_ids[:, t + 1].
-        input_ids: [B, T] int32.
-    Returns:
-        logp [B, T] float32: logp[:, t] = log p(input_ids[:, t] | ids[:, :t]); column 0 is 0.
-        entropy [B, T] float32: entropy of the distribution that predicted column t; column 0 is 0.
-    """
+def _token_aligned(logits: jax.Array, input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`losses.token_logprobs_and_entropy` on causal-LM logits, re-indexed to the batch layout:
+    column t is about ``input_ids[:, t]`` (predicted by ``logits[:, t - 1]``); column 0 is 0.
+    logits [B, T, V], input_ids [B, T] -> logp, entropy [B, T] float32."""
     logp, ent = losses.token_logprobs_and_entropy(logits[:, :-1], input_ids[:, 1:])
     pad = jnp.zeros_like(logp[:, :1])
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, ent], 1)
@@ -148,7 +146,7 @@ def token_logprobs_and_entropy(logits: jax.Array, input_ids: jax.Array
 
 def _target_mask(loss_mask: jax.Array) -> jax.Array:
     """float32 mask with column 0 forced to 0 (nothing predicts the first token)."""
-    mask = loss_mask.astype(jnp.float32)
+    mask = jnp.asarray(loss_mask, jnp.float32)
     return mask.at[:, 0].set(0.0)
 
 
@@ -172,16 +170,16 @@ def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
     return {k: batch[k] for k in keys + PACKING_KEYS if k in batch}
 
 
-def _sft_micro_loss(apply_fn, params, mb, normaliser):
+def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = _apply(apply_fn, params, mb)
     mask = _target_mask(mb["loss_mask"])
-    return losses.sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:],
-                           normalizer=normaliser)
+    loss_fn = registry.get("sft_loss", cfg.sft_loss)
+    return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
     logits = _apply(apply_fn, params, mb)
-    logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"])
+    logp, ent = _token_aligned(logits, mb["input_ids"])
     loss_fn = registry.get("policy_loss", cfg.policy_loss)
     return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
                    eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
@@ -251,7 +249,7 @@ def sft_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
     batch = _with_packing(batch, SFT_KEYS)
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, "token-mean")
-    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm)
+    loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm, config)
     grads, sums = _accumulate(loss_fn, state.params, batch, config.num_micro_batches,
                               micro_sharding)
     return _finish(state, grads, sums, jnp.sum(mask), config)
@@ -288,7 +286,7 @@ def compute_logprobs(params, batch: Batch, *, apply_fn: ApplyFn, num_micro_batch
     check_batch(batch, ("input_ids", "attention_mask"), num_micro_batches)
 
     def one(mb):
-        return token_logprobs_and_entropy(_apply(apply_fn, params, mb), mb["input_ids"])[0]
+        return _token_aligned(_apply(apply_fn, params, mb), mb["input_ids"])[0]
 
     mb_in = _with_packing(batch, ("input_ids", "attention_mask"))
     if num_micro_batches == 1:
@@ -361,10 +359,6 @@ class JittedSteps:
                 f"num_micro_batches {self.num_micro_batches} = {dp * self.num_micro_batches} "
                 "(pad with make_*_batch(row_multiple=...))")
         return {k: jax.device_put(v, self.batch_sharding(v)) for k, v in batch.items()}
-
-    def recompute_old_logprobs(self, params, batch: Batch) -> dict[str, jax.Array]:
-        """``batch`` with old_logprobs = the learner's log-probs under ``params`` (masked)."""
-        return with_old_logprobs(batch, self.compute_logprobs(params, batch))
 
     def shard_state(self, state: TrainState) -> TrainState:
         """Places ``state`` (built with the same ``tx``) onto ``state_shardings``."""

@@ -1,14 +1,17 @@
 """The rollout side shared by RL and evaluation: engine + code pool + tokenizer + reward.
 
-`AgentRunner.rollout(problem, seed=..., settings=...)` renders the SPEC §3 prompt, runs the
+`AgentRunner.rollout(problem, seed=..., settings=...)` renders the rStar2-Agent chat prompt
+(system prompt, optional tool-schema block: runner options), runs the
 multi-turn agent loop (generation through the shared engine, tool calls through the shared code
 pool) and returns a `Trajectory`; `AgentRunner.rewards` scores trajectories against gold
 answers with the math verifier, which runs out of process with a hard timeout (a pathological
 answer scores 0 instead of hanging the loop).
 
-`open_runner(config, model_config, params, tokenizer)` is the async context manager the loops
-use: it starts the code pool, builds the engine named by ``config.rollout.engine`` and closes
-both on exit.
+`open_runner(run, model_config, params, tokenizer)` is the async context manager the RL loop,
+evaluation and the demo use: it starts the code pool, builds the engine named by
+``run.rollout.engine``, waits until a remote engine answers and closes both on exit.
+`rollout_settings` / `eval_settings` are the one place sampling and agent-loop limits are
+taken from a `RunConfig`.
 """
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import dataclasses
 import logging
 from typing import Any, AsyncIterator, Sequence
 
-import ml_collections
-
+from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.problems import Problem
+from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.rewards import math_reward
 
 log = logging.getLogger(__name__)
@@ -60,12 +63,16 @@ class AgentRunner:
     max_prompt_tokens: prompts longer than this raise (they would silently eat the budget).
     answer_mode: reward extraction ("answer_tag" paper, "anywhere" released code).
     verify_timeout_s: bound on each math-verify call.
+    system_prompt: the chats' system prompt (None = the chat format's default).
+    with_tools: put the tool-schema block in the system prompt.
+    show_tool_time: tool responses carry the "execution time" line.
   """
 
   def __init__(self, engine, pool, tokenizer, *, tool_timeout_s: float = 4.0,
                max_response_chars: int = 1024, stateful_tools: bool = False,
                max_prompt_tokens: int = 2048, answer_mode: str = "answer_tag",
-               verify_timeout_s: float = 5.0):
+               verify_timeout_s: float = 5.0, system_prompt: str | None = None,
+               with_tools: bool = True, show_tool_time: bool = True):
     self.engine = engine
     self.pool = pool
     self.tokenizer = tokenizer
@@ -75,15 +82,29 @@ class AgentRunner:
     self.max_prompt_tokens = max_prompt_tokens
     self.answer_mode = answer_mode
     self.verify_timeout_s = verify_timeout_s
-    self._prompt_cache: dict[str, list[int]] = {}
     from rstar_jax.tokenization import chat_format
     self._chat = chat_format
-    self.pad_id = _pad_id(tokenizer)
+    self.system_prompt = system_prompt or chat_format.SYSTEM_PROMPT
+    self.with_tools = with_tools
+    self.show_tool_time = show_tool_time
+    self._prompt_cache: dict[str, list[int]] = {}
+    self.pad_id = pad_id_of(tokenizer)
+
+  @classmethod
+  def from_config(cls, run: RunConfig, engine, pool, tokenizer) -> "AgentRunner":
+    """The runner a run config describes (tool, rollout and reward settings)."""
+    t, r = run.tool, run.rollout
+    return cls(engine, pool, tokenizer, tool_timeout_s=t.timeout_s,
+               max_response_chars=t.max_response_chars, stateful_tools=t.stateful,
+               max_prompt_tokens=r.max_prompt_tokens, answer_mode=run.rl.answer_mode,
+               system_prompt=r.system_prompt, with_tools=r.with_tools, show_tool_time=t.show_time)
 
   def prompt_ids(self, problem: Problem) -> list[int]:
+    """The rendered prompt's ids (system prompt, tool block, question, assistant prefill)."""
     ids = self._prompt_cache.get(problem.problem)
     if ids is None:
-      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem))
+      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem,
+                                             self.system_prompt, self.with_tools))
       if len(ids) > self.max_prompt_tokens:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
                          f"{self.max_prompt_tokens}: {problem.problem[:80]!r}...")
@@ -91,7 +112,7 @@ class AgentRunner:
     return ids
 
   async def rollout(self, problem: Problem, *, seed: int, settings: RolloutSettings):
-    """One trajectory for ``problem`` (agent loop, SPEC §3.4 stop rules)."""
+    """One trajectory for ``problem`` (`rstar_jax.rollout.agent_loop` stop rules)."""
     from rstar_jax.rollout import agent_loop
     cfg = agent_loop.AgentLoopConfig(
         max_turns=settings.max_turns, response_budget=settings.response_budget,
@@ -107,7 +128,7 @@ class AgentRunner:
   def render_tool_response(self, result, max_chars: int) -> str:
     """The `<tool_response>` body the model sees; subclasses change the rendering here."""
     from rstar_jax.tools.render import render_tool_response
-    return render_tool_response(result, max_chars)
+    return render_tool_response(result, max_chars, show_time=self.show_tool_time)
 
   async def rewards(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
     """Binary outcome rewards (1.0 correct, 0.0 otherwise), one per trajectory."""
@@ -119,51 +140,50 @@ class AgentRunner:
         for t, a in zip(trajectories, answers))))
 
 
-def _pad_id(tokenizer) -> int:
-  for attr in ("pad_token_id", "eos_token_id"):
-    v = getattr(tokenizer, attr, None)
-    if isinstance(v, int):
-      return v
-  return 0
+def rollout_settings(run: RunConfig, stage: StageConfig | None = None) -> RolloutSettings:
+  """Sampling + agent-loop limits of an RL stage (``None``: the rollout section's own)."""
+  r = run.rollout
+  return RolloutSettings(
+      response_budget=stage.response_budget if stage else r.response_budget,
+      max_turns=stage.max_turns if stage else r.max_turns, temperature=r.temperature,
+      top_p=r.top_p, top_k=r.top_k, max_tool_calls=r.max_tool_calls,
+      max_parallel_calls=r.max_parallel_calls)
 
 
-def build_engine(config: ml_collections.ConfigDict, model_config, params, tokenizer,
-                 *, weight_version: int = 0):
-  """The rollout engine named by ``config.rollout.engine``."""
-  r = config.rollout
+def eval_settings(run: RunConfig) -> RolloutSettings:
+  """Evaluation limits: ``eval`` section, top-k and tool limits from ``rollout``."""
+  e = run.eval
+  return dataclasses.replace(rollout_settings(run), response_budget=e.response_budget,
+                             max_turns=e.max_turns, temperature=e.temperature, top_p=e.top_p)
+
+
+def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_version: int = 0):
+  """The rollout engine named by ``run.rollout.engine``."""
+  r = run.rollout
   if r.engine == "jax":
     from rstar_jax.rollout.jax_sampler import JaxSampler
-    return JaxSampler(model_config, params, max_batch=int(r.max_batch),
-                      max_len=r.get("max_len", None) or None,
-                      decode_chunk=int(r.get("decode_chunk", 16)), seed=int(config.train.seed)
-                      if "train" in config else 0, tokenizer=tokenizer,
+    return JaxSampler(model_config, params, max_batch=r.max_batch, max_len=r.max_len or None,
+                      decode_chunk=r.decode_chunk, seed=run.train.seed, tokenizer=tokenizer,
                       weight_version=weight_version)
-  if r.engine == "sglang":
-    from rstar_jax.rollout.sglang_engine import SGLangEngine
-    return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir)
-  raise ValueError(f"config.rollout.engine: expected 'jax' or 'sglang', got {r.engine!r}")
+  from rstar_jax.rollout.sglang_engine import SGLangEngine
+  return SGLangEngine(list(r.sglang_urls), staging_dir=r.staging_dir)
 
 
 @contextlib.asynccontextmanager
-async def open_runner(config: ml_collections.ConfigDict, model_config, params, tokenizer,
-                      *, engine=None) -> AsyncIterator[AgentRunner]:
-  """Starts the code pool and the engine; yields the `AgentRunner`; closes both."""
+async def open_runner(run: RunConfig, model_config, params, tokenizer, *, engine=None,
+                      runner_cls: type[AgentRunner] = AgentRunner) -> AsyncIterator[AgentRunner]:
+  """Starts the code pool and the engine; yields the runner; closes both."""
   from rstar_jax.tools.code_pool import CodePool
-  t = config.tool
+  t = run.tool
   if engine is None:
-    engine = build_engine(config, model_config, params, tokenizer)
-  pool = CodePool(num_workers=int(t.num_workers), timeout_s=float(t.timeout_s),
-                  memory_limit_mb=int(t.memory_limit_mb))
+    engine = build_engine(run, model_config, params, tokenizer)
+  pool = CodePool(num_workers=t.num_workers, timeout_s=t.timeout_s,
+                  memory_limit_mb=t.memory_limit_mb)
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):   # remote servers: wait until they answer
       await engine.wait_healthy()
-    yield AgentRunner(engine, pool, tokenizer, tool_timeout_s=float(t.timeout_s),
-                      max_response_chars=int(t.max_response_chars),
-                      stateful_tools=bool(t.stateful),
-                      max_prompt_tokens=int(config.rollout.max_prompt_tokens),
-                      answer_mode=config.rl.get("answer_mode", "answer_tag")
-                      if "rl" in config else "answer_tag")
+    yield runner_cls.from_config(run, engine, pool, tokenizer)
   finally:
     await pool.close()
     close = getattr(engine, "close", None)

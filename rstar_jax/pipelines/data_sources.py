@@ -12,56 +12,39 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Sequence
 
-import ml_collections
-
+from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.data.sft_data import ChatExample, load_sft_jsonl
 
 
-def _synthetic_splits(cfg: ml_collections.ConfigDict) -> tuple[list[Problem], list[Problem]]:
+def _synthetic_splits(run: RunConfig) -> tuple[list[Problem], list[Problem]]:
   from rstar_jax.data import synthetic_tasks
-  s = cfg.data.synthetic
-  fams = list(s.families) if s.get("families") else None
-  difficulty = s.get("difficulty") or None
-  if isinstance(difficulty, (dict, ml_collections.ConfigDict)):
-    # A custom preset: Difficulty's own __post_init__ names any bad field.
-    d = difficulty.to_dict() if isinstance(difficulty, ml_collections.ConfigDict) else difficulty
-    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(synthetic_tasks.Difficulty)})
-    if unknown:
-      raise ValueError(f"config.data.synthetic.difficulty: unknown fields {unknown}; expected "
-                       "fields of rstar_jax.data.synthetic_tasks.Difficulty")
-    difficulty = synthetic_tasks.Difficulty(**d)
-  return synthetic_tasks.make_splits(int(s.seed), int(s.n_train), int(s.n_eval),
-                                     families=fams, difficulty=difficulty)
+  s = run.data.synthetic
+  return synthetic_tasks.make_splits(s.seed, s.n_train, s.n_eval,
+                                     families=list(s.families) or None,
+                                     difficulty=s.difficulty or None)
 
 
-def _has_synthetic(cfg) -> bool:
-  return "data" in cfg and "synthetic" in cfg.data and cfg.data.synthetic is not None
-
-
-def train_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
-  path = cfg.data.get("train_path", "")
-  if path:
-    return load_problems(path)
-  if _has_synthetic(cfg):
-    return _synthetic_splits(cfg)[0]
+def train_problems(run: RunConfig) -> list[Problem]:
+  if run.data.train_path:
+    return load_problems(run.data.train_path)
+  if run.data.synthetic is not None:
+    return _synthetic_splits(run)[0]
   raise ValueError("config.data.train_path: expected a JSONL problem file (or a data.synthetic "
                    "section), got ''")
 
 
-def eval_problems(cfg: ml_collections.ConfigDict) -> list[Problem]:
-  path = cfg.eval.get("path", "")
-  if path:
-    probs = load_problems(path)
-  elif _has_synthetic(cfg):
-    probs = _synthetic_splits(cfg)[1]
+def eval_problems(run: RunConfig) -> list[Problem]:
+  if run.eval.path:
+    probs = load_problems(run.eval.path)
+  elif run.data.synthetic is not None:
+    probs = _synthetic_splits(run)[1]
   else:
     return []
-  cap = int(cfg.eval.get("max_problems", 0) or 0)
+  cap = run.eval.max_problems
   return probs[:cap] if cap else probs
 
 
@@ -89,14 +72,18 @@ def scripted_tool_chats(problems: Sequence[Problem], max_response_chars: int = 1
   return out
 
 
-def sft_examples(cfg: ml_collections.ConfigDict) -> list[ChatExample]:
-  path = cfg.data.get("sft_path", "")
-  if path:
-    return load_sft_jsonl(path)
-  if _has_synthetic(cfg):
-    return scripted_tool_chats(_synthetic_splits(cfg)[0])
+def sft_examples(run: RunConfig) -> list[ChatExample]:
+  if run.data.sft_path:
+    return load_sft_jsonl(run.data.sft_path)
+  if run.data.synthetic is not None:
+    return scripted_tool_chats(_synthetic_splits(run)[0])
   raise ValueError("config.data.sft_path: expected a chat JSONL file (or a data.synthetic "
                    "section), got ''")
+
+
+def _content(message) -> str:
+  """A chat message's text ('' for a content-less message, e.g. a pure tool call)."""
+  return str(message.get("content", ""))
 
 
 def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] = ()) -> list[str]:
@@ -105,17 +92,16 @@ def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] =
   texts = [chat_format.build_prompt_text(p.problem) for p in problems[:2000]]
   texts += [p.solution_code for p in problems[:2000] if p.solution_code]
   for c in chats[:2000]:
-    texts += [str(m.get("content", "")) for m in c.messages]
+    texts += [_content(m) for m in c.messages]
   texts += [" ".join(str(i) for i in range(1000)),
             chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s")]
   return texts
 
 
-def ensure_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, corpus: Sequence[str] = ()):
+def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   """The run's tokenizer (module docstring); trains and saves one for a from-scratch model."""
-  from rstar_jax.pipelines import runtime
   from rstar_jax.tokenization import bpe
-  path = runtime.tokenizer_dir(cfg)
+  path = run.tokenizer_dir()
   if path:
     return bpe.load_tokenizer(path)
   out = os.path.join(workdir, "tokenizer")
@@ -124,25 +110,25 @@ def ensure_tokenizer(cfg: ml_collections.ConfigDict, workdir: str, corpus: Seque
   if not corpus:
     raise ValueError("a from-scratch model with no model.tokenizer_dir needs a corpus to train "
                      "its tokenizer")
-  return bpe.train_bpe_tokenizer(corpus, int(cfg.model.vocab_size), out)
+  return bpe.train_bpe_tokenizer(corpus, run.model.vocab_size, out)
 
 
 def _final_answer_ok(example: ChatExample) -> bool | None:
   """Whether the last assistant message's boxed answer equals ``extra['answer']``; None when
   the example carries no gold answer."""
   from rstar_jax.rewards import math_reward
-  gold = example.extra.get("answer") if example.extra else None
-  if gold is None:
+  extra = example.extra or {}
+  if "answer" not in extra or extra["answer"] is None:
     return None
   last = [m for m in example.messages if m["role"] == "assistant"][-1]
-  pred = math_reward.extract_answer(str(last.get("content", "")), "answer_tag")
-  return math_reward.is_equivalent(pred, str(gold))
+  pred = math_reward.extract_answer(_content(last), "answer_tag")
+  return math_reward.is_equivalent(pred, str(extra["answer"]))
 
 
 def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls: int,
                              max_trajectories: int = 0, require_all_calls_ok: bool = True,
                              require_correct: bool = True) -> tuple[list[ChatExample], dict]:
-  """ASTER's cold-start selection (SPEC §8.2, §12 item 33).
+  """ASTER's cold-start selection (correct answer, every call succeeded, dense chats first).
 
   Keeps chats whose final answer matches the gold ``extra['answer']`` (when
   ``require_correct``; chats without a gold answer are dropped then), whose every tool
@@ -157,7 +143,7 @@ def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls:
     if require_correct and not _final_answer_ok(ex):
       stats["dropped_incorrect"] += 1
       continue
-    tools = [str(m.get("content", "")) for m in ex.messages if m["role"] == "tool"]
+    tools = [_content(m) for m in ex.messages if m["role"] == "tool"]
     if require_all_calls_ok and not all(t.startswith("Tool call success") for t in tools):
       stats["dropped_failed_call"] += 1
       continue

@@ -14,7 +14,7 @@ unfinished one resumes from its checkpoint):
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -22,10 +22,10 @@ import shutil
 import time
 from typing import Any, Sequence
 
-import ml_collections
-
+from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines.agent_runner import AgentRunner
+from rstar_jax.config import ColdStartConfig as ColdStartSection
+from rstar_jax.pipelines import agent_runner
 
 log = logging.getLogger(__name__)
 
@@ -37,66 +37,16 @@ def _say(msg: str) -> None:
   print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-class DemoRunner(AgentRunner):
-  """AgentRunner whose prompts use the demo's system prompt (and optional tool block), the
-  same rendering the cold-start chats were trained with."""
-
-  def __init__(self, *args, system_prompt: str, with_tools: bool, show_tool_time: bool = True,
-               **kw):
-    super().__init__(*args, **kw)
-    self.system_prompt = system_prompt
-    self.with_tools = with_tools
-    self.show_tool_time = show_tool_time
-
-  def render_tool_response(self, result, max_chars: int) -> str:
-    from rstar_jax.tools.render import render_tool_response
-    return render_tool_response(result, max_chars, show_time=self.show_tool_time)
-
-  def prompt_ids(self, problem: Problem) -> list[int]:
-    ids = self._prompt_cache.get(problem.problem)
-    if ids is None:
-      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem,
-                                             self.system_prompt, self.with_tools))
-      if len(ids) > self.max_prompt_tokens:
-        raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
-                         f"{self.max_prompt_tokens}: {problem.problem[:80]!r}")
-      self._prompt_cache[problem.problem] = ids
-    return ids
-
-
-@contextlib.asynccontextmanager
-async def open_demo_runner(cfg: ml_collections.ConfigDict, model_config, params, tokenizer):
-  from rstar_jax.pipelines.agent_runner import build_engine
-  from rstar_jax.tools.code_pool import CodePool
-  t = cfg.tool
-  engine = build_engine(cfg, model_config, params, tokenizer)
-  pool = CodePool(num_workers=int(t.num_workers), timeout_s=float(t.timeout_s),
-                  memory_limit_mb=int(t.memory_limit_mb))
-  await pool.start()
-  try:
-    yield DemoRunner(engine, pool, tokenizer, tool_timeout_s=float(t.timeout_s),
-                     max_response_chars=int(t.max_response_chars), stateful_tools=bool(t.stateful),
-                     max_prompt_tokens=int(cfg.rollout.max_prompt_tokens),
-                     answer_mode=cfg.rl.get("answer_mode", "answer_tag"),
-                     system_prompt=_system_prompt(cfg), with_tools=bool(cfg.demo.with_tools),
-                     show_tool_time=bool(cfg.demo.show_tool_time))
-  finally:
-    await pool.close()
-
-
-def _system_prompt(cfg) -> str:
+def _system_prompt(run: RunConfig) -> str:
   from rstar_jax.tokenization import chat_format
-  return cfg.demo.system_prompt or chat_format.SYSTEM_PROMPT
+  return run.rollout.system_prompt or chat_format.SYSTEM_PROMPT
 
 
-def _derived(cfg: ml_collections.ConfigDict, mode: str) -> ml_collections.ConfigDict:
-  """The SFT / RL config the library loops validate, taken from the demo config."""
-  c = ml_collections.ConfigDict(cfg.to_dict())
-  c.mode = mode
+def _derived(run: RunConfig, mode: str) -> RunConfig:
+  """The SFT / RL config of the library loops, taken from the demo config."""
   if mode == "sft":
-    c.optim = c.sft_optim
-    c.stages = []
-  return c
+    return dataclasses.replace(run, mode="sft", optim=run.sft_optim or run.optim, stages=())
+  return dataclasses.replace(run, mode=mode)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -128,15 +78,14 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
   if os.path.isfile(path):
     _say(f"data: reusing {path}")
     return load_sft_jsonl(path)
-  cs = cfg.coldstart
+  cs = cfg.coldstart or ColdStartSection()
   csc = coldstart.ColdStartConfig(
-      explore_prob=float(cs.explore_prob), bug_prob=float(cs.bug_prob),
-      min_tool_calls=int(cs.min_tool_calls), max_trajectories=int(cs.max_trajectories),
-      max_calls=int(cs.max_calls), show_time=bool(cfg.demo.show_tool_time),
-      max_response_chars=int(cfg.tool.max_response_chars), tool_timeout_s=float(cfg.tool.timeout_s),
-      system_prompt=_system_prompt(cfg), seed=int(cs.seed))
+      explore_prob=cs.explore_prob, bug_prob=cs.bug_prob, min_tool_calls=cs.min_tool_calls,
+      max_trajectories=cs.max_trajectories, max_calls=cs.max_calls, show_time=cfg.tool.show_time,
+      max_response_chars=cfg.tool.max_response_chars, tool_timeout_s=cfg.tool.timeout_s,
+      system_prompt=_system_prompt(cfg), seed=cs.seed)
   t0 = time.monotonic()
-  kept, stats = coldstart.build_coldstart_sync(train, csc, num_workers=int(cfg.tool.num_workers))
+  kept, stats = coldstart.build_coldstart_sync(train, csc, num_workers=cfg.tool.num_workers)
   stats["wall_time_s"] = time.monotonic() - t0
   _write_json(os.path.join(workdir, "coldstart_stats.json"), stats)
   write_sft_jsonl(path + ".tmp", kept)
@@ -145,54 +94,23 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
   return load_sft_jsonl(path)
 
 
-def domain_tokens() -> list[str]:
-  """Fixed strings of the chat format that become single tokens of the demo tokenizer: the
-  user-message prefix and the text around the code of a tool call. (Byte-level BPE pre-splits
-  on punctuation, so no number of merges would join them; at 14B scale the prompt cost is
-  irrelevant, on a 2-core CPU it is half the sequence.)"""
-  from rstar_jax.tokenization import chat_format
-  head, tail = chat_format.format_tool_call("@CODE@", "").split("@CODE@")
-  return [chat_format.USER_PREFIX, head, tail]
-
-
-def train_demo_tokenizer(texts: Sequence[str], vocab_size: int, out_dir: str,
-                         added: Sequence[str] = (), split_digits: bool = False):
-  """`bpe.train_bpe_tokenizer` with `added` strings as extra whole tokens (`vocab_size`
-  counts them) and, with `split_digits`, every digit its own token (numbers are then spelled
-  the same wherever they appear, which a tiny model needs to copy them from the question into
-  code and from the tool output into the answer). Saved to `out_dir` (`bpe.load_tokenizer`)."""
-  from tokenizers import AddedToken, pre_tokenizers
-
-  from rstar_jax.tokenization import bpe
-  tok = bpe.train_bpe_tokenizer(texts, vocab_size - len(added), None)
-  if split_digits:
-    # Digits split before the byte-level step; merges that join digits simply never apply.
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-  if added:
-    tok.add_tokens([AddedToken(a, normalized=False, special=False) for a in added])
-  tok.save_pretrained(out_dir)
-  return bpe.load_tokenizer(out_dir)
-
-
 def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
   from rstar_jax.data import coldstart
-  from rstar_jax.tokenization import bpe, chat_format
+  from rstar_jax.tokenization import bpe, chat_format, domain
   out = os.path.join(workdir, "tokenizer")
   if os.path.isfile(os.path.join(out, "tokenizer.json")):
     return bpe.load_tokenizer(out)
-  sp, wt = _system_prompt(cfg), bool(cfg.demo.with_tools)
+  sp, wt = _system_prompt(cfg), cfg.rollout.with_tools
   texts = coldstart.chat_texts(chats)
   texts += [chat_format.build_prompt_text(p.problem, sp, wt) for p in train[:2000]]
   texts += [chat_format.tool_turn_text("Tool call success\nstdout: 0")] * 100
-  added = domain_tokens() if cfg.demo.domain_tokens else []
+  added = domain.domain_tokens() if cfg.demo.domain_tokens else []
   # Whole-number tokens: copying a number (question -> code, tool output -> answer) is then
   # copying one token, which a ~1M-parameter model learns from a few hundred SFT steps
   # (per-digit copying needs induction circuits it does not form in that budget).
-  added += [str(i) for i in range(int(cfg.demo.get("number_tokens", 0)))]
-  tok = train_demo_tokenizer(texts, int(cfg.model.vocab_size), out, added,
-                             split_digits=bool(cfg.demo.split_digits))
+  added += [str(i) for i in range(cfg.demo.number_tokens)]
+  tok = domain.train_domain_tokenizer(texts, cfg.model.vocab_size, out, added,
+                                      split_digits=cfg.demo.split_digits)
   _say(f"tokenizer: {len(tok)} tokens ({len(added)} domain tokens) -> {out}")
   return tok
 
@@ -201,12 +119,12 @@ def phase_sft(cfg, workdir: str, chats, tokenizer):
   """Returns the SFT params (from ``sft/hf`` once finished)."""
   from rstar_jax.data import coldstart
   from rstar_jax.models import qwen3
-  from rstar_jax.pipelines import runtime, sft_loop
+  from rstar_jax.pipelines import sft_loop
   hf = os.path.join(workdir, "sft", "hf")
-  model_config = runtime.model_config_from(cfg)
+  model_config = cfg.model.qwen3_config()
   if not os.path.isfile(os.path.join(hf, "config.json")):
     scfg = _derived(cfg, "sft")
-    pairs = coldstart.render_examples(tokenizer, chats, with_tools=bool(cfg.demo.with_tools))
+    pairs = coldstart.render_examples(tokenizer, chats, with_tools=cfg.rollout.with_tools)
     _say(f"sft: {len(pairs)} chats, {scfg.sft.epochs} epochs, batch {scfg.sft.batch_size}")
     out = sft_loop.run_sft(scfg, os.path.join(workdir, "sft"), tokenizer=tokenizer,
                            examples=pairs)
@@ -218,12 +136,11 @@ def phase_sft(cfg, workdir: str, chats, tokenizer):
 
 
 async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict:
-  from rstar_jax.pipelines import evaluation, runtime
-  from rstar_jax.pipelines.rl_loop import eval_settings
-  mc = runtime.model_config_from(cfg)
-  async with open_demo_runner(cfg, mc, params, tokenizer) as runner:
-    return await evaluation.evaluate(runner, problems, eval_settings(cfg), k=k, seed=seed,
-                                     progress_every_s=float(cfg.train.progress_every_s),
+  from rstar_jax.pipelines import evaluation
+  mc = cfg.model.qwen3_config()
+  async with agent_runner.open_runner(cfg, mc, params, tokenizer) as runner:
+    return await evaluation.evaluate(runner, problems, agent_runner.eval_settings(cfg), k=k,
+                                     seed=seed, progress_every_s=cfg.train.progress_every_s,
                                      keep_samples=4)
 
 
@@ -233,8 +150,7 @@ def phase_eval(cfg, workdir: str, name: str, params, tokenizer, problems) -> dic
     rep = _read_json(path)
     _say(f"eval_{name}: reusing {path}: accuracy {rep['metrics']['accuracy']:.3f}")
     return rep
-  rep = asyncio.run(_evaluate(cfg, params, tokenizer, problems, int(cfg.eval.k),
-                              int(cfg.eval.seed)))
+  rep = asyncio.run(_evaluate(cfg, params, tokenizer, problems, cfg.eval.k, cfg.eval.seed))
   _write_json(path, rep)
   m = rep["metrics"]
   _say(f"eval_{name}: accuracy {m['accuracy']:.3f} on {m['num_problems']} problems x "
@@ -249,29 +165,27 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   from rstar_jax.learner.checkpoint import export_hf
   from rstar_jax.models import qwen3
   from rstar_jax.pipelines import rl_loop, runtime
-  from rstar_jax.pipelines.config_validation import validate_config
   rdir = os.path.join(workdir, "rl")
   hf = os.path.join(rdir, "hf")
-  model_config = runtime.model_config_from(cfg)
+  model_config = cfg.model.qwen3_config()
   if os.path.isfile(os.path.join(hf, "config.json")):
     _say(f"rl: reusing {hf}")
     return qwen3.load_hf_params(hf, model_config)
   rcfg = _derived(cfg, "rl")
-  validate_config(rcfg, "rl")
   os.makedirs(rdir, exist_ok=True)
   learner = runtime.build_learner(rcfg, params=sft_params)
   runtime.check_vocab(tokenizer, learner.model_config)
-  total = sum(int(s["steps"]) for s in rcfg.stages)
+  total = sum(s.steps for s in rcfg.stages)
   _say(f"rl: {total} steps of {rcfg.train.batch_prompts} prompts x "
        f"{rcfg.rl.oversample * rcfg.rl.group_size} rollouts (keep {rcfg.rl.group_size}, "
        f"roc_mode={rcfg.rl.roc_mode})")
 
   async def main():
-    async with open_demo_runner(rcfg, learner.model_config, learner.params_copy(),
-                                tokenizer) as runner:
+    async with agent_runner.open_runner(rcfg, learner.model_config, learner.params_copy(),
+                                        tokenizer) as runner:
       loop = rl_loop.RLLoop(rcfg, learner, runner, rdir, problems=train,
                             eval_problems=curve_problems)
-      await loop.run(max_steps=int(cfg.demo.get("rl_max_steps", 0)) or None)
+      await loop.run(max_steps=cfg.demo.rl_max_steps or None)
       loop.ckpt.close()
       return loop
 
@@ -289,7 +203,7 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
 
 
 def _first_last(rows: Sequence[dict], key: str) -> dict:
-  vals = [r[key] for r in rows if r.get(key) is not None]
+  vals = [r[key] for r in rows if key in r and r[key] is not None]
   return {"first": vals[0] if vals else None, "last": vals[-1] if vals else None}
 
 
@@ -320,42 +234,6 @@ def build_summary(workdir: str, wall_time_s: float, cfg) -> dict:
   return out
 
 
-def plot(workdir: str, summary: dict, path: str) -> None:
-  """reward, held-out accuracy, tool calls / trajectory, tool-error ratios over RL steps."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
-  rows = read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl"))
-  steps = [r["step"] for r in rows]
-  fig, ax = plt.subplots(2, 2, figsize=(10, 7))
-  ax[0, 0].plot(steps, [r.get("reward_mean") for r in rows], marker=".")
-  ax[0, 0].set_title("mean reward of sampled rollouts")
-  ev = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-  last = steps[-1] if steps else 1
-  ax[0, 1].plot([0] + [s for s, _ in ev], [summary["sft_eval_accuracy"]] + [a for _, a in ev],
-                marker="o", label="held-out subset (in-loop)")
-  ax[0, 1].scatter([0, last], [summary["sft_eval_accuracy"], summary["rl_eval_accuracy"]],
-                   color="red", zorder=3, label=f"full held-out ({summary['eval_problems']})")
-  ax[0, 1].set_title("held-out accuracy")
-  ax[0, 1].legend(fontsize=8)
-  ax[1, 0].plot(steps, [r.get("tool_calls_per_traj") for r in rows], marker=".")
-  ax[1, 0].set_title("tool calls per trajectory")
-  ax[1, 1].plot(steps, [r.get("tool_error_ratio") for r in rows], marker=".", label="all")
-  ax[1, 1].plot(steps, [r.get("pos_tool_error_ratio") for r in rows], marker=".",
-                label="positive trajectories")
-  ax[1, 1].set_title("tool-error ratio")
-  ax[1, 1].legend(fontsize=8)
-  for a in ax.flat:
-    a.set_xlabel("RL step")
-  fig.suptitle(f"rstar_jax CPU demo (roc_mode={summary.get('roc_mode')}): SFT "
-               f"{summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -373,7 +251,7 @@ def _reuse(src: str, dst: str) -> None:
       shutil.copytree(s, d)
 
 
-def run_demo(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
+def run_demo(cfg: RunConfig, workdir: str) -> dict:
   """Runs (or resumes) every phase; returns the summary dict (also in summary.json), or {}
   when RL stopped early (``demo.rl_max_steps``)."""
   t0 = time.monotonic()
@@ -396,7 +274,7 @@ def run_demo(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   mark("sft")
   phase_eval(cfg, workdir, "sft", sft_params, tok, held)
   mark("eval_sft")
-  n_curve = int(cfg.demo.curve_eval_problems)
+  n_curve = cfg.demo.curve_eval_problems
   rl_params = phase_rl(cfg, workdir, sft_params, tok, train, held[:n_curve] if n_curve else [])
   if rl_params is None:
     mark("rl (unfinished)")
@@ -408,7 +286,8 @@ def run_demo(cfg: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = build_summary(workdir, wall, cfg)
   _write_json(os.path.join(workdir, "summary.json"), summary)
   if cfg.demo.plot:
-    plot(workdir, summary, os.path.join(workdir, "demo_plot.png"))
+    from rstar_jax import viz
+    viz.plot_demo(workdir, summary, os.path.join(workdir, "demo_plot.png"))
   mark("report")
   _say(f"summary: SFT {summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f} "
        f"on {summary['eval_problems']} held-out problems; {summary['rl_steps']} RL steps; "

@@ -1,4 +1,4 @@
-"""avg@k pass@1 evaluation with the agent loop (SPEC §10).
+"""avg@k pass@1 evaluation with the agent loop (rStar2-Agent's protocol).
 
 Each problem is attempted ``k`` times (independent seeds) with the eval sampling settings
 (temperature 0.6, 30 turns, 30K tokens in the paper); pass@1 is the mean correctness over all
@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import rl_metrics
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
@@ -91,49 +92,45 @@ def write_report(report: dict, path: str | os.PathLike) -> None:
     json.dump(report, f, indent=2)
 
 
-def run_eval(config, out_path: str, *, problems: Sequence[Problem] | None = None,
+def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | None = None,
              tokenizer=None, params=None, checkpoint_dir: str = "", workdir: str = "",
              engine=None) -> dict:
-  """Validates ``config`` (mode "eval"), loads the policy and writes the JSON report.
+  """Loads the policy of ``run`` (mode "eval") and writes the JSON report.
 
   The policy: ``params`` if given; else the latest orbax checkpoint in ``checkpoint_dir`` (an
-  SFT or RL run's ``ckpt/``); else ``config.model`` (HF dir or a random tiny model). Problems:
-  ``problems``, else ``config.eval.path`` / ``data.synthetic`` held-out split, capped at
+  SFT or RL run's ``ckpt/``); else ``run.model`` (HF dir or a random tiny model). Problems:
+  ``problems``, else ``run.eval.path`` / ``data.synthetic`` held-out split, capped at
   ``eval.max_problems``.
   """
   import asyncio as _asyncio
 
   from rstar_jax.learner.checkpoint import Checkpointer
   from rstar_jax.pipelines import agent_runner, data_sources, runtime
-  from rstar_jax.pipelines.config_validation import validate_config
-  from rstar_jax.pipelines.rl_loop import eval_settings
-  validate_config(config, "eval", check_paths=problems is None)
   if problems is None:
-    problems = data_sources.eval_problems(config)
+    problems = data_sources.eval_problems(run)
   if not problems:
     raise ValueError("config.eval.path: expected a JSONL problem file (or data.synthetic), "
                      "got no problems")
   if tokenizer is None:
     tokenizer = data_sources.ensure_tokenizer(
-        config, workdir or os.path.dirname(os.path.abspath(out_path)),
+        run, workdir or os.path.dirname(os.path.abspath(out_path)),
         data_sources.tokenizer_corpus(problems))
-  model_config = runtime.model_config_from(config)
+  model_config = run.model.qwen3_config()
   if params is None and checkpoint_dir:
-    learner = runtime.build_learner_for_restore(config)
+    learner = runtime.build_learner_for_restore(run)
     with Checkpointer(checkpoint_dir) as ck:
       learner.state, _ = ck.restore(learner.state)
     params = learner.state.params
   elif params is None:
-    params = runtime.initial_params(config, model_config)
+    params = runtime.initial_params(run, model_config)
   runtime.check_vocab(tokenizer, model_config)
 
   async def main():
-    async with agent_runner.open_runner(config, model_config, params, tokenizer,
+    async with agent_runner.open_runner(run, model_config, params, tokenizer,
                                         engine=engine) as runner:
-      return await evaluate(runner, problems, eval_settings(config), k=int(config.eval.k),
-                            seed=int(config.eval.get("seed", 0)),
-                            progress_every_s=float(config.train.get("progress_every_s", 10.0))
-                            if "train" in config else 10.0, keep_samples=4)
+      return await evaluate(runner, problems, agent_runner.eval_settings(run), k=run.eval.k,
+                            seed=run.eval.seed, progress_every_s=run.train.progress_every_s,
+                            keep_samples=4)
 
   report = _asyncio.run(main())
   report["checkpoint_dir"] = checkpoint_dir

@@ -1,19 +1,24 @@
-"""The GRPO-RoC training loop (SPEC §1.2 order of operations, §6.3 stages, §8 ASTER).
+"""The GRPO-RoC training loop (rStar2-Agent's order of operations and stages; ASTER's GRPO).
 
-One RL step:
-  1. take ``train.batch_prompts`` problems from the resumable iterator;
-  2. roll out ``rl.oversample * rl.group_size`` trajectories per problem through the shared
-     engine + agent loop + code pool (asyncio; failed rollouts are retried, so a failing
-     engine call or a killed tool worker never loses the step's data);
-  3. rewards (math verification, out of process with a timeout: it never hangs the loop);
-  4. penalties p_err + p_format per trajectory;
-  5. zero-variance filter (all-correct / all-wrong groups dropped, counted in the metrics);
-  6. RoC down-sampling to G per group ("random" = plain GRPO: uniform down-sampling);
-  7. GRPO advantages on the kept G;
-  8. a fixed-shape padded batch: always ``batch_prompts * G`` rows (empty rows weigh 0) and a
-     power-of-two length bucket, so the jitted step compiles once per bucket;
-  9. optional old-log-prob recompute, then ``rl_step``;
- 10. weight push to the engine (``update_weights``, version = optimizer step).
+`RLLoop.step` only sequences named stages; each is a method a test can call alone, and the
+pure math lives in `rstar_jax.rl` and `rstar_jax.learner`:
+
+  rollout      ``train.batch_prompts`` problems from the resumable iterator, ``rl.oversample *
+               rl.group_size`` trajectories each through engine + agent loop + code pool
+               (`collect_rollouts`: a failed rollout is retried with the same seed)  -> Rollouts
+  score        rewards (math verification out of process, bounded) and p_err + p_format
+               penalties as [P, N] host arrays                                       -> Scores
+  select       `rstar_jax.rl.selection.select_rollouts`: zero-variance filter, down-sampling
+               to G (``rl.roc_mode``), advantages (``rl.advantage``); both registry names
+                                                                                     -> Selected
+  build_batch  a fixed-shape padded batch: ``batch_prompts * G`` rows (empty rows weigh 0),
+               a power-of-two length bucket (one compiled step per bucket); packed
+               several trajectories per row by default (``train.pack_rows``)        -> batch
+  update       optional old-log-prob recompute, then ``rl.ppo_epochs`` x
+               ``rl.ppo_mini_batches`` jitted ``rl_step`` calls                       -> metrics
+  push         one `WeightTransfer` call (default: the engine's ``update_weights``; version =
+               optimizer step)                                                       -> seconds
+  log          held-out evaluation every ``train.eval_every`` steps; metrics.jsonl / TensorBoard
 
 Stages: each stage sets the response budget and turn limit; a stage may reset the optimizer and
 train on the hard subset (problems the policy at the stage start does not solve k of k).
@@ -25,88 +30,124 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import logging
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
+from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
 from rstar_jax.pipelines import rl_metrics, stages as stages_lib
-from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
+from rstar_jax.pipelines.agent_runner import (AgentRunner, RolloutSettings, eval_settings,
+                                              rollout_settings)
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
-from rstar_jax.pipelines.runtime import Learner, length_bucket  # noqa: F401 (re-export)
+from rstar_jax.pipelines.runtime import Learner
 from rstar_jax.rewards import quality
-from rstar_jax.rl import advantages as adv_lib
-from rstar_jax.rl import roc as roc_lib
+from rstar_jax.rl import selection as selection_lib
 
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- pure selection
+class WeightTransfer(Protocol):
+  """Where the push stage sends the new policy (an engine, or a transport in front of one)."""
+
+  async def update_weights(self, model_config, params, version: int) -> Any: ...
 
 
-def select_rollouts(key: jax.Array, rewards: np.ndarray, penalties: np.ndarray, *,
-                    group_size: int, mode: str, min_pos: int, min_neg: int, eps: float,
-                    drop_zero_variance: bool) -> tuple[np.ndarray, np.ndarray]:
-  """Zero-variance filter + down-sampling of each group's N rollouts to G.
+@dataclasses.dataclass
+class Rollouts:
+  """Output of the rollout stage: ``groups[i][j]`` is sample j of ``problems[i]`` (each
+  `Trajectory` records the weight version of every token)."""
 
-  Args:
-    key: PRNG key.
-    rewards, penalties: [P, N] float (N = oversample * G).
-    mode: "paper" | "released" (RoC) or "random" (uniform down-sampling, plain GRPO).
-  Returns:
-    idx: [P, G] int32 kept rollout indices per group (ascending).
-    keep_group: [P] bool, False for groups dropped by the zero-variance filter.
+  problems: list[Problem]
+  groups: list[list[Any]]
+  seed0: int
+  select_key: jax.Array
+  retries: int
+  time_s: float
+
+
+@dataclasses.dataclass
+class Scores:
+  """Output of the score stage: [P, N] float32 host arrays."""
+
+  rewards: np.ndarray
+  penalties: np.ndarray
+  time_s: float
+
+
+@dataclasses.dataclass
+class Selected:
+  """Output of the select stage: the pure selection (host arrays) and the kept trajectories
+  in batch order (group-major, kept index ascending)."""
+
+  selection: selection_lib.Selection
+  trajectories: list[Any]
+  advantages: list[float]
+  rewards: list[float]
+
+
+async def collect_rollouts(runner, problems: Sequence[Problem], n: int, seed0: int,
+                           settings: RolloutSettings, *, max_retries: int,
+                           progress: Progress | None = None) -> tuple[list[list[Any]], int]:
+  """``n`` trajectories per problem; each failed rollout is retried with the same seed.
+
+  A rollout "fails" when the engine or agent loop raises, or when a tool call ended with
+  ``internal_error`` (the pool lost its worker: not the policy's fault, so the sample would be
+  biased). After ``max_retries`` failed attempts of one rollout this raises.
+  Returns (groups [P][n], number of retries).
   """
-  rewards = np.asarray(rewards, np.float32)
-  p, n = rewards.shape
-  if drop_zero_variance:
-    keep = np.asarray(roc_lib.informative_groups(jnp.asarray(rewards)))
-  else:
-    keep = np.ones((p,), bool)
-  if n == group_size:
-    return np.tile(np.arange(n, dtype=np.int32), (p, 1)), keep
-  if mode == "random":
-    keys = jax.random.split(key, p)
-    idx = jax.vmap(lambda k: jnp.sort(jax.random.permutation(k, n)[:group_size]))(keys)
-  else:
-    idx = _roc_jit(group_size, mode, min_pos, min_neg, float(eps))(
-        key, jnp.asarray(rewards), jnp.asarray(penalties, jnp.float32))
-  return np.asarray(idx, np.int32), keep
+  jobs = [(i, j) for i in range(len(problems)) for j in range(n)]
+  out: dict[tuple[int, int], Any] = {}
+  retries = 0
+
+  async def one(i, j):
+    nonlocal retries
+    seed = (seed0 + i * 7_368_787 + j * 104_729) % (2**31 - 1)
+    last_err = None
+    for attempt in range(max_retries + 1):
+      try:
+        traj = await runner.rollout(problems[i], seed=seed, settings=settings)
+      except Exception as e:  # engine/agent failure: retry the same rollout
+        last_err = e
+        log.warning("rollout (problem %d, sample %d) failed on attempt %d: %r", i, j,
+                    attempt + 1, e)
+      else:
+        if not any(c.status == "internal_error" for c in traj.tool_calls):
+          out[(i, j)] = traj
+          if progress:
+            progress.update(len(out))
+          return
+        last_err = RuntimeError("tool call ended with internal_error (worker lost)")
+        log.warning("rollout (problem %d, sample %d): tool worker lost; retrying", i, j)
+      retries += 1
+      await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+    raise RuntimeError(f"rollout of problem {i} sample {j} failed {max_retries + 1} "
+                       f"times; last error: {last_err!r}")
+
+  await asyncio.gather(*(one(i, j) for i, j in jobs))
+  return [[out[(i, j)] for j in range(n)] for i in range(len(problems))], retries
 
 
-@functools.lru_cache(maxsize=None)
-def _roc_jit(group_size, mode, min_pos, min_neg, eps):
-  return jax.jit(functools.partial(roc_lib.roc_downsample, group_size=group_size, mode=mode,
-                                   min_pos=min_pos, min_neg=min_neg, eps=eps))
-
-
-def group_advantages(selected_rewards: np.ndarray, keep_group: np.ndarray, *, eps: float,
-                     unbiased_std: bool, neg_scale: float = 1.0) -> np.ndarray:
-  """GRPO advantages [P, G] on the kept rollouts; dropped groups get 0 (static shapes);
-  negative ones multiplied by ``neg_scale`` (``rl.neg_adv_scale``)."""
-  valid = np.broadcast_to(np.asarray(keep_group, bool)[:, None], selected_rewards.shape)
-  adv = adv_lib.grpo_advantages(jnp.asarray(selected_rewards, jnp.float32), eps=eps,
-                                unbiased_std=unbiased_std, valid=jnp.asarray(valid))
-  if neg_scale != 1.0:
-    adv = adv_lib.scale_negative_advantages(adv, neg_scale)
-  return np.asarray(adv)
-
-
-# --------------------------------------------------------------------------- the loop
+def penalties_of(trajectories: Sequence[Any], p_err_mode: str, p_format_mode: str
+                 ) -> np.ndarray:
+  """p_err + p_format per trajectory, float32 [len(trajectories)]."""
+  return np.asarray([
+      quality.p_err([c.status for c in t.tool_calls], p_err_mode,
+                    [c.output_text for c in t.tool_calls])
+      + quality.p_format(t.response_text, max(1, t.num_turns), p_format_mode)
+      for t in trajectories], np.float32)
 
 
 @dataclasses.dataclass
@@ -134,45 +175,46 @@ class LoopPosition:
 
 
 class RLLoop:
-  """Runs the RL stages of ``config`` on ``learner`` with ``runner`` (engine + tools + reward).
+  """Runs the RL stages of ``run`` on ``learner`` with ``runner`` (engine + tools + reward).
 
   Args:
-    config: validated run config (mode "rl").
+    run: typed run config (mode "rl").
     learner: model, optimizer, jitted steps and live state (`runtime.build_learner`).
     runner: shared engine, code pool, tokenizer and reward (`agent_runner.AgentRunner`).
     workdir: checkpoints (``ckpt/``), metrics (``metrics.jsonl``, ``tb/``).
-    problems: the training problems (default: ``config.data.train_path``).
+    problems: the training problems (default: ``run.data.train_path``).
     eval_problems: held-out problems evaluated every ``train.eval_every`` steps (optional).
+    weight_transfer: the push stage's target (default: ``runner.engine``).
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, learner: Learner, runner: AgentRunner,
-               workdir: str, *, problems: Sequence[Problem] | None = None,
-               eval_problems: Sequence[Problem] | None = None):
-    self.cfg = config
+  def __init__(self, run: RunConfig, learner: Learner, runner: AgentRunner, workdir: str, *,
+               problems: Sequence[Problem] | None = None,
+               eval_problems: Sequence[Problem] | None = None,
+               weight_transfer: WeightTransfer | None = None):
+    self.config = run
     self.learner = learner
     self.runner = runner
+    self.weight_transfer = weight_transfer
     self.workdir = os.fspath(workdir)
     self.problems = list(problems) if problems is not None else \
-        load_problems(config.data.train_path)
+        load_problems(run.data.train_path)
     if not self.problems:
       raise ValueError("RL loop: the training problem set is empty")
     self.eval_problems = list(eval_problems) if eval_problems else []
-    self.stages = stages_lib.stages_from_config(list(config.stages))
-    rl = config.rl
-    self.G = int(rl.group_size)
-    self.N = int(rl.oversample) * self.G
-    self.P = int(config.train.batch_prompts)
+    self.stages = list(run.stages)
+    self.G = run.rl.group_size
+    self.N = run.rl.oversample * self.G
+    self.P = run.train.batch_prompts
     rm = learner.row_multiple
     self.rows = -(-self.P * self.G // rm) * rm
-    self.max_retries = int(rl.get("max_step_retries", 3))
-    self.collapse = rl_metrics.CollapseMonitor(window=int(rl.get("collapse_window", 5)))
+    self.collapse = rl_metrics.CollapseMonitor(window=run.rl.collapse_window)
     self.ckpt = Checkpointer(os.path.join(self.workdir, "ckpt"),
-                             max_to_keep=int(config.train.keep_checkpoints))
+                             max_to_keep=run.train.keep_checkpoints)
     self.pos = LoopPosition()
     self._last_saved_step = -1
     self.iterator: EpochIterator | None = None
     self.writer: MetricsWriter | None = None
-    self.progress_every_s = float(config.train.get("progress_every_s", 10.0))
+    self.progress_every_s = run.train.progress_every_s
 
   # ------------------------------------------------------------------ resume / checkpoint
 
@@ -231,20 +273,6 @@ class RLLoop:
     os.replace(tmp, self._side_path)
     return wrote
 
-  def _dataset(self) -> list[Problem]:
-    if self.pos.data_source == "hard":
-      return [self.problems[i] for i in self.pos.hard_indices]
-    return self.problems
-
-  def _make_iterator(self, state: dict | None):
-    items = self._dataset()
-    if state is None:
-      self.iterator = EpochIterator(items, seed=int(self.cfg.train.seed))
-    else:
-      self.iterator = EpochIterator.from_state(items, state)
-
-  # ------------------------------------------------------------------ run
-
   async def run(self, max_steps: int | None = None) -> dict:
     """Runs until every stage is done (or ``max_steps`` more RL steps); returns the last
     step's metrics."""
@@ -254,7 +282,7 @@ class RLLoop:
     if self.iterator is None:
       self._make_iterator(None)
     if resumed or self.pos.weight_version != self.runner.engine.weight_version:
-      await self._push_weights()
+      await self.push()
     last: dict = {}
     done = 0
     try:
@@ -272,7 +300,7 @@ class RLLoop:
           self.pos.stage_index += 1
           self.pos.stage_step = 0
           self.pos.stage_started = False
-        every = int(self.cfg.train.checkpoint_every)
+        every = self.config.train.checkpoint_every
         if (every and self.pos.rl_step % every == 0) or self.pos.stage_index >= len(self.stages):
           self.save()
       self.save()
@@ -281,7 +309,7 @@ class RLLoop:
       self.writer.close()
     return last
 
-  async def _start_stage(self, stage: stages_lib.Stage):
+  async def _start_stage(self, stage: StageConfig):
     log.info("starting stage %d/%d %r: budget %d tokens, %d turns, data=%s",
              self.pos.stage_index + 1, len(self.stages), stage.name, stage.response_budget,
              stage.max_turns, stage.data)
@@ -299,16 +327,18 @@ class RLLoop:
       self._make_iterator(None)
     self.pos.stage_started = True
 
-  async def hard_subset(self, stage: stages_lib.Stage) -> tuple[list[int], dict]:
+  async def hard_subset(self, stage: StageConfig) -> tuple[list[int], dict]:
     """Samples k rollouts per training problem with the current policy and keeps the indices
     of problems not solved k of k (`stages.build_hard_subset`)."""
     k = stage.drop_solved_k_of_k
-    cap = int(self.cfg.rl.get("hard_subset_max_problems", 0)) or len(self.problems)
+    cap = self.config.rl.hard_subset_max_problems or len(self.problems)
     cand = list(range(min(cap, len(self.problems))))
-    settings = self._settings(stage)
-    seed0 = int(self.cfg.train.seed) * 1_000_003 + 7919 * (self.pos.stage_index + 1)
+    settings = rollout_settings(self.config, stage)
+    seed0 = self.config.train.seed * 1_000_003 + 7919 * (self.pos.stage_index + 1)
     prog = Progress(f"hard-subset k={k}", len(cand) * k, every_s=self.progress_every_s)
-    trajs = await self._rollouts([self.problems[i] for i in cand], k, seed0, settings, prog)
+    trajs, _ = await collect_rollouts(self.runner, [self.problems[i] for i in cand], k, seed0,
+                                      settings, max_retries=self.config.rl.max_step_retries,
+                                      progress=prog)
     rewards = await self.runner.rewards(
         [t for g in trajs for t in g],
         [self.problems[i].answer for i in cand for _ in range(k)])
@@ -322,164 +352,34 @@ class RLLoop:
              stats["hard_subset_candidates"])
     return kept, stats
 
-  def _settings(self, stage: stages_lib.Stage) -> RolloutSettings:
-    r = self.cfg.rollout
-    return RolloutSettings(response_budget=stage.response_budget, max_turns=stage.max_turns,
-                           temperature=float(r.temperature), top_p=float(r.top_p),
-                           top_k=int(r.top_k), max_tool_calls=int(r.max_tool_calls),
-                           max_parallel_calls=int(r.max_parallel_calls))
+  def _dataset(self) -> list[Problem]:
+    if self.pos.data_source == "hard":
+      return [self.problems[i] for i in self.pos.hard_indices]
+    return self.problems
 
-  async def _rollouts(self, problems: Sequence[Problem], n: int, seed0: int,
-                      settings: RolloutSettings, progress: Progress | None
-                      ) -> list[list[Any]]:
-    """``n`` trajectories per problem; each failed rollout is retried with the same seed.
+  def _make_iterator(self, state: dict | None):
+    items = self._dataset()
+    if state is None:
+      self.iterator = EpochIterator(items, seed=self.config.train.seed)
+    else:
+      self.iterator = EpochIterator.from_state(items, state)
 
-    A rollout "fails" when the engine or agent loop raises, or when a tool call ended with
-    ``internal_error`` (the pool lost its worker: not the policy's fault, so the sample would
-    be biased). After ``rl.max_step_retries`` failed attempts of one rollout the step raises.
-    """
-    jobs = [(i, j) for i in range(len(problems)) for j in range(n)]
-    out: dict[tuple[int, int], Any] = {}
-    self._retries = 0
+  # ------------------------------------------------------------------ one step, stage by stage
 
-    async def one(i, j):
-      seed = (seed0 + i * 7_368_787 + j * 104_729) % (2**31 - 1)
-      last_err = None
-      for attempt in range(self.max_retries + 1):
-        try:
-          traj = await self.runner.rollout(problems[i], seed=seed, settings=settings)
-        except Exception as e:  # engine/agent failure: retry the same rollout
-          last_err = e
-          log.warning("rollout (problem %d, sample %d) failed on attempt %d: %r", i, j,
-                      attempt + 1, e)
-        else:
-          if not any(c.status == "internal_error" for c in traj.tool_calls):
-            out[(i, j)] = traj
-            if progress:
-              progress.update(len(out))
-            return
-          last_err = RuntimeError("tool call ended with internal_error (worker lost)")
-          log.warning("rollout (problem %d, sample %d): tool worker lost; retrying", i, j)
-        self._retries += 1
-        await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-      raise RuntimeError(f"rollout of problem {i} sample {j} failed {self.max_retries + 1} "
-                         f"times; last error: {last_err!r}")
-
-    await asyncio.gather(*(one(i, j) for i, j in jobs))
-    return [[out[(i, j)] for j in range(n)] for i in range(len(problems))]
-
-  def _updates(self, batch: dict, sharded: dict, rng: np.random.Generator) -> list[dict]:
-    """The step's PPO updates: ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled
-    mini-batches of one fixed shape (old log-probs come from the params before the first)."""
-    rl = self.cfg.rl
-    m, epochs = int(rl.get("ppo_mini_batches", 1)), int(rl.get("ppo_epochs", 1))
-    if m == 1 and epochs == 1:
-      return [sharded]
-    rm = self.learner.row_multiple
-    per_mb = -(-batch["input_ids"].shape[0] // m)   # packed batches have fewer rows
-    rows = -(-per_mb // rm) * rm
-    js = self.learner.jitted
-    return [js.shard_batch(mb) for _ in range(epochs)
-            for mb in batch_lib.split_rl_batch(batch, m, rng, rows=rows,
-                                               pad_id=self.runner.pad_id)]
-
-  async def _push_weights(self) -> float:
-    t0 = time.monotonic()
-    version = int(jax.device_get(self.learner.state.step))
-    await self.runner.engine.update_weights(self.learner.model_config,
-                                            self.learner.params_copy(), version)
-    self.pos.weight_version = version
-    return time.monotonic() - t0
-
-  async def step(self, stage: stages_lib.Stage) -> dict:
-    """One RL step (module docstring); returns and logs its metrics."""
-    cfg, rl = self.cfg, self.cfg.rl
+  async def step(self, stage: StageConfig) -> dict:
+    """One RL step: the stages of the module docstring, in order; returns its metrics."""
     t_start = time.monotonic()
-    problems = self.iterator.next_batch(self.P)
-    self.learner.state, key = self.learner.state.split_rng()
-    k_seed, k_roc = jax.random.split(key)
-    seed0 = int(jax.random.randint(k_seed, (), 0, 2**31 - 1))
-    settings = self._settings(stage)
-
-    # 2. rollouts
-    t0 = time.monotonic()
-    prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
-                    every_s=self.progress_every_s)
-    groups = await self._rollouts(problems, self.N, seed0, settings, prog)
-    t_rollout = time.monotonic() - t0
-
-    # 3-4. rewards and penalties
-    t0 = time.monotonic()
-    flat = rl_metrics.flatten(groups)
-    rewards = np.asarray(await self.runner.rewards(
-        flat, [p.answer for p in problems for _ in range(self.N)]), np.float32)
-    rewards = rewards.reshape(len(problems), self.N)
-    penalties = np.asarray([
-        quality.p_err([c.status for c in t.tool_calls], rl.p_err_mode,
-                      [c.output_text for c in t.tool_calls])
-        + quality.p_format(t.response_text, max(1, t.num_turns), rl.p_format_mode)
-        for t in flat], np.float32).reshape(len(problems), self.N)
-    t_reward = time.monotonic() - t0
-
-    # 5-7. zero-variance filter, RoC, advantages
-    idx, keep = select_rollouts(
-        k_roc, rewards, penalties, group_size=self.G, mode=rl.roc_mode,
-        min_pos=int(rl.min_pos), min_neg=int(rl.min_neg), eps=float(rl.roc_eps),
-        drop_zero_variance=bool(rl.drop_zero_variance))
-    sel_rewards = np.take_along_axis(rewards, idx, axis=1)
-    adv = group_advantages(sel_rewards, keep, eps=float(rl.adv_eps),
-                           unbiased_std=bool(rl.unbiased_std),
-                           neg_scale=float(rl.get("neg_adv_scale", 1.0)))
-    kept_trajs, kept_adv, kept_rewards = [], [], []
-    for g in np.flatnonzero(keep):
-      for j, col in enumerate(idx[g]):
-        kept_trajs.append(groups[g][col])
-        kept_adv.append(float(adv[g, j]))
-        kept_rewards.append(float(sel_rewards[g, j]))
-
-    metrics: dict[str, Any] = {
-        "stage": self.pos.stage_index, "stage_step": self.pos.stage_step,
-        "rl_step": self.pos.rl_step + 1, "rollout_retries": float(self._retries),
-        "groups_kept": float(keep.sum()), "groups_total": float(len(problems)),
-    }
-    metrics.update(rl_metrics.group_outcome_metrics(rewards))
-    metrics.update(rl_metrics.trajectory_metrics(flat, rewards.reshape(-1)))
-    metrics.update(rl_metrics.trajectory_metrics(kept_trajs, kept_rewards, prefix="kept_"))
-    metrics.update(rl_metrics.tool_latency_metrics(flat))
-    metrics["penalty_pos_mean"] = float(penalties[rewards > 0].mean()) if (rewards > 0).any() \
-        else 0.0
-
-    # 8-9. batch and update
+    ro = await self.rollout(stage)
+    scores = await self.score(ro)
+    sel = self.select(ro, scores)
+    metrics = self.selection_metrics(ro, scores, sel)
     t0 = time.monotonic()
     t_push = 0.0
-    if kept_trajs:
-      longest = max(len(t.prompt_ids) + len(t.response_ids) for t in kept_trajs)
-      pad_to = length_bucket(longest, int(cfg.train.get("length_bucket", 64)))
-      batch = batch_lib.make_rl_batch(kept_trajs, kept_adv, pad_to,
-                                      pad_id=self.runner.pad_id, row_multiple=self.rows)
-      if cfg.train.get("pack_rows", True) and rl.get("loss_agg", "token-mean") == "token-mean":
-        batch, pack_metrics = packing.pack_for_step(batch, row_multiple=self.learner.row_multiple,
-                                                    pad_id=self.runner.pad_id)
-        metrics.update(pack_metrics)
-      js = self.learner.jitted
-      sharded = js.shard_batch(batch)
-      if rl.recompute_old_logprobs:
-        lp = js.compute_logprobs(self.learner.state.params, sharded)
-        sharded = steps_lib.with_old_logprobs(sharded, lp)
-        lp = np.asarray(lp)
-        metrics["sampler_logprob_drift"] = _drift(batch, lp)
-        batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
-      updates = self._updates(batch, sharded, np.random.default_rng(seed0 + 1))
-      for mb in updates:
-        self.learner.state, m = js.rl_step(self.learner.state, mb)
-        m = jax.device_get(m)
-        for k, v in m.items():   # mean over the step's updates
-          metrics[k] = metrics.get(k, 0.0) + float(v) / len(updates)
-      metrics["ppo_updates"] = float(len(updates))
-      metrics["batch_rows"], metrics["batch_len"] = float(batch["input_ids"].shape[0]), pad_to
+    batch = self.build_batch(sel, metrics)
+    if batch is not None:
+      metrics.update(self.update(batch, seed=ro.seed0 + 1))
       t_update = time.monotonic() - t0
-      # 10. weight push
-      t_push = await self._push_weights()
+      t_push = await self.push()
     else:
       t_update = time.monotonic() - t0
       metrics["skipped_step"] = 1.0
@@ -487,79 +387,187 @@ class RLLoop:
                   self.pos.rl_step + 1)
     metrics["weight_version"] = self.pos.weight_version
     metrics["optimizer_step"] = int(jax.device_get(self.learner.state.step))
-    metrics.update(time_rollout_s=t_rollout, time_reward_s=t_reward, time_update_s=t_update,
-                   time_weight_push_s=t_push, time_step_s=time.monotonic() - t_start)
-    metrics["collapse_warning"] = float(self.collapse.update(metrics["tool_calls_per_traj"]))
+    metrics.update(time_rollout_s=ro.time_s, time_reward_s=scores.time_s,
+                   time_update_s=t_update, time_weight_push_s=t_push,
+                   time_step_s=time.monotonic() - t_start)
+    await self.log(stage, metrics)
+    return metrics
 
-    if self.eval_problems and int(cfg.train.eval_every) and \
-        (self.pos.rl_step + 1) % int(cfg.train.eval_every) == 0:
+  async def rollout(self, stage: StageConfig) -> Rollouts:
+    """Next ``P`` problems, ``N`` trajectories each; splits the state's RNG for the step."""
+    problems = self.iterator.next_batch(self.P)
+    self.learner.state, key = self.learner.state.split_rng()
+    k_seed, k_select = jax.random.split(key)
+    seed0 = int(jax.random.randint(k_seed, (), 0, 2**31 - 1))
+    t0 = time.monotonic()
+    prog = Progress(f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N,
+                    every_s=self.progress_every_s)
+    groups, retries = await collect_rollouts(
+        self.runner, problems, self.N, seed0, rollout_settings(self.config, stage),
+        max_retries=self.config.rl.max_step_retries, progress=prog)
+    return Rollouts(problems, groups, seed0, k_select, retries, time.monotonic() - t0)
+
+  async def score(self, ro: Rollouts) -> Scores:
+    """Outcome rewards and p_err + p_format penalties, [P, N] each."""
+    t0 = time.monotonic()
+    flat = rl_metrics.flatten(ro.groups)
+    p, n = len(ro.problems), self.N
+    rewards = np.asarray(await self.runner.rewards(
+        flat, [q.answer for q in ro.problems for _ in range(n)]), np.float32).reshape(p, n)
+    rl = self.config.rl
+    penalties = penalties_of(flat, rl.p_err_mode, rl.p_format_mode).reshape(p, n)
+    return Scores(rewards, penalties, time.monotonic() - t0)
+
+  def select(self, ro: Rollouts, scores: Scores) -> Selected:
+    """`rstar_jax.rl.selection.select_rollouts` on the host arrays; the kept trajectories."""
+    rl = self.config.rl
+    sel = selection_lib.select_rollouts(
+        ro.select_key, scores.rewards, scores.penalties, group_size=self.G, mode=rl.roc_mode,
+        min_pos=rl.min_pos, min_neg=rl.min_neg, roc_eps=rl.roc_eps,
+        drop_zero_variance=rl.drop_zero_variance, advantage=rl.advantage, adv_eps=rl.adv_eps,
+        unbiased_std=rl.unbiased_std, neg_adv_scale=rl.neg_adv_scale)
+    sel = selection_lib.Selection(*(np.asarray(x) for x in sel))
+    trajs, adv, rewards = [], [], []
+    for g in np.flatnonzero(sel.keep_group):
+      for j, col in enumerate(sel.indices[g]):
+        trajs.append(ro.groups[g][col])
+        adv.append(float(sel.advantages[g, j]))
+        rewards.append(float(sel.rewards[g, j]))
+    return Selected(sel, trajs, adv, rewards)
+
+  def selection_metrics(self, ro: Rollouts, scores: Scores, sel: Selected) -> dict[str, Any]:
+    """Trajectory, group-outcome, tool and selection statistics of the step."""
+    flat = rl_metrics.flatten(ro.groups)
+    r = scores.rewards
+    keep = sel.selection.keep_group
+    metrics: dict[str, Any] = {
+        "stage": self.pos.stage_index, "stage_step": self.pos.stage_step,
+        "rl_step": self.pos.rl_step + 1, "rollout_retries": float(ro.retries),
+        "groups_kept": float(keep.sum()), "groups_total": float(len(ro.problems)),
+    }
+    metrics.update(rl_metrics.group_outcome_metrics(r))
+    metrics.update(rl_metrics.trajectory_metrics(flat, r.reshape(-1)))
+    metrics.update(rl_metrics.trajectory_metrics(sel.trajectories, sel.rewards, prefix="kept_"))
+    metrics.update(rl_metrics.tool_latency_metrics(flat))
+    metrics["penalty_pos_mean"] = float(scores.penalties[r > 0].mean()) if (r > 0).any() \
+        else 0.0
+    return metrics
+
+  def build_batch(self, sel: Selected, metrics: dict[str, Any] | None = None
+                  ) -> dict[str, np.ndarray] | None:
+    """The fixed-shape host batch of the kept trajectories (None when nothing was kept),
+    packed several per row with ``train.pack_rows`` and ``rl.loss_agg="token-mean"``
+    (`rstar_jax.learner.packing`); the padding fractions before/after go into ``metrics``."""
+    if not sel.trajectories:
+      return None
+    longest = max(len(t.prompt_ids) + len(t.response_ids) for t in sel.trajectories)
+    pad_to = length_bucket(longest, self.config.train.length_bucket)
+    batch = batch_lib.make_rl_batch(sel.trajectories, sel.advantages, pad_to,
+                                    pad_id=self.runner.pad_id, row_multiple=self.rows)
+    if self.config.train.pack_rows and self.config.rl.loss_agg == "token-mean":
+      batch, pack_metrics = packing.pack_for_step(batch, row_multiple=self.learner.row_multiple,
+                                                  pad_id=self.runner.pad_id)
+      if metrics is not None:
+        metrics.update(pack_metrics)
+    return batch
+
+  def update(self, batch: dict[str, np.ndarray], *, seed: int) -> dict[str, float]:
+    """Old-log-prob recompute (``rl.recompute_old_logprobs``) and the step's PPO updates:
+    ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled mini-batches of one fixed
+    shape (old log-probs from the params before the first). Returns the updates' mean metrics."""
+    js, rl = self.learner.jitted, self.config.rl
+    sharded = js.shard_batch(batch)
+    metrics: dict[str, float] = {}
+    if rl.recompute_old_logprobs:
+      lp = js.compute_logprobs(self.learner.state.params, sharded)
+      sharded = steps_lib.with_old_logprobs(sharded, lp)
+      lp = np.asarray(lp)
+      drift = steps_lib.logprob_drift(batch["old_logprobs"], lp, batch["loss_mask"])
+      metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
+      batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
+    m, epochs = rl.ppo_mini_batches, rl.ppo_epochs
+    if m == 1 and epochs == 1:
+      updates = [sharded]
+    else:
+      rm = self.learner.row_multiple
+      per_mb = -(-batch["input_ids"].shape[0] // m)   # packed batches have fewer rows
+      rows = -(-per_mb // rm) * rm
+      rng = np.random.default_rng(seed)
+      updates = [js.shard_batch(mb) for _ in range(epochs)
+                 for mb in batch_lib.split_rl_batch(batch, m, rng, rows=rows,
+                                                    pad_id=self.runner.pad_id)]
+    sums: dict[str, float] = {}
+    for mb in updates:
+      self.learner.state, out = js.rl_step(self.learner.state, mb)
+      for k, v in jax.device_get(out).items():   # mean over the step's updates
+        sums[k] = (sums[k] if k in sums else 0.0) + float(v) / len(updates)
+    metrics.update(sums)
+    metrics["ppo_updates"] = float(len(updates))
+    metrics["batch_rows"] = float(batch["input_ids"].shape[0])
+    metrics["batch_len"] = batch["input_ids"].shape[1]
+    return metrics
+
+  async def push(self) -> float:
+    """Sends the current params to the weight transfer; returns the seconds it took."""
+    t0 = time.monotonic()
+    version = int(jax.device_get(self.learner.state.step))
+    target = self.weight_transfer or self.runner.engine
+    await target.update_weights(self.learner.model_config, self.learner.params_copy(), version)
+    self.pos.weight_version = version
+    return time.monotonic() - t0
+
+  async def log(self, stage: StageConfig, metrics: dict[str, Any]) -> None:
+    """Collapse monitor, held-out evaluation when due, then metrics.jsonl / TB and a log line."""
+    metrics["collapse_warning"] = float(self.collapse.update(metrics["tool_calls_per_traj"]))
+    every = self.config.train.eval_every
+    if self.eval_problems and every and (self.pos.rl_step + 1) % every == 0:
       from rstar_jax.pipelines.evaluation import evaluate
-      rep = await evaluate(self.runner, self.eval_problems, eval_settings(cfg),
-                           k=int(cfg.eval.k), seed=int(cfg.eval.get("seed", 0)),
+      rep = await evaluate(self.runner, self.eval_problems, eval_settings(self.config),
+                           k=self.config.eval.k, seed=self.config.eval.seed,
                            progress_every_s=self.progress_every_s)
       metrics.update({f"eval_{k}": v for k, v in rep["metrics"].items()})
-
     self.writer.write(self.pos.rl_step + 1, metrics)
     log.info("step %d [%s]: reward %.3f, kept groups %d/%d, tool calls/traj %.2f, "
              "times rollout %.1fs reward %.1fs update %.1fs push %.1fs",
-             self.pos.rl_step + 1, stage.name, metrics["reward_mean"], int(keep.sum()),
-             len(problems), metrics["tool_calls_per_traj"], t_rollout, t_reward, t_update,
-             t_push)
-    return metrics
-
-
-def _drift(batch: dict, recomputed: np.ndarray) -> float:
-  """Mean |sampler log-prob - learner log-prob| over loss tokens (sampler/trainer mismatch)."""
-  mask = batch["loss_mask"] > 0
-  if not mask.any():
-    return 0.0
-  return float(np.abs(batch["old_logprobs"][mask] - recomputed[mask]).mean())
-
-
-def eval_settings(cfg: ml_collections.ConfigDict) -> RolloutSettings:
-  e, r = cfg.eval, cfg.rollout
-  return RolloutSettings(response_budget=int(e.response_budget), max_turns=int(e.max_turns),
-                         temperature=float(e.temperature), top_p=float(e.top_p),
-                         top_k=int(r.top_k), max_tool_calls=int(r.max_tool_calls),
-                         max_parallel_calls=int(r.max_parallel_calls))
+             self.pos.rl_step + 1, stage.name, metrics["reward_mean"],
+             int(metrics["groups_kept"]), int(metrics["groups_total"]),
+             metrics["tool_calls_per_traj"], metrics["time_rollout_s"],
+             metrics["time_reward_s"], metrics["time_update_s"], metrics["time_weight_push_s"])
 
 
 # --------------------------------------------------------------------------- entry point
 
 
-def run_rl(config: ml_collections.ConfigDict, workdir: str, *, problems=None,
-           eval_problems=None, tokenizer=None, params=None, max_steps: int | None = None,
-           engine=None) -> dict:
-  """Validates ``config``, builds everything and runs (or resumes) the RL stages.
+def run_rl(run: RunConfig, workdir: str, *, problems=None, eval_problems=None, tokenizer=None,
+           params=None, max_steps: int | None = None, engine=None) -> dict:
+  """Builds everything from ``run`` (mode "rl") and runs (or resumes) the RL stages.
 
   Args:
-    config: an RL config (``mode == "rl"``).
+    run: the typed config (`rstar_jax.config.from_config_dict(cfg, "rl")`).
     workdir: output folder (checkpoints, metrics, tokenizer of a from-scratch model).
     problems / eval_problems: override the config's data sources.
     tokenizer / params: override the config's model source (e.g. the SFT phase's result).
     max_steps: stop after this many RL steps in this call (the run can be resumed).
-    engine: a ready engine (default: built from ``config.rollout``).
+    engine: a ready engine (default: built from ``run.rollout``).
   Returns:
     summary dict: rl_step, stage_index, optimizer_step, weight_version, last metrics.
   """
   from rstar_jax.pipelines import agent_runner, data_sources, runtime
-  from rstar_jax.pipelines.config_validation import validate_config
-  validate_config(config, "rl", check_paths=True)
   os.makedirs(workdir, exist_ok=True)
   if problems is None:
-    problems = data_sources.train_problems(config)
-  if eval_problems is None and int(config.train.eval_every):
-    eval_problems = data_sources.eval_problems(config)
+    problems = data_sources.train_problems(run)
+  if eval_problems is None and run.train.eval_every:
+    eval_problems = data_sources.eval_problems(run)
   if tokenizer is None:
-    tokenizer = data_sources.ensure_tokenizer(
-        config, workdir, data_sources.tokenizer_corpus(problems))
-  learner = runtime.build_learner(config, params=params)
+    tokenizer = data_sources.ensure_tokenizer(run, workdir,
+                                              data_sources.tokenizer_corpus(problems))
+  learner = runtime.build_learner(run, params=params)
   runtime.check_vocab(tokenizer, learner.model_config)
 
   async def main():
-    async with agent_runner.open_runner(config, learner.model_config, learner.params_copy(),
+    async with agent_runner.open_runner(run, learner.model_config, learner.params_copy(),
                                         tokenizer, engine=engine) as runner:
-      loop = RLLoop(config, learner, runner, workdir, problems=problems,
+      loop = RLLoop(run, learner, runner, workdir, problems=problems,
                     eval_problems=eval_problems)
       last = await loop.run(max_steps=max_steps)
       loop.ckpt.close()

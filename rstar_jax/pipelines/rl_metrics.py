@@ -1,4 +1,4 @@
-"""Host-side statistics of a step's trajectories (SPEC §12 item 31, ASTER §8.1).
+"""Host-side statistics of a step's trajectories (the paper's and ASTER's monitoring signals).
 
 All functions take plain Python/numpy data and return ``{name: float}`` dicts, so they can be
 unit-tested without a model and logged as they are.

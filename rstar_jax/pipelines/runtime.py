@@ -1,4 +1,4 @@
-"""Builds the run's objects from a validated config: model, mesh, optimizer, jitted steps, state.
+"""Builds the run's objects from a typed `RunConfig`: model, mesh, optimizer, jitted steps, state.
 
 Everything here is setup; the loops (`rl_loop`, `sft_loop`, `evaluation`) only use the objects.
 Where the policy comes from (``config.model``):
@@ -17,9 +17,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from rstar_jax.config import RunConfig
 from rstar_jax.learner import optim, steps
+from rstar_jax.learner.batch import length_bucket  # noqa: F401 (the loops' padding rule)
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import qwen3
 from rstar_jax.sharding.mesh import make_mesh
@@ -35,8 +36,8 @@ def maybe_initialize_distributed() -> bool:
   """
   keys = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID",
           "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS")
-  num = os.environ.get("JAX_NUM_PROCESSES") or os.environ.get("SLURM_NTASKS") or \
-      os.environ.get("OMPI_COMM_WORLD_SIZE")
+  num = os.getenv("JAX_NUM_PROCESSES") or os.getenv("SLURM_NTASKS") or \
+      os.getenv("OMPI_COMM_WORLD_SIZE")
   if not any(k in os.environ for k in keys):
     return False
   if num is not None and int(num) <= 1:
@@ -47,49 +48,10 @@ def maybe_initialize_distributed() -> bool:
   return True
 
 
-def model_config_from(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
-  """Qwen3Config from ``cfg.model`` (HF dir or tiny dims)."""
-  m = cfg.model
-  if m.hf_dir:
-    return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat, **_attention(m))
-  return qwen3.Qwen3Config(
-      vocab_size=m.vocab_size, hidden_size=m.hidden_size,
-      intermediate_size=m.intermediate_size, num_hidden_layers=m.num_hidden_layers,
-      num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-      head_dim=m.head_dim, rope_theta=float(m.rope_theta),
-      rms_norm_eps=float(m.get("rms_norm_eps", 1e-6)),
-      tie_word_embeddings=m.tie_word_embeddings,
-      max_position_embeddings=m.max_position_embeddings, dtype=m.dtype, remat=m.remat,
-      **_attention(m))
-
-
-def _attention(m) -> dict:
-  """model.attention / attention_block_size (configs without them keep the defaults)."""
-  return {k: m[k] for k in ("attention", "attention_block_size") if k in m}
-
-
-def optim_config_from(cfg: ml_collections.ConfigDict, total_steps: int | None = None
-                      ) -> optim.OptimConfig:
-  o = cfg.optim
-  total = total_steps if total_steps is not None else (o.total_steps or None)
-  return optim.OptimConfig(
-      learning_rate=float(o.lr), b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-      weight_decay=float(o.weight_decay), grad_clip_norm=float(o.grad_clip) or None,
-      warmup_steps=int(o.warmup_steps), schedule=o.schedule, total_steps=total)
-
-
-def mesh_from(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-  """The learner mesh; ``mesh.num_devices`` (optional, 0 = all) uses only the first n devices."""
-  n = int(cfg.mesh.get("num_devices", 0) or 0)
-  devices = jax.devices()[:n] if n else None
-  return make_mesh({k: int(cfg.mesh[k]) for k in ("data", "fsdp", "tensor")}, devices)
-
-
-def length_bucket(longest: int, minimum: int = 64) -> int:
-  """Smallest power of two >= max(longest, minimum): a batch's padded length T (one compiled
-  step per bucket instead of one per length)."""
-  t = max(int(longest), minimum, 2)
-  return 1 << (t - 1).bit_length()
+def mesh_from(run: RunConfig) -> jax.sharding.Mesh:
+  """The learner mesh; ``mesh.num_devices`` (0 = all) uses only the first n devices."""
+  n = run.mesh.num_devices
+  return make_mesh(run.mesh.axes, jax.devices()[:n] if n else None)
 
 
 def data_parallel_size(js: steps.JittedSteps) -> int:
@@ -118,50 +80,27 @@ class Learner:
     return jax.tree.map(jnp.copy, self.state.params)
 
 
-def initial_params(cfg: ml_collections.ConfigDict, model_config: qwen3.Qwen3Config,
-                   mesh=None):
-  dtype = jnp.dtype(cfg.model.param_dtype)
-  if cfg.model.hf_dir:
-    return qwen3.load_hf_params(cfg.model.hf_dir, model_config, mesh=mesh, dtype=dtype)
-  return qwen3.init_params(model_config, jax.random.key(int(cfg.train.seed)), dtype=dtype)
+def initial_params(run: RunConfig, model_config: qwen3.Qwen3Config, mesh=None):
+  dtype = jnp.dtype(run.model.param_dtype)
+  if run.model.hf_dir:
+    return qwen3.load_hf_params(run.model.hf_dir, model_config, mesh=mesh, dtype=dtype)
+  return qwen3.init_params(model_config, jax.random.key(run.train.seed), dtype=dtype)
 
 
-LOSS_AGG = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean",
-            "seq-mean-token-mean": "seq-mean-token-mean",
-            "seq-mean-token-sum": "seq-mean-token-sum"}
-
-
-def step_config_from(cfg: ml_collections.ConfigDict, oc: optim.OptimConfig) -> steps.StepConfig:
-  """Learner step settings: micro-batches from ``train``, the policy loss from ``rl``."""
-  kw = dict(num_micro_batches=int(cfg.train.micro_batches), optim=oc)
-  if "rl" in cfg:
-    rl = cfg.rl
-    kw.update(eps_low=float(rl.eps_low), eps_high=float(rl.eps_high),
-              dual_clip_c=float(rl.dual_clip_c) or None, entropy_coef=float(rl.entropy_coef),
-              agg=LOSS_AGG[rl.loss_agg])
-  return steps.StepConfig(**kw)
-
-
-def build_learner(cfg: ml_collections.ConfigDict, *, total_steps: int | None = None,
-                  params=None) -> Learner:
+def build_learner(run: RunConfig, *, total_steps: int | None = None, params=None) -> Learner:
   """Model config, optimizer, jitted steps on the config's mesh, and a fresh sharded state."""
-  model_config = model_config_from(cfg)
-  oc = optim_config_from(cfg, total_steps)
+  model_config = run.model.qwen3_config()
+  oc = run.optim.learner_config(total_steps)
   tx = optim.make_optimizer(oc)
-  mesh = mesh_from(cfg)
-  js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx,
-                               config=step_config_from(cfg, oc))
+  mesh = mesh_from(run)
+  js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=run.step_config(oc))
   if params is None:
-    params = initial_params(cfg, model_config, mesh)
+    params = initial_params(run, model_config, mesh)
   else:
     # The steps donate the state: copy so the caller's arrays (e.g. the SFT result) survive.
     params = jax.tree.map(jnp.copy, params)
-  state = js.shard_state(TrainState.create(params, tx, int(cfg.train.seed)))
+  state = js.shard_state(TrainState.create(params, tx, run.train.seed))
   return Learner(model_config, oc, tx, js, state)
-
-
-def tokenizer_dir(cfg: ml_collections.ConfigDict) -> str:
-  return cfg.model.get("tokenizer_dir", "") or cfg.model.hf_dir
 
 
 def load_tokenizer(path: str):
@@ -181,16 +120,16 @@ def check_vocab(tokenizer, model_config: qwen3.Qwen3Config) -> None:
                      f"{model_config.vocab_size} (config.model.vocab_size)")
 
 
-def export_checkpoint(cfg: ml_collections.ConfigDict, checkpoint_dir: str, out_dir: str, *,
+def export_checkpoint(run: RunConfig, checkpoint_dir: str, out_dir: str, *,
                       tokenizer_path: str = "", step: int | None = None) -> int:
   """Writes the params of an orbax checkpoint (latest, or ``step``) as an HF directory, with
   the tokenizer from ``tokenizer_path`` (default: the config's). Returns the exported step."""
   from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-  learner = build_learner_for_restore(cfg)
+  learner = build_learner_for_restore(run)
   with Checkpointer(checkpoint_dir) as ck:
     learner.state, meta = ck.restore(learner.state, step)
   export_hf(out_dir, learner.model_config, learner.state.params)
-  tok_path = tokenizer_path or tokenizer_dir(cfg)
+  tok_path = tokenizer_path or run.tokenizer_dir()
   if tok_path:
     load_tokenizer(tok_path).save_pretrained(out_dir)
   return int(meta["step"])
@@ -222,11 +161,11 @@ def summary_json(d: dict) -> str:
   return json.dumps(out, indent=1, sort_keys=True)
 
 
-def build_learner_for_restore(cfg: ml_collections.ConfigDict) -> Learner:
+def build_learner_for_restore(run: RunConfig) -> Learner:
   """A Learner whose state has the right structure to restore a checkpoint into (the schedule
   length does not change the optimizer state's structure, so a cosine schedule without
   ``total_steps`` gets a placeholder)."""
   total = None
-  if cfg.optim.schedule == "cosine" and not cfg.optim.total_steps:
-    total = int(cfg.optim.warmup_steps) + 1
-  return build_learner(cfg, total_steps=total)
+  if run.optim.schedule == "cosine" and not run.optim.total_steps:
+    total = run.optim.warmup_steps + 1
+  return build_learner(run, total_steps=total)

@@ -1,9 +1,9 @@
-"""Supervised fine-tuning on chat trajectories, loss on assistant tokens only (SPEC §6.1, §8.2).
+"""Supervised fine-tuning on chat trajectories, loss on assistant tokens only (rStar2-Agent non-reasoning SFT, ASTER cold start).
 
 Inputs are either a chat-trajectory JSONL file (``{"messages": [...]}`` per line, validated by
 `rstar_jax.data.sft_data`) or in-memory sequences: agent-loop `Trajectory` objects (prompt ids
 + response ids with their loss mask: model tokens 1, tool/template tokens 0) or ``(ids,
-loss_mask)`` pairs. Chats are rendered with the SPEC §3 chat format; the mask is 1 exactly on
+loss_mask)`` pairs. Chats are rendered with the rStar2-Agent chat format; the mask is 1 exactly on
 assistant-written tokens.
 
 Training: ``sft.epochs`` passes in a seeded shuffled order (`EpochIterator`), batches of
@@ -15,6 +15,7 @@ directory with the tokenizer (``<workdir>/hf``), ready for the RL or eval launch
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -22,13 +23,14 @@ import time
 from typing import Any, Sequence
 
 import jax
-import ml_collections
 
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
+from rstar_jax.config import RunConfig
+from rstar_jax.learner.batch import length_bucket, pad_id_of
 from rstar_jax.pipelines import runtime
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 
@@ -82,13 +84,13 @@ def sft_total_steps(num_items: int, batch_size: int, epochs: float) -> int:
   return max(1, math.ceil(num_items * float(epochs) / batch_size))
 
 
-def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
+def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
             examples: Sequence[Any] | None = None, params=None, max_steps: int | None = None,
             export: bool = True) -> dict:
   """Runs (or resumes) SFT; returns a summary dict.
 
   Args:
-    config: validated config with ``mode == "sft"`` sections.
+    run: typed config (`rstar_jax.config.from_config_dict(cfg, "sft")`).
     workdir: checkpoints (``ckpt/``), metrics (``sft_metrics.jsonl``), export (``hf/``).
     tokenizer: defaults to the one in ``model.tokenizer_dir`` / ``model.hf_dir``.
     examples: in-memory items (see `encode_example`), used as given; default: the config's
@@ -98,44 +100,41 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
     export: write ``<workdir>/hf`` (HF model + tokenizer) when training finishes.
   """
   from rstar_jax.pipelines import data_sources
-  from rstar_jax.pipelines.config_validation import validate_config
   t_start = time.monotonic()
-  validate_config(config, "sft", check_paths=examples is None)
   os.makedirs(workdir, exist_ok=True)
-  s = config.sft
+  s = run.sft
   select_stats = None
   from_config = examples is None
   if from_config:
-    examples = data_sources.sft_examples(config)
+    examples = data_sources.sft_examples(run)
   # ASTER selection applies to chats read from the config's sources; in-memory examples are
   # taken as already selected by their builder (e.g. `rstar_jax.data.coldstart`).
-  if from_config and "coldstart" in config:
-    cs = config.coldstart
+  if from_config and run.coldstart is not None:
+    cs = run.coldstart
     examples, select_stats = data_sources.select_interaction_dense(
         [e for e in examples if isinstance(e, ChatExample)],
-        min_tool_calls=int(cs.min_tool_calls), max_trajectories=int(cs.max_trajectories),
-        require_all_calls_ok=bool(cs.require_all_calls_ok))
+        min_tool_calls=cs.min_tool_calls, max_trajectories=cs.max_trajectories,
+        require_all_calls_ok=cs.require_all_calls_ok)
     log.info("cold-start selection: %s", select_stats)
   if tokenizer is None:
     chats = [e for e in examples if isinstance(e, ChatExample)]
     tokenizer = data_sources.ensure_tokenizer(
-        config, workdir, data_sources.tokenizer_corpus(
-            data_sources.train_problems(config) if "synthetic" in config.data else [], chats))
-  seqs, dropped = encode_all(examples, tokenizer, int(s.max_seq_len))
-  bs = int(s.batch_size)
+        run, workdir, data_sources.tokenizer_corpus(
+            data_sources.train_problems(run) if run.data.synthetic is not None else [], chats))
+  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len)
+  bs = s.batch_size
   total = sft_total_steps(len(seqs), bs, s.epochs)
-  warm = int(round(float(s.warmup_ratio) * total))
-  config = _with_warmup(config, warm, total)
-  learner = runtime.build_learner(config, total_steps=total, params=params)
+  warm = int(round(s.warmup_ratio * total))
+  run = _with_warmup(run, warm, total)
+  learner = runtime.build_learner(run, total_steps=total, params=params)
   runtime.check_vocab(tokenizer, learner.model_config)
   js = learner.jitted
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
-  pad_id = _pad(tokenizer)
+  pad_id = pad_id_of(tokenizer)
 
   ckpt = Checkpointer(os.path.join(workdir, "ckpt"),
-                      max_to_keep=int(config.train.keep_checkpoints))
-  it = EpochIterator(list(range(len(seqs))), seed=int(config.train.seed),
-                     shuffle=bool(s.get("shuffle", True)))
+                      max_to_keep=run.train.keep_checkpoints)
+  it = EpochIterator(list(range(len(seqs))), seed=run.train.seed, shuffle=s.shuffle)
   resumed_step = None
   if ckpt.latest_step() is not None:
     learner.state, meta = ckpt.restore(learner.state)
@@ -144,8 +143,8 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
     log.info("SFT resumed at step %d (epoch %d, index %d)", resumed_step, it.epoch, it.index)
   writer = MetricsWriter(workdir, "sft_metrics", resume_step=resumed_step)
   step = int(jax.device_get(learner.state.step))
-  every = int(config.train.checkpoint_every)
-  prog = Progress("sft", total, every_s=float(s.get("log_every_s", 10.0)))
+  every = run.train.checkpoint_every
+  prog = Progress("sft", total, every_s=s.log_every_s)
   done_here = 0
   last: dict = {}
   try:
@@ -153,10 +152,10 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
       t0 = time.monotonic()
       idx = it.next_batch(bs)
       chunk = [seqs[i] for i in idx]
-      pad_to = runtime.length_bucket(max(len(ids) for ids, _ in chunk))
+      pad_to = length_bucket(max(len(ids) for ids, _ in chunk))
       b = batch_lib.make_sft_batch(chunk, pad_to, pad_id=pad_id, row_multiple=rows)
       pack_metrics = {}
-      if config.train.get("pack_rows", True):
+      if run.train.pack_rows:
         b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple,
                                                 pad_id=pad_id)
       learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
@@ -174,7 +173,7 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, tokenizer=None,
     ckpt.close()
   out = {"steps": step, "total_steps": total, "num_items": len(seqs), "dropped_items": dropped,
          "coldstart_selection": select_stats,
-         "final_loss": last.get("loss"), "wall_time_s": time.monotonic() - t_start}
+         "final_loss": last["loss"] if "loss" in last else None, "wall_time_s": time.monotonic() - t_start}
   if export and step >= total:
     hf_dir = os.path.join(workdir, "hf")
     export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer)
@@ -191,20 +190,12 @@ def export_with_tokenizer(out_dir: str, model_config, params, tokenizer) -> None
     tokenizer.save_pretrained(out_dir)
 
 
-def _pad(tokenizer) -> int:
-  for attr in ("pad_token_id", "eos_token_id"):
-    v = getattr(tokenizer, attr, None)
-    if isinstance(v, int):
-      return v
-  return 0
-
-
-def _with_warmup(config, warm: int, total: int) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(config.to_dict())   # a writable copy (launchers lock theirs)
-  if float(config.sft.warmup_ratio) > 0:
-    c.optim.warmup_steps = warm
-  if c.optim.schedule == "cosine":
-    c.optim.total_steps = total
-    if c.optim.warmup_steps >= total:
-      c.optim.warmup_steps = max(0, total - 1)
-  return c
+def _with_warmup(run: RunConfig, warm: int, total: int) -> RunConfig:
+  """``sft.warmup_ratio`` of the steps as warm-up; a cosine schedule spans the whole run."""
+  o = run.optim
+  if run.sft.warmup_ratio > 0:
+    o = dataclasses.replace(o, warmup_steps=warm)
+  if o.schedule == "cosine":
+    o = dataclasses.replace(o, total_steps=total, warmup_steps=min(o.warmup_steps,
+                                                                    max(0, total - 1)))
+  return dataclasses.replace(run, optim=o)

@@ -1,4 +1,4 @@
-"""The multi-stage RL recipe: stage records and the hard subset (SPEC §6.3, §8.3).
+"""The multi-stage RL recipe: stage records and the hard subset (rStar2-Agent stage 3, ASTER stage 2).
 
 rStar2-Agent stage 3 trains on the problems left after dropping those the policy at the stage
 start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prompts that are
@@ -7,52 +7,18 @@ by sampling k rollouts per problem with the current policy.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
 import numpy as np
+
+from rstar_jax.config import StageConfig
 
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
-class Stage:
-  """One RL stage.
-
-  Attributes:
-    name: label used in logs and checkpoints.
-    steps: RL steps in this stage.
-    response_budget: generated + tool tokens per trajectory.
-    max_turns: assistant turns per trajectory.
-    data: "full" (the whole problem set) or "hard" (the subset built at the stage start).
-    reset_optimizer: fresh optimizer state (and warm-up) at the stage start.
-    drop_solved_k_of_k: k for the hard subset (problems solved k of k are dropped).
-  """
-
-  name: str
-  steps: int
-  response_budget: int
-  max_turns: int
-  data: str = "full"
-  reset_optimizer: bool = False
-  drop_solved_k_of_k: int = 0
-
-  def __post_init__(self):
-    if self.steps < 1:
-      raise ValueError(f"Stage {self.name!r}.steps: expected >= 1, got {self.steps}")
-    if self.data not in ("full", "hard"):
-      raise ValueError(f"Stage {self.name!r}.data: expected 'full' or 'hard', got {self.data!r}")
-    if self.data == "hard" and self.drop_solved_k_of_k < 1:
-      raise ValueError(f"Stage {self.name!r}.drop_solved_k_of_k: expected >= 1 for a hard "
-                       f"stage, got {self.drop_solved_k_of_k}")
-
-  @classmethod
-  def from_config(cls, d: Mapping[str, Any]) -> "Stage":
-    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-
-
-def stages_from_config(stages: Sequence[Mapping[str, Any]]) -> list[Stage]:
-  return [Stage.from_config(dict(s)) for s in stages]
+# One RL stage: the typed config's `StageConfig` (name, steps, response_budget, max_turns,
+# data "full" | "hard", reset_optimizer, drop_solved_k_of_k).
+Stage = StageConfig
 
 
 def locate(stages: Sequence[Stage], global_step: int) -> tuple[int, int]:

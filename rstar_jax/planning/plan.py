@@ -33,13 +33,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import qwen3
-from rstar_jax.pipelines.runtime import length_bucket  # the RL / SFT loops' padding rule
+from rstar_jax.config import RunConfig, from_config_dict
+from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import activation_layout
 
@@ -85,17 +85,17 @@ class StepShape:
 
 
 def _attention_fields(m) -> dict:
-    return {k: m[k] for k in ("attention", "attention_block_size") if k in m}
+    return {"attention": m.attention, "attention_block_size": m.attention_block_size}
 
 
-def model_config_for_plan(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
+def model_config_for_plan(cfg: RunConfig) -> qwen3.Qwen3Config:
     """The policy's Qwen3Config: the HF dir when readable here, else ``plan.model_preset``,
     else the tiny dims of ``cfg.model``."""
     m = cfg.model
     if m.hf_dir and os.path.isfile(os.path.join(m.hf_dir, "config.json")):
         return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat,
                                          **_attention_fields(m))
-    preset = cfg.get("plan", {}).get("model_preset", "") if "plan" in cfg else ""
+    preset = cfg.plan.model_preset
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"plan.model_preset: expected one of {sorted(PRESETS)}, "
@@ -105,35 +105,33 @@ def model_config_for_plan(cfg: ml_collections.ConfigDict) -> qwen3.Qwen3Config:
     if m.hf_dir:
         raise ValueError(f"model.hf_dir={m.hf_dir!r} has no config.json here and the config "
                          f"has no plan.model_preset (one of {sorted(PRESETS)})")
-    from rstar_jax.pipelines import runtime
-    return runtime.model_config_from(cfg)
+    return m.qwen3_config()
 
 
 def data_parallel_size(mesh_sizes: dict[str, int]) -> int:
     return mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
 
 
-def rl_shape(cfg: ml_collections.ConfigDict, mesh_sizes: dict[str, int],
+def rl_shape(cfg: RunConfig, mesh_sizes: dict[str, int],
              stage_index: int = 0) -> StepShape:
     """Worst-case RL step: batch_prompts x group_size rows (kept after RoC), padded to the
     bucket of max_prompt_tokens + the stage's response budget, rows rounded up to the row
     multiple (data-parallel size x micro-batches) as the loop does."""
-    budget = int(cfg.stages[stage_index]["response_budget"]) if cfg.get("stages") else \
-        int(cfg.rollout.response_budget)
-    seq = length_bucket(int(cfg.rollout.max_prompt_tokens) + budget,
-                        int(cfg.train.get("length_bucket", 64)))
-    m = int(cfg.train.micro_batches)
-    rows = _round_up(int(cfg.train.batch_prompts) * int(cfg.rl.group_size),
+    budget = cfg.stages[stage_index].response_budget if cfg.stages else \
+        cfg.rollout.response_budget
+    seq = length_bucket(cfg.rollout.max_prompt_tokens + budget, cfg.train.length_bucket)
+    m = cfg.train.micro_batches
+    rows = _round_up(cfg.train.batch_prompts * cfg.rl.group_size,
                      data_parallel_size(mesh_sizes) * m)
     return StepShape(kind="rl", rows=rows, seq_len=seq, num_micro_batches=m)
 
 
-def sft_shape(sft_cfg: ml_collections.ConfigDict, mesh_sizes: dict[str, int]) -> StepShape:
+def sft_shape(sft_cfg: RunConfig, mesh_sizes: dict[str, int]) -> StepShape:
     """SFT step as the SFT loop runs it: sft.batch_size rows (rounded up to the row multiple),
     padded to the bucket of sft.max_seq_len (the longest a row can be)."""
-    m = int(sft_cfg.train.micro_batches)
-    rows = _round_up(int(sft_cfg.sft.batch_size), data_parallel_size(mesh_sizes) * m)
-    seq = length_bucket(int(sft_cfg.sft.max_seq_len))
+    m = sft_cfg.train.micro_batches
+    rows = _round_up(sft_cfg.sft.batch_size, data_parallel_size(mesh_sizes) * m)
+    seq = length_bucket(sft_cfg.sft.max_seq_len)
     return StepShape(kind="sft", rows=rows, seq_len=seq, num_micro_batches=m)
 
 
@@ -360,21 +358,19 @@ def plan_step(shape: StepShape, model_config: qwen3.Qwen3Config, mesh, tx,
     return r
 
 
-def make_plan(cfg: ml_collections.ConfigDict, mesh, hw: Hardware,
+def make_plan(cfg: RunConfig, mesh, hw: Hardware,
               shapes: list[StepShape]) -> dict[str, Any]:
     """The whole plan: per step kind, and a top-level summary (the worst step decides ``fits``).
 
     ``cfg`` supplies the model (see `model_config_for_plan`), param dtype, optimizer and loss
     settings; ``mesh`` is a mesh over fake (or real) devices.
     """
-    from rstar_jax.pipelines import runtime
     mc = model_config_for_plan(cfg)
-    oc = runtime.optim_config_from(cfg, total_steps=1000)
+    oc = cfg.optim.learner_config(total_steps=1000)
     tx = optim.make_optimizer(oc)
     results = {}
     for shape in shapes:
-        sc = dataclasses.replace(runtime.step_config_from(cfg, oc),
-                                 num_micro_batches=shape.num_micro_batches)
+        sc = cfg.step_config(oc, num_micro_batches=shape.num_micro_batches)
         results[shape.kind] = plan_step(shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw)
     worst = max(results.values(), key=lambda r: r["per_device_bytes"])
     return {
@@ -398,8 +394,7 @@ def make_plan(cfg: ml_collections.ConfigDict, mesh, hw: Hardware,
     }
 
 
-def sft_variant(main_cfg: ml_collections.ConfigDict,
-                config_path: str | None) -> ml_collections.ConfigDict:
+def sft_variant(main_cfg: RunConfig, config_path: str | None) -> RunConfig:
     """The SFT shapes for a run config: the config itself in SFT mode, else the same file's
     ``get_config("sft")`` with this config's ``model``, ``mesh`` and ``plan`` sections (so
     command-line overrides of those apply to both steps)."""
@@ -413,15 +408,11 @@ def sft_variant(main_cfg: ml_collections.ConfigDict,
     spec = importlib.util.spec_from_file_location("_rstar_plan_config", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    sft = mod.get_config("sft")
-    sft.unlock()
-    for section in ("model", "mesh", "plan"):
-        if section in main_cfg:
-            sft[section] = main_cfg[section]
-    return sft
+    sft = from_config_dict(mod.get_config("sft"), "sft", check_inputs=False)
+    return dataclasses.replace(sft, model=main_cfg.model, mesh=main_cfg.mesh, plan=main_cfg.plan)
 
 
-def plan_config(cfg: ml_collections.ConfigDict, *, num_devices: int, hw: Hardware,
+def plan_config(cfg: RunConfig, *, num_devices: int, hw: Hardware,
                 steps_to_plan=("rl", "sft"), stage_index: int = 0,
                 config_path: str | None = None) -> dict[str, Any]:
     """`make_plan` for a run config on the first ``num_devices`` devices and its own mesh.
@@ -434,8 +425,7 @@ def plan_config(cfg: ml_collections.ConfigDict, *, num_devices: int, hw: Hardwar
         raise ValueError(f"only {jax.device_count()} devices for num_devices={num_devices}; set "
                          f"XLA_FLAGS=--xla_force_host_platform_device_count={num_devices} "
                          "before jax starts (launchers.plan does)")
-    mesh = make_mesh({k: int(cfg.mesh[k]) for k in ("data", "fsdp", "tensor")},
-                     jax.devices()[:num_devices])
+    mesh = make_mesh(cfg.mesh.axes, jax.devices()[:num_devices])
     sizes = dict(mesh.shape)
     shapes = []
     for kind in steps_to_plan:

@@ -35,11 +35,16 @@ _sg = jax.lax.stop_gradient
 
 def token_logprobs_and_entropy(logits: jax.Array, targets: jax.Array
                                ) -> tuple[jax.Array, jax.Array]:
-    """log p(target) and the entropy of each predictive distribution.
+    """log p(target) and the entropy of each predictive distribution: the project's one
+    log-prob / entropy function (the learner, the SFT loss and the policy loss use it).
+
+    Alignment ("prediction-aligned"): ``logits[n, t]`` is the distribution ``targets[n, t]``
+    was drawn from. For causal-LM logits over a sequence ``ids`` pass ``logits[:, :-1]`` and
+    ``ids[:, 1:]``; `rstar_jax.learner.steps` does this and pads column 0 to get the batch's
+    token-aligned layout (column t about ``ids[:, t]``).
 
     Args:
-        logits: [N, T, V]; ``logits[n, t]`` is the distribution ``targets[n, t]`` was drawn
-            from (shift causal-LM logits by one before calling).
+        logits: [N, T, V] (prediction-aligned with ``targets``).
         targets: [N, T] int.
     Returns:
         logp [N, T] float32, entropy [N, T] float32 (nats).

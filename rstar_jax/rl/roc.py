@@ -18,6 +18,11 @@ Selection:
     top-k of log w_i + Gumbel_i).
   * positives, ``mode="released"``: the k_pos lowest penalties (stable: ties by rollout index),
     as in the released code's ``resample_of_correct``.
+  * ``mode="random"`` (plain GRPO down-sampling, e.g. the RoC ablation): G of the N rollouts
+    uniformly at random without replacement, regardless of reward and penalty (no minima).
+
+Each mode is registered in `rstar_jax.rl.registry` under kind "downsample" (the config's
+``rl.roc_mode`` names one); a registered function has the signature of `roc_paper`.
 """
 from __future__ import annotations
 
@@ -26,7 +31,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-MODES = ("paper", "released")
+from rstar_jax.rl import registry
+
+MODES = ("paper", "released", "random")
 
 
 def informative_groups(rewards: jax.Array) -> jax.Array:
@@ -127,7 +134,8 @@ def roc_downsample(key: jax.Array, rewards: jax.Array, penalties: jax.Array, *,
         rewards: [B, N] float (N = 2G in rStar2-Agent); positive iff > 0.
         penalties: [B, N] float, p_total = p_err + p_format >= 0 (only read for positives).
         group_size: G (static), 1 <= G <= N.
-        mode: "paper" (inverse-penalty sampling) or "released" (lowest penalty first).
+        mode: "paper" (inverse-penalty sampling), "released" (lowest penalty first) or
+            "random" (uniform, plain GRPO; rewards, penalties, minima and eps unused).
         min_pos, min_neg: minimum kept per side when available (static).
         eps: added to the penalty before inversion. With eps=1e-6 a zero-penalty positive
             outweighs a penalty-0.5 one about 5e5:1; raise it for a softer preference.
@@ -139,9 +147,45 @@ def roc_downsample(key: jax.Array, rewards: jax.Array, penalties: jax.Array, *,
     if rewards.ndim != 2 or penalties.shape != rewards.shape:
         raise ValueError(f"roc_downsample: rewards and penalties must both be [B, N]; got "
                          f"{rewards.shape} and {penalties.shape}")
+    if mode == "random":
+        _check_static(rewards.shape[-1], group_size, 0, 0)
+        return uniform_downsample(key, rewards.shape[0], rewards.shape[1], group_size)
     _check_static(rewards.shape[-1], group_size, min_pos, min_neg)
     return _downsample_batch(key, rewards, penalties, group_size=group_size, mode=mode,
                              min_pos=min_pos, min_neg=min_neg, eps=eps)
+
+
+def uniform_downsample(key: jax.Array, batch: int, n: int, group_size: int) -> jax.Array:
+    """[B, G] int32: G of N indices per group uniformly without replacement, ascending
+    (plain GRPO down-sampling). One key per group, split from ``key``."""
+    keys = jax.random.split(key, batch)
+    idx = jax.vmap(lambda k: jnp.sort(jax.random.permutation(k, n)[:group_size]))(keys)
+    return idx.astype(jnp.int32)
+
+
+@registry.register("downsample", "paper")
+def roc_paper(key: jax.Array, rewards: jax.Array, penalties: jax.Array, *, group_size: int,
+              min_pos: int = 2, min_neg: int = 2, eps: float = 1e-6) -> jax.Array:
+    """RoC, positives sampled ∝ 1 / (penalty + eps) (rStar2-Agent §2.2.3). [B, N] -> [B, G]."""
+    return roc_downsample(key, rewards, penalties, group_size=group_size, mode="paper",
+                          min_pos=min_pos, min_neg=min_neg, eps=eps)
+
+
+@registry.register("downsample", "released")
+def roc_released(key: jax.Array, rewards: jax.Array, penalties: jax.Array, *, group_size: int,
+                 min_pos: int = 2, min_neg: int = 2, eps: float = 1e-6) -> jax.Array:
+    """RoC, lowest-penalty positives first (released code). [B, N] -> [B, G]."""
+    return roc_downsample(key, rewards, penalties, group_size=group_size, mode="released",
+                          min_pos=min_pos, min_neg=min_neg, eps=eps)
+
+
+@registry.register("downsample", "random")
+def random_downsample(key: jax.Array, rewards: jax.Array, penalties: jax.Array, *,
+                      group_size: int, min_pos: int = 0, min_neg: int = 0,
+                      eps: float = 1e-6) -> jax.Array:
+    """Plain GRPO: G of N uniformly (ASTER; the RoC ablation). [B, N] -> [B, G]."""
+    del penalties, min_pos, min_neg, eps
+    return roc_downsample(key, rewards, rewards, group_size=group_size, mode="random")
 
 
 # Jitted once per static configuration: op-by-op dispatch of the vmapped sorts is slow eagerly.

@@ -1,6 +1,6 @@
 """HTTP client of the code-pool service with the CodePool `execute`/`execute_many` interface.
 
-Calls are micro-batched (SPEC §4.1: up to `max_batch` calls per request, sent when full or after
+Calls are micro-batched (up to `max_batch` calls per request, sent when full or after
 `max_wait_s`), retried with exponential backoff on transport errors and on per-item queue
 timeouts, and a call that still cannot be placed is surfaced as an internal_error whose stderr
 starts with "queue_timeout" (counted in `stats`), never as a hang.
@@ -13,7 +13,8 @@ from typing import Optional
 
 import aiohttp
 
-from rstar_jax.tools.code_pool import BatchExecuteMixin, ExecResult
+from rstar_jax.tools.code_pool import (MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, BatchExecuteMixin,
+                                       ExecResult, check_seconds)
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,10 @@ class CodePoolClient(BatchExecuteMixin):
     self.url = url.rstrip("/")
     self.max_batch, self.max_wait_s = max_batch, max_wait_s
     self.max_retries, self.backoff_s = max_retries, backoff_s
-    self.request_timeout_s = request_timeout_s
-    self.queue_timeout_s = queue_timeout_s
+    self.request_timeout_s = check_seconds("request_timeout_s", request_timeout_s,
+                                           MAX_QUEUE_TIMEOUT_S)
+    self.queue_timeout_s = None if queue_timeout_s is None else check_seconds(
+        "queue_timeout_s", queue_timeout_s, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
     self._sem = asyncio.Semaphore(concurrency)
     self._queue: Optional[asyncio.Queue] = None
     self._session: Optional[aiohttp.ClientSession] = None
@@ -72,8 +75,8 @@ class CodePoolClient(BatchExecuteMixin):
       raise TypeError(f"code must be str, got {type(code).__name__}")
     fut = asyncio.get_running_loop().create_future()
     item = {"code": code, "stdin": stdin}
-    if timeout_s is not None:
-      item["timeout_s"] = float(timeout_s)
+    if timeout_s is not None:  # same bounds as the pool: refused here, not as a batch's 400
+      item["timeout_s"] = check_seconds("timeout_s", timeout_s, MAX_TIMEOUT_S)
     if session_id is not None:
       item["session_id"] = str(session_id)
     await self._queue.put((item, fut, 0))

@@ -7,20 +7,22 @@
         await pool.close_session("traj-7")
         v = await pool.run_function(fn, *args, timeout_s=5.0)          # e.g. the verifier
 
-Design (SPEC §4, Part III; MACHINE_NOTES §7, §10): `num_templates` long-lived template processes
+Design (see README.md here): `num_templates` long-lived template processes
 (`sandbox_template.py`) each import numpy/sympy once and then fork one child per call, so a call
 costs a fork, not an interpreter start. With bubblewrap each template lives in its own sandbox
 (read-only system view, private /tmp, no network, own PID/IPC/UTS namespaces) and gives every call
 a fresh nested PID namespace, so one SIGKILL removes everything the call started. The isolation
 level actually in force is chosen at start-up, logged, and exposed as `pool.isolation_level`:
 
-  "namespaces"  bubblewrap sandbox + per-call PID namespace + per-call unprivileged uid
-  "pidns"       root without bubblewrap: per-call PID namespace + unprivileged uid (host fs/net)
-  "uid"         root: unprivileged uid per call; escapees killed by uid after every call
+  "namespaces"  bubblewrap sandbox + per-call PID/net/IPC namespaces + unprivileged uid
+  "pidns"       root without bubblewrap: per-call PID/net/IPC namespaces + uid (host fs)
+  "uid"         root: unprivileged uid per call; escapees killed by uid; no sockets
   "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
 
-All levels apply RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC when a uid is dropped), a scrubbed
-environment with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL.
+All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV IPC; no new processes
+unless `allow_subprocesses`), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
+with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
+speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
 """
 from __future__ import annotations
 
@@ -28,15 +30,17 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import pickle
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 from typing import Any, Callable, Iterable, Mapping, Optional
+
+from rstar_jax.tools import wire
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,10 @@ _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 # Accelerators are hidden by setting these empty (an absent variable would expose every device).
 _HIDDEN_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                    "GPU_DEVICE_ORDINAL")
+# Documented bounds of every number a caller passes (ValueError outside them).
+MAX_TIMEOUT_S = 3600.0          # per call (execute / run_function / sessions)
+MAX_QUEUE_TIMEOUT_S = 86400.0
+MAX_CODE_BYTES = 64 << 20       # code and stdin of one call, each
 _THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "NUMEXPR_NUM_THREADS": "1"}
 
@@ -123,14 +131,33 @@ class PoolConfig:
   uid_base: Optional[int] = None       # first sandbox uid; default derived from the pid
   uids_per_template: int = 1024
   extra_ro_binds: tuple[str, ...] = ()  # more host paths visible read-only (namespaces level)
+  # Calls may fork/spawn processes. Off by default: with processes blocked (seccomp) a call is
+  # one address space, so RLIMIT_AS bounds the whole call's memory (no cgroup needed); with
+  # them allowed a call may hold up to max_procs x memory_limit_mb.
+  allow_subprocesses: bool = False
+  seccomp: bool = True                 # install the call filter (see README); off only to debug
 
   def __post_init__(self):
     if self.num_workers < 1:
       raise ValueError(f"PoolConfig.num_workers must be >= 1, got {self.num_workers}")
     if self.num_templates is not None and self.num_templates < 1:
       raise ValueError(f"PoolConfig.num_templates must be >= 1, got {self.num_templates}")
-    if self.timeout_s <= 0:
-      raise ValueError(f"PoolConfig.timeout_s must be > 0, got {self.timeout_s}")
+    check_seconds("PoolConfig.timeout_s", self.timeout_s, MAX_TIMEOUT_S)
+    check_seconds("PoolConfig.startup_timeout_s", self.startup_timeout_s, MAX_QUEUE_TIMEOUT_S)
+    check_seconds("PoolConfig.reply_grace_s", self.reply_grace_s, MAX_TIMEOUT_S)
+    if self.queue_timeout_s is not None:
+      check_seconds("PoolConfig.queue_timeout_s", self.queue_timeout_s, MAX_QUEUE_TIMEOUT_S)
+    for name in ("num_workers", "memory_limit_mb", "max_output_bytes", "max_procs",
+                 "max_open_files", "scratch_mb", "session_timeout_cpu_s", "uids_per_template"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"PoolConfig.{name} must be an int, got {type(v).__name__} {v!r}")
+    if not 1 <= self.session_timeout_cpu_s <= 10 ** 6:
+      raise ValueError("PoolConfig.session_timeout_cpu_s must be in [1, 1e6], got "
+                       f"{self.session_timeout_cpu_s}")
+    if self.max_output_bytes > 1 << 30 or self.memory_limit_mb > 1 << 22:
+      raise ValueError("PoolConfig.max_output_bytes must be <= 1 GiB and memory_limit_mb <= 4 TiB,"
+                       f" got {self.max_output_bytes} and {self.memory_limit_mb}")
     if self.memory_limit_mb < 16:
       raise ValueError(f"PoolConfig.memory_limit_mb must be >= 16, got {self.memory_limit_mb}")
     if self.max_output_bytes < 1024:
@@ -147,6 +174,18 @@ class PoolConfig:
 
 # ---------------------------------------------------------------------------------------------
 # isolation detection
+def check_seconds(name: str, value: Any, upper: float, allow_zero: bool = False) -> float:
+  """`value` as a float in (0, upper] (or [0, upper]); ValueError naming `name` otherwise."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ValueError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+  v = float(value)
+  lo_ok = v >= 0 if allow_zero else v > 0
+  if not (math.isfinite(v) and lo_ok and v <= upper):
+    raise ValueError(f"{name} must be finite and in {'[' if allow_zero else '('}0, {upper:g}], "
+                     f"got {value!r}")
+  return v
+
+
 def _is_root() -> bool:
   return os.geteuid() == 0
 
@@ -233,17 +272,55 @@ def detect_isolation(cfg: PoolConfig) -> str:
 
 _DESCRIPTIONS = {
     "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
-                  "private /tmp) + per-call PID namespace + unprivileged uid + rlimits",
-    "pidns": "per-call PID namespace + unprivileged uid + rlimits (host filesystem and network)",
-    "uid": "unprivileged uid per call, escapees killed by uid + rlimits (host fs and network)",
-    "rlimits": "rlimits + process group only: NOT isolated (setsid escapees, host fs, network)",
+                  "private /tmp) + per-call PID/net/IPC namespaces + unprivileged uid + seccomp "
+                  "+ rlimits",
+    "pidns": "per-call PID/net/IPC namespaces + unprivileged uid + seccomp + rlimits (host "
+             "filesystem)",
+    "uid": "unprivileged uid per call, escapees killed by uid + seccomp (no sockets) + rlimits "
+           "(host filesystem)",
+    "rlimits": "seccomp + rlimits + process group only: NOT isolated (host uid and filesystem)",
 }
 
 
 # ---------------------------------------------------------------------------------------------
-def _frame(obj: Any) -> bytes:
-  data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-  return struct.pack("<I", len(data)) + data
+_REPLY_FIELDS = {"rid": int}
+_RESULT_FIELDS = {"status": str, "stdout": bytes, "stderr": bytes, "duration_s": float}
+
+
+def _check_reply(msg: Any, max_output: int) -> dict:
+  """A template reply, validated field by field (the template is sandboxed: trust nothing)."""
+  wire.check_record(msg, _REPLY_FIELDS, "template reply")
+  if "status" in msg:
+    wire.check_record(msg, _RESULT_FIELDS, "template reply")
+    if msg["status"] not in STATUSES:
+      raise wire.WireError(f"template reply: unknown status {msg['status']!r}")
+    if len(msg["stdout"]) > max_output or len(msg["stderr"]) > max_output + 4096:
+      raise wire.WireError("template reply: output over the cap")
+    ec = msg.get("exit_code")
+    if ec is not None and (type(ec) is not int or not -1 <= ec <= 511):
+      raise wire.WireError(f"template reply: bad exit_code {ec!r}")
+    if not math.isfinite(msg["duration_s"]):
+      raise wire.WireError("template reply: non-finite duration")
+  return msg
+
+
+_RESTART_NOTE = b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+
+
+def _kill_uid_range(lo: int, hi: int) -> None:
+  """SIGKILLs every host process whose uid is in [lo, hi) (what a killed template left)."""
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/status") as f:
+        for line in f:
+          if line.startswith("Uid:"):
+            if lo <= int(line.split()[1]) < hi:
+              os.kill(int(name), signal.SIGKILL)
+            break
+    except (OSError, ValueError):
+      pass
 
 
 def _internal(msg: str, retryable: bool = False) -> dict:
@@ -280,7 +357,12 @@ class _Template:
     user_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
                 **_THREAD_ENV, **{k: "" for k in _HIDDEN_DEVICES}}
     scratch = "/tmp/code_pool" if level == "namespaces" else self.pool._scratch_dir(self.index)
-    return {"preload": tuple(c.preload), "warmup_code": c.warmup_code if c.preload else "",
+    call_ns = level in ("namespaces", "pidns")
+    return {"call_ns": call_ns, "use_seccomp": c.seccomp,
+            "allow_subprocesses": c.allow_subprocesses, "allow_sockets": call_ns,
+            # Without bubblewrap, make the interpreter readable by sandbox uids (e.g. under
+            # /root, mode 700) in the template's own mount namespace; not at "rlimits".
+            "expose_paths": _bwrap_binds(c) if level in ("pidns", "uid") else [],"preload": tuple(c.preload), "warmup_code": c.warmup_code if c.preload else "",
             "template_env": dict(_THREAD_ENV), "user_env": user_env,
             "limits": {"memory_limit_mb": c.memory_limit_mb, "max_output_bytes": c.max_output_bytes,
                        "max_procs": c.max_procs, "max_open_files": c.max_open_files},
@@ -297,10 +379,17 @@ class _Template:
     self.proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         start_new_session=True, close_fds=True)
-    self.proc.stdin.write(_frame(self._template_cfg()))
+    self.proc.stdin.write(wire.frame(self._template_cfg()))
     await self.proc.stdin.drain()
     try:
       self.info = await asyncio.wait_for(self._read_frame(), c.startup_timeout_s)
+      wire.check_record(self.info, {"ready": bool, "import_error": str}, "template start")
+      if self.info["import_error"]:
+        raise RuntimeError(
+            f"isolation {self.pool.isolation_level!r}: a sandbox uid cannot read the Python "
+            f"install ({self.info['import_error']}; {self.info.get('exposed') or 'nothing exposed'}"
+            "): make it world-readable (chmod o+rx on its parent directories), or use the "
+            "namespaces level (bubblewrap)")
     except BaseException:
       self._kill()
       raise
@@ -312,18 +401,23 @@ class _Template:
              self.proc.pid, self.info.get("preloaded"), self.info.get("startup_s", 0.0))
 
   async def _read_frame(self) -> dict:
-    (n,) = struct.unpack("<I", await self.proc.stdout.readexactly(4))
-    return pickle.loads(await self.proc.stdout.readexactly(n))
+    # Bounded: a reply holds at most two capped streams plus a few small fields.
+    limit = 2 * self.pool.config.max_output_bytes + (1 << 16)
+    n = wire.frame_length(await self.proc.stdout.readexactly(4), limit)
+    return wire.decode(await self.proc.stdout.readexactly(n))
 
   async def _read_loop(self) -> None:
     try:
       while True:
-        msg = await self._read_frame()
+        msg = _check_reply(await self._read_frame(), self.pool.config.max_output_bytes)
         fut = self.pending.pop(msg.pop("rid"), None)
         if fut is not None and not fut.done():
           fut.set_result(msg)
-    except (asyncio.IncompleteReadError, ConnectionError, EOFError, pickle.UnpicklingError):
+    except (asyncio.IncompleteReadError, ConnectionError, EOFError):
       pass
+    except wire.WireError as e:
+      self._on_death(f"the sandbox template sent a malformed frame ({e})")
+      return
     except asyncio.CancelledError:
       return
     self._on_death("the sandbox template process died")
@@ -364,7 +458,23 @@ class _Template:
       except OSError:
         pass
     if self.proc is not None:
+      self._kill_leftovers()
       self.pool._spawn(self._reap(self.proc))
+
+  def _kill_leftovers(self) -> None:
+    """Without bubblewrap nothing else ends the template's calls: kill its uids from here."""
+    if self.pool.isolation_level in ("pidns", "uid"):
+      _kill_uid_range(*self.uid_range)
+
+  def send_nowait(self, req: dict) -> None:
+    """Queues a request whose reply nobody awaits (safe inside a cancellation handler)."""
+    if self.proc is None or self.proc.returncode is not None or not self.ready.is_set():
+      return
+    req["rid"] = next(self.pool._rids)
+    try:
+      self.proc.stdin.write(wire.frame(req))
+    except (ConnectionError, RuntimeError, AttributeError):
+      pass
 
   @staticmethod
   async def _reap(proc) -> None:
@@ -380,11 +490,18 @@ class _Template:
       return _internal("no sandbox template available (it keeps failing to start)\n")
     rid = next(self.pool._rids)
     req["rid"] = rid
+    if req["kind"] == "session":
+      # Decided when the request is actually sent (after any restart): whether the session's
+      # interpreter is gone, and where it lives from now on (for close_session and later calls).
+      known = self.pool._sessions.get(req["session_id"])
+      if known is not None and known != (self.index, self.generation) and not req.get("note"):
+        req["note"] = _RESTART_NOTE
+      self.pool._sessions[req["session_id"]] = (self.index, self.generation)
     fut = asyncio.get_running_loop().create_future()
     self.pending[rid] = fut
     try:
       async with self._write_lock:
-        self.proc.stdin.write(_frame(req))
+        self.proc.stdin.write(wire.frame(req))
         await self.proc.stdin.drain()
     except (ConnectionError, RuntimeError, AttributeError) as e:
       self.pending.pop(rid, None)
@@ -405,7 +522,7 @@ class _Template:
       return
     try:
       if self.proc.returncode is None:
-        self.proc.stdin.write(_frame({"kind": "shutdown", "rid": 0}))
+        self.proc.stdin.write(wire.frame({"kind": "shutdown"}))
         await self.proc.stdin.drain()
         self.proc.stdin.close()
         await asyncio.wait_for(self.proc.wait(), 10)
@@ -494,7 +611,7 @@ class CodePool(BatchExecuteMixin):
     for task in list(self._tasks):
       task.cancel()
     if self._tmpdir:
-      shutil.rmtree(self._tmpdir, ignore_errors=True)
+      wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
 
   async def __aenter__(self) -> "CodePool":
     return await self.start()
@@ -516,6 +633,8 @@ class CodePool(BatchExecuteMixin):
     if self._sem is None or self._closing:
       raise RuntimeError("CodePool is not running: use `async with CodePool(...)` or start()")
     timeout = queue_timeout_s if queue_timeout_s is not None else self.config.queue_timeout_s
+    if timeout is not None:
+      timeout = check_seconds("queue_timeout_s", timeout, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
     if timeout is None:
       await self._sem.acquire()
       return
@@ -565,20 +684,31 @@ class CodePool(BatchExecuteMixin):
       raise TypeError(f"code must be str, got {type(code).__name__}")
     if not isinstance(stdin, (str, bytes)):
       raise TypeError(f"stdin must be str or bytes, got {type(stdin).__name__}")
-    timeout = float(timeout_s if timeout_s is not None else self.config.timeout_s)
-    if timeout <= 0:
-      raise ValueError(f"timeout_s must be > 0, got {timeout}")
+    timeout = check_seconds("timeout_s", timeout_s if timeout_s is not None
+                            else self.config.timeout_s, MAX_TIMEOUT_S)
+    if queue_timeout_s is not None:
+      check_seconds("queue_timeout_s", queue_timeout_s, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
     stdin_b = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
+    if len(code) > MAX_CODE_BYTES or len(stdin_b) > MAX_CODE_BYTES:
+      raise ValueError(f"code and stdin must each be <= {MAX_CODE_BYTES} bytes, got "
+                       f"{len(code)} and {len(stdin_b)}")
     self.stats["calls"] += 1
     req = {"kind": "exec", "code": code, "stdin": stdin_b, "timeout_s": timeout}
     if session_id is not None:
+      if not isinstance(session_id, str) or not 0 < len(session_id) <= 1024:
+        raise ValueError(f"session_id must be a non-empty str of <= 1024 chars, got "
+                         f"{type(session_id).__name__} of length {len(str(session_id))}")
       req["kind"] = "session"
-      req["session_id"] = str(session_id)
+      req["session_id"] = session_id
       # One call at a time per session, in arrival order (a session is one interpreter).
-      lock = self._session_locks.setdefault(str(session_id), asyncio.Lock())
+      lock = self._session_locks.setdefault(session_id, asyncio.Lock())
       async with lock:
-        tpl, req["note"] = self._session_template(str(session_id))
-        msg = await self._run(tpl, req, timeout, queue_timeout_s)
+        tpl, req["note"] = self._session_template(session_id)
+        try:
+          msg = await self._run(tpl, req, timeout, queue_timeout_s)
+        except asyncio.CancelledError:
+          self._abort_session(session_id)
+          raise
       return self._result(msg)
     msg = await self._run(None, req, timeout, queue_timeout_s)
     return self._result(msg)
@@ -598,21 +728,41 @@ class CodePool(BatchExecuteMixin):
         return tpl, b""
     tpl = self._pick()
     self._sessions[sid] = (tpl.index, tpl.generation)
-    note = b"" if known is None else \
-        b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+    note = b"" if known is None else _RESTART_NOTE
     return tpl, note
 
 
+  def _abort_session(self, sid: str) -> None:
+    """A caller gave up on a session call: its interpreter is mid-call in an unknown state, so
+    it is killed (queued before any later request to that template) and the next call on this
+    id starts fresh, saying so."""
+    known = self._sessions.get(sid)
+    if known is None:
+      return
+    tpl = self._templates[known[0]]
+    if tpl.generation == known[1]:
+      tpl.send_nowait({"kind": "abort_session", "session_id": sid})
+    self._sessions[sid] = (known[0], -1)  # forces the "session restarted" note next time
+
   async def close_session(self, session_id: str) -> bool:
     """Kills the session's interpreter; returns whether it was alive."""
-    known = self._sessions.pop(str(session_id), None)
-    self._session_locks.pop(str(session_id), None)
+    if not isinstance(session_id, str) or not 0 < len(session_id) <= 1024:
+      raise ValueError(f"session_id must be a non-empty str of <= 1024 chars, got {session_id!r}")
+    lock = self._session_locks.get(session_id)
+    if lock is not None:
+      async with lock:  # after any call already queued on it
+        return await self._close_session(session_id)
+    return await self._close_session(session_id)
+
+  async def _close_session(self, session_id: str) -> bool:
+    known = self._sessions.pop(session_id, None)
+    self._session_locks.pop(session_id, None)
     if known is None:
       return False
     tpl = self._templates[known[0]]
     if tpl.generation != known[1] or not tpl.ready.is_set():
       return False
-    msg = await tpl.request({"kind": "close_session", "session_id": str(session_id)}, 30.0)
+    msg = await tpl.request({"kind": "close_session", "session_id": session_id}, 30.0)
     return bool(msg.get("closed"))
 
   async def run_function(self, fn: Callable, *args, timeout_s: float = 5.0, **kwargs) -> Any:
@@ -620,22 +770,28 @@ class CodePool(BatchExecuteMixin):
 
     Raises FunctionRunError (status timeout / memory_limit / error / ...) when it fails.
     """
+    timeout = check_seconds("timeout_s", timeout_s, MAX_TIMEOUT_S)
     try:
+      # Pickle goes host -> sandbox only (the host trusts its own bytes); the result comes back
+      # as plain `wire` values, never unpickled.
       payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
       raise TypeError(f"run_function needs a module-level picklable callable and arguments: {e}")
-    req = {"kind": "func", "payload": payload, "timeout_s": float(timeout_s),
+    req = {"kind": "func", "payload": payload, "timeout_s": timeout, "stdin": b"",
            "sys_path": [p for p in sys.path if p and os.path.isdir(p)]}
-    msg = await self._run(None, req, float(timeout_s), None)
+    msg = await self._run(None, req, timeout, None)
     stderr = msg["stderr"].decode("utf-8", "replace")
     if msg["status"] != "ok":
       raise FunctionRunError(msg["status"], stderr[-2000:])
     try:
-      good, value = pickle.loads(msg["stdout"])
-    except Exception as e:
-      raise FunctionRunError("error", f"bad result record ({e!r}); stderr: {stderr[-1000:]}")
+      record = wire.decode(msg["stdout"])
+      if type(record) is not list or len(record) != 2 or type(record[0]) is not bool:
+        raise wire.WireError("not a [ok, value] record")
+    except wire.WireError as e:
+      raise FunctionRunError("error", f"bad result record ({e}); stderr: {stderr[-1000:]}")
+    good, value = record
     if not good:
-      raise FunctionRunError("error", value)
+      raise FunctionRunError("error", value if isinstance(value, str) else repr(value))
     return value
 
   async def ping(self) -> list[dict]:

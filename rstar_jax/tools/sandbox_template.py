@@ -1,15 +1,24 @@
 """Warm template process: preloads modules once, then forks one isolated child per call.
 
-Runs as a standalone script (stdlib only, plus the modules it is told to preload) so it can
-start inside a bubblewrap sandbox that sees only a read-only view of the Python install and
-the project. The host (`code_pool.py`) talks to it over fd 0/1 with length-prefixed pickle
-frames; the template never runs user code itself, so user code cannot reach those pipes.
+Runs as a standalone script (stdlib only, plus `wire.py` next to it and the modules it is told
+to preload) so it can start inside a bubblewrap sandbox that sees only a read-only view of the
+Python install and the project. The host (`code_pool.py`) talks to it over fd 0/1 with
+`wire` frames (lengths, integers, UTF-8: never pickle); the template never runs user code
+itself, and every call's process closes all fds but its own memfds before user code runs, so no
+user code can reach those pipes.
 
-Per call (see `_start_child`):
-  template --fork--> leader (setsid; PID 1 of a fresh PID namespace when available)
-  leader   --fork--> user process (rlimits, unprivileged per-slot uid, scrubbed env, scratch dir)
-Killing the leader makes the kernel kill everything in its PID namespace, including double-forked
+Per call (see `_child_main`):
+  template --fork--> user process (PID 2 of a fresh PID namespace whose PID 1 is `sleep`,
+                     fresh network + IPC namespaces, rlimits, unprivileged uid, seccomp filter)
+Killing the namespace's PID 1 makes the kernel kill everything in it, including double-forked
 `setsid` escapees. Without PID namespaces the template kills every process of the slot's uid.
+A call is over when its process exits (pidfd), never because of something it wrote.
+
+Sessions (ASTER): the session process runs a trusted loop that stops itself with SIGSTOP after
+each call; the template learns of the stop from waitid(WSTOPPED), writes the next call's code
+into a memfd while the process is stopped, and resumes it with SIGCONT. A stop is not a frame:
+forging it (user code stopping itself) only stops the user's own code, and the template checks
+at each stop that no other thread or process of the session is still running.
 
 stdout/stderr go to memfds whose size is capped by RLIMIT_FSIZE, so a child that prints
 gigabytes is stopped by the kernel (SIGXFSZ/EFBIG) and neither the template nor the host ever
@@ -17,33 +26,49 @@ holds more than the cap.
 """
 import ast
 import builtins
+import collections
 import ctypes
 import gc
 import io
 import linecache
 import os
-import pickle
 import resource
 import selectors
-import shutil
 import signal
-import struct
 import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wire  # noqa: E402  (stdlib-only sibling; the template runs with -I, without its dir on the path)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+CLONE_THREAD = 0x00010000
+# Every namespace flag clone/unshare accept (NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
+# NEWPID, NEWNET).
+_NS_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | \
+    0x20000000 | 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 # Exit code the executor uses for an uncaught MemoryError (reported as status memory_limit).
 MEMORY_EXIT_CODE = 247
 USER_FILENAME = "<code>"
+MAX_REQUEST_BYTES = 1 << 30   # a request holds code + stdin; the host caps both far lower
+MAX_TIMEOUT_S = 86400.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
 
 
 # ---------------------------------------------------------------------------------------------
-# framing
+# framing (host <-> template): u32 length + one `wire` value; never pickle.
 def _read_exact(fd, n):
   chunks, got = [], 0
   while got < n:
@@ -55,17 +80,112 @@ def _read_exact(fd, n):
   return b"".join(chunks)
 
 
-def read_frame(fd):
-  (n,) = struct.unpack("<I", _read_exact(fd, 4))
-  return pickle.loads(_read_exact(fd, n))
+def read_frame(fd, max_bytes=MAX_REQUEST_BYTES):
+  n = wire.frame_length(_read_exact(fd, 4), max_bytes)
+  return wire.decode(_read_exact(fd, n))
 
 
 def write_frame(fd, obj):
-  data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-  view = memoryview(struct.pack("<I", len(data)) + data)
+  view = memoryview(wire.frame(obj))
   while view:
     n = os.write(fd, view)
     view = view[n:]
+
+
+# ---------------------------------------------------------------------------------------------
+# seccomp: a small classic-BPF filter installed in every call's process after its uid drop.
+# Syscall numbers per architecture (from the kernel's syscall tables).
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYSCALLS = {
+    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+               "chroot": 161, "add_key": 248, "request_key": 249, "keyctl": 250, "shmget": 29,
+               "semget": 64, "msgget": 68, "bpf": 321, "userfaultfd": 323,
+               "perf_event_open": 298, "io_uring_setup": 425, "open_tree": 428,
+               "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+               "fspick": 433, "ptrace": 101, "clone3": 435, "clone": 56, "fork": 57,
+               "vfork": 58, "socket": 41, "socketpair": 53},
+    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
+                "chroot": 51, "add_key": 217, "request_key": 218, "keyctl": 219, "shmget": 194,
+                "semget": 190, "msgget": 186, "bpf": 280, "userfaultfd": 282,
+                "perf_event_open": 241, "io_uring_setup": 425, "open_tree": 428,
+                "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+                "fspick": 433, "ptrace": 117, "clone3": 435, "clone": 220, "socket": 198,
+                "socketpair": 199},
+}
+_ALWAYS_BLOCKED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "add_key",
+                   "request_key", "keyctl", "shmget", "semget", "msgget", "bpf", "userfaultfd",
+                   "perf_event_open", "io_uring_setup", "open_tree", "move_mount", "fsopen",
+                   "fsconfig", "fsmount", "fspick", "ptrace")
+_RET_ALLOW = 0x7FFF0000
+_EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
+
+
+def _ret_errno(e):
+  return 0x00050000 | e
+
+
+def seccomp_program(machine, allow_subprocesses, allow_sockets):
+  """Classic BPF instructions (code, jt, jf, k) of the call filter, or None if unsupported.
+
+  Blocked with EPERM: namespaces (unshare, setns, clone with a CLONE_NEW* flag: so no user
+  namespace), mounts, keyrings (add_key/request_key/keyctl), SysV IPC creation, bpf,
+  userfaultfd, perf events, io_uring, ptrace; other ABIs (x32 / 32-bit). clone3 gets ENOSYS so
+  libc falls back to clone, whose flags the filter can read. Without `allow_subprocesses`,
+  fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the address space, so
+  RLIMIT_AS then bounds the whole call); without `allow_sockets`, socket/socketpair get EPERM.
+  """
+  arch = _AUDIT_ARCH.get(machine)
+  nrs = _SYSCALLS.get(machine)
+  if arch is None:
+    return None
+  ld_w, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+  prog = []
+  # Each rule: (syscall nr, action). Built as "jeq nr ? next : skip 1; ret action".
+  rules = [(nrs[n], _ret_errno(_EPERM)) for n in _ALWAYS_BLOCKED]
+  rules.append((nrs["clone3"], _ret_errno(_ENOSYS)))
+  if not allow_subprocesses:
+    for n in ("fork", "vfork"):
+      if n in nrs:
+        rules.append((nrs[n], _ret_errno(_EAGAIN)))
+  if not allow_sockets:
+    rules += [(nrs["socket"], _ret_errno(_EPERM)), (nrs["socketpair"], _ret_errno(_EPERM))]
+  prog.append((ld_w, 0, 0, 4))                      # A = arch
+  prog.append((jeq, 1, 0, arch))
+  prog.append((ret, 0, 0, _ret_errno(_EPERM)))      # foreign ABI (e.g. int 0x80): refuse
+  prog.append((ld_w, 0, 0, 0))                      # A = syscall nr
+  if machine == "x86_64":
+    prog.append((jge, 0, 1, 0x40000000))            # x32 ABI
+    prog.append((ret, 0, 0, _ret_errno(_EPERM)))
+  for nr, action in rules:
+    prog.append((jeq, 0, 1, nr))
+    prog.append((ret, 0, 0, action))
+  # clone: inspect the low 32 bits of its flags (args[0], offset 16 on little endian).
+  prog.append((jeq, 0, 6 if not allow_subprocesses else 4, nrs["clone"]))
+  prog.append((ld_w, 0, 0, 16))
+  prog.append((jset, 0, 1, _NS_FLAGS))
+  prog.append((ret, 0, 0, _ret_errno(_EPERM)))
+  if not allow_subprocesses:
+    prog.append((jset, 1, 0, CLONE_THREAD))
+    prog.append((ret, 0, 0, _ret_errno(_EAGAIN)))
+  prog.append((ret, 0, 0, _RET_ALLOW))              # a thread, or clone allowed
+  prog.append((ret, 0, 0, _RET_ALLOW))              # every other syscall
+  return prog
+
+
+class _SockFilter(ctypes.Structure):
+  _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+              ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+  _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def install_seccomp(prog):
+  arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+  fprog = _SockFprog(len(prog), arr)
+  if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+    raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,7 +307,11 @@ def _drop_to_user(cfg, uid, scratch, cpu_s):
       rl.setrlimit(rl.RLIMIT_NPROC, (lim["max_procs"], lim["max_procs"]))
     except (ValueError, OSError):
       pass
+  # The uid switch cleared any death signal: die with the template (or the call's init).
+  _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+  if cfg["seccomp"] is not None:
+    install_seccomp(cfg["seccomp"])
   os.chdir(scratch)
   os.environ.clear()
   os.environ.update(cfg["user_env"])
@@ -213,19 +337,25 @@ def _wait_as_init(user_pid):
 
 
 def _child_main(cfg, job, fds):
-  """Leader: never returns."""
+  """The call's process (or its leader when there is no `sleep` to be PID 1): never returns."""
   code = 1
   try:
+    signal.set_wakeup_fd(-1)  # the template's SIGCHLD wakeup pipe is not ours to write
     os.setsid()
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
       signal.signal(sig, signal.SIG_DFL)
+    if cfg["call_ns"]:
+      # Own network (loopback down, nothing else) and IPC namespaces: no socket, abstract
+      # socket or SysV object is shared with a concurrent call, and all die with the call.
+      if _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWIPC) failed")
     os.dup2(fds["in"], 0)
     os.dup2(fds["out"], 1)
     os.dup2(fds["err"], 2)
     keep = [0, 1, 2]
     if job["kind"] == "session":
-      os.dup2(fds["req"], 3)
-      os.dup2(fds["rep"], 4)
+      os.dup2(fds["code"], 3)
+      os.dup2(fds["rc"], 4)
       keep += [3, 4]
     _close_fds_except(keep)
     if job.get("leader"):
@@ -257,7 +387,12 @@ def _user_main(cfg, job):
 
 
 def _run_function(job):
-  """Unpickles (fn, args, kwargs), runs it, writes a pickled (ok, value) record to fd 1."""
+  """Unpickles (fn, args, kwargs) from the host, runs it, writes a `wire` record to fd 1.
+
+  The host wrote the pickle (trusted direction); the result travels back as plain values only,
+  so nothing this process writes is ever unpickled by the host.
+  """
+  import pickle
   for p in job.get("sys_path", ()):
     if p not in sys.path:
       sys.path.append(p)
@@ -265,41 +400,82 @@ def _run_function(job):
   sys.stdout = sys.stderr  # prints of the function must not corrupt the result record
   try:
     fn, args, kwargs = pickle.loads(job["payload"])
-    record = (True, fn(*args, **kwargs))
+    record = [True, fn(*args, **kwargs)]
   except MemoryError:
     _flush_std()
     os._exit(MEMORY_EXIT_CODE)
   except BaseException as e:
-    record = (False, "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    record = [False, "".join(traceback.format_exception(type(e), e, e.__traceback__))]
   try:
-    data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    data = wire.encode(record)
   except BaseException as e:
-    data = pickle.dumps((False, f"result is not picklable: {e!r}"))
+    data = wire.encode([False, f"result is not a plain value: {e}"])
   out.write(data)
   out.flush()
   _flush_std()
   os._exit(0)
 
 
+def _join_threads():
+  import threading
+  for t in threading.enumerate():
+    if t is not threading.main_thread() and not t.daemon:
+      t.join()
+  # A finished thread may still be leaving the kernel: give it a moment before the template looks.
+  for _ in range(200):
+    if len(os.listdir("/proc/self/task")) <= 1:
+      break
+    time.sleep(0.0005)
+
+
 def _session_loop():
-  """Persistent interpreter: one namespace, one code request per frame on fd 3, reply on fd 4."""
+  """Persistent interpreter. Between calls it is stopped (SIGSTOP); fd 3 holds the code of the
+  next call when the template resumes it, fd 4 receives the call's exit code."""
   namespace = _fresh_namespace()
   while True:
+    os.kill(os.getpid(), signal.SIGSTOP)
     try:
-      req = read_frame(3)
+      size = os.fstat(3).st_size
+      code = os.pread(3, size, 0).decode("utf-8", "surrogatepass")
     except BaseException:
-      os._exit(0)
-    _new_std_streams()  # the host rewound and truncated the memfds, start from clean buffers
-    rc = exec_user_code(req["code"], namespace)
+      os._exit(3)
+    _new_std_streams()  # the template rewound and truncated the memfds, start from clean buffers
+    rc = exec_user_code(code, namespace)
+    try:
+      _join_threads()  # like the end of a script: non-daemon threads finish within the call
+    except BaseException:
+      pass
     _flush_std()
     try:
-      write_frame(4, rc)
+      os.pwrite(4, b"%d\n" % rc, 0)
     except BaseException:
       os._exit(3)
 
 
 # ---------------------------------------------------------------------------------------------
 # template
+_REQ_FIELDS = {
+    "exec": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float},
+    "func": {"rid": int, "payload": bytes, "stdin": bytes, "timeout_s": float, "sys_path": list},
+    "session": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float, "session_id": str,
+                "note": bytes},
+    "close_session": {"rid": int, "session_id": str},
+    "abort_session": {"rid": int, "session_id": str},
+    "ping": {"rid": int},
+    "shutdown": {},
+}
+
+
+def check_request(req):
+  if type(req) is not dict or req.get("kind") not in _REQ_FIELDS:
+    raise wire.WireError(f"unknown request {type(req).__name__}")
+  wire.check_record(req, _REQ_FIELDS[req["kind"]], f"request {req['kind']}")
+  t = req.get("timeout_s")
+  if t is not None and not (0.0 < t <= MAX_TIMEOUT_S):  # also false for NaN
+    raise wire.WireError(f"timeout_s must be in (0, {MAX_TIMEOUT_S}], got {t!r}")
+  return req
+
+
 class Template:
 
   def __init__(self, cfg, ctl_in, ctl_out):
@@ -307,11 +483,12 @@ class Template:
     self.ctl_in = ctl_in
     self.ctl_out = ctl_out
     self.lim = cfg["limits"]
-    self.free_uids = list(range(cfg["uid_lo"], cfg["uid_hi"]))
+    # FIFO: a released uid goes to the back, so the next call gets the least recently used one.
+    self.free_uids = collections.deque(range(cfg["uid_lo"], cfg["uid_hi"]))
     self.calls = {}      # pidfd -> call record (exec/func)
     self.sessions = {}   # session_id -> session record
     self.sel = selectors.DefaultSelector()
-    self.buf = b""
+    self.buf = bytearray()
     self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY) if cfg["pidns"] else None
     # PID 1 of each call's namespace: a tiny exec'd process (cheaper than forking this big
     # interpreter twice). Orphans re-parent to it; killing it tears the namespace down.
@@ -320,13 +497,19 @@ class Template:
     self.scratch_root = cfg["scratch_root"]
     os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
     os.chmod(self.scratch_root, 0o711)
+    for name in os.listdir(self.scratch_root):  # leftovers of a dead predecessor
+      wire.rmtree(os.path.join(self.scratch_root, name))
     self.serial = 0
+    # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
+    self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
 
   # -- resources
   def _alloc_uid(self):
     if not self.free_uids:
       raise RuntimeError("no free sandbox uid (too many concurrent calls and sessions)")
-    return self.free_uids.pop()
+    return self.free_uids.popleft()
 
   def _kill_uid(self, uid):
     """Without PID namespaces: SIGKILL every process running as `uid` (setsid escapees too)."""
@@ -355,21 +538,27 @@ class Template:
 
   def _make_scratch(self, uid):
     self.serial += 1
-    path = os.path.join(self.scratch_root, f"s{uid}_{self.serial}")
+    path = os.path.join(self.scratch_root, f"s{uid}_{os.getpid()}_{self.serial}")
     os.mkdir(path, 0o700)
-    if self.cfg["drop_uid"]:
-      os.chown(path, uid, uid)
+    try:
+      if self.cfg["drop_uid"]:
+        os.chown(path, uid, uid)
+    except BaseException:
+      wire.rmtree(path)
+      raise
     return path
 
   def _release(self, uid, scratch, pgid=None):
-    if pgid is not None and not self.cfg["pidns"]:
-      try:
-        os.killpg(pgid, signal.SIGKILL)  # background children left in the call's group
-      except OSError:
-        pass
-    self._kill_uid(uid)
-    shutil.rmtree(scratch, ignore_errors=True)
-    self.free_uids.append(uid)
+    try:
+      if pgid is not None and not self.cfg["pidns"]:
+        try:
+          os.killpg(pgid, signal.SIGKILL)  # background children left in the call's group
+        except OSError:
+          pass
+      self._kill_uid(uid)
+      wire.rmtree(scratch)
+    finally:
+      self.free_uids.append(uid)
 
   # -- fork
   def _fork(self, job, fds):
@@ -380,8 +569,10 @@ class Template:
       if _libc.setns(self.pidns_fd, CLONE_NEWPID) != 0 or _libc.unshare(CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "setns/unshare(CLONE_NEWPID) failed")
       if self.init_path:
-        # The first child becomes PID 1 of the new namespace; our next fork joins it.
-        ipid = os.posix_spawn(self.init_path, [self.init_path, "infinity"], {}, setsid=True)
+        # The first child becomes PID 1 of the new namespace; our next fork joins it. It stays
+        # in our process group (no setsid) so that killing the template's group kills it too,
+        # and with it the whole namespace: no orphan survives a killed template.
+        ipid = os.posix_spawn(self.init_path, [self.init_path, "infinity"], {})
         init = (ipid, os.pidfd_open(ipid))
       else:
         job["leader"] = True
@@ -425,33 +616,39 @@ class Template:
     else:
       self._release(rec["uid"], rec["scratch"], rec["pid"])
 
-  def _memfds(self, stdin):
-    out = os.memfd_create("stdout", os.MFD_CLOEXEC)
-    err = os.memfd_create("stderr", os.MFD_CLOEXEC)
-    inp = os.memfd_create("stdin", os.MFD_CLOEXEC)
-    if stdin:
-      os.write(inp, stdin)
-      os.lseek(inp, 0, os.SEEK_SET)
-    return out, err, inp
+  def _memfds(self, names, stdin=b""):
+    fds = []
+    try:
+      for name in names:  # no MFD_ALLOW_SEALING: the call cannot seal them against the template
+        fds.append(os.memfd_create(name, os.MFD_CLOEXEC))
+      if stdin:
+        os.pwrite(fds[names.index("stdin")], stdin, 0)
+    except BaseException:
+      for fd in fds:
+        os.close(fd)
+      raise
+    return fds
 
   def start_call(self, req):
     kind = req["kind"]
     if kind == "session":
       return self.session_call(req)
     t0 = time.monotonic()
-    uid = self._alloc_uid()
-    scratch = self._make_scratch(uid)
-    out, err, inp = self._memfds(req.get("stdin", b""))
-    timeout = float(req["timeout_s"])
-    job = {"kind": kind, "uid": uid, "scratch": scratch, "cpu_s": int(timeout) + 1,
-           "code": req.get("code", ""), "payload": req.get("payload"),
-           "sys_path": req.get("sys_path", ())}
+    timeout = req["timeout_s"]
+    taken = []  # what to give back if anything below fails
     try:
+      uid = self._alloc_uid()
+      taken.append(("uid", uid))
+      scratch = self._make_scratch(uid)
+      taken.append(("scratch", scratch))
+      out, err, inp = self._memfds(("stdout", "stderr", "stdin"), req["stdin"])
+      taken.append(("fds", (out, err, inp)))
+      job = {"kind": kind, "uid": uid, "scratch": scratch, "cpu_s": int(timeout) + 1,
+             "code": req.get("code", ""), "payload": req.get("payload"),
+             "sys_path": req.get("sys_path", ())}
       pid, init = self._fork(job, {"in": inp, "out": out, "err": err})
     except BaseException:
-      for fd in (out, err, inp):
-        os.close(fd)
-      self._release(uid, scratch)
+      self._give_back(taken)
       raise
     os.close(inp)
     pidfd = os.pidfd_open(pid)
@@ -460,6 +657,16 @@ class Template:
             "deadline": t0 + timeout, "killed": None}
     self.calls[pidfd] = call
     self.sel.register(pidfd, selectors.EVENT_READ, ("call", pidfd))
+
+  def _give_back(self, taken):
+    d = dict(taken)
+    for fd in d.get("fds", ()):
+      os.close(fd)
+    if "uid" in d:
+      if "scratch" in d:
+        self._release(d["uid"], d["scratch"])
+      else:
+        self.free_uids.append(d["uid"])
 
   def _read_memfd(self, fd):
     size = os.fstat(fd).st_size
@@ -511,25 +718,30 @@ class Template:
 
   # -- sessions
   def _start_session(self, sid):
-    uid = self._alloc_uid()
-    scratch = self._make_scratch(uid)
-    out, err, inp = self._memfds(b"")
-    req_r, req_w = os.pipe2(os.O_CLOEXEC)
-    rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
-    job = {"kind": "session", "uid": uid, "scratch": scratch,
-           "cpu_s": int(self.cfg["session_cpu_s"])}
+    if self.cfg["pidns"] and not self.init_path:
+      raise RuntimeError("sessions need /usr/bin/sleep as their namespace's PID 1")
+    taken = []
     try:
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "req": req_r, "rep": rep_w})
-    finally:
-      os.close(req_r)
-      os.close(rep_w)
+      uid = self._alloc_uid()
+      taken.append(("uid", uid))
+      scratch = self._make_scratch(uid)
+      taken.append(("scratch", scratch))
+      fds = self._memfds(("stdout", "stderr", "stdin", "code", "rc"))
+      taken.append(("fds", fds))
+      out, err, inp, code_fd, rc_fd = fds
+      job = {"kind": "session", "uid": uid, "scratch": scratch,
+             "cpu_s": int(self.cfg["session_cpu_s"])}
+      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "code": code_fd,
+                                   "rc": rc_fd})
+    except BaseException:
+      self._give_back(taken)
+      raise
     pidfd = os.pidfd_open(pid)
-    os.set_blocking(rep_r, False)
-    s = {"sid": sid, "pid": pid, "pidfd": pidfd, "uid": uid, "init": init, "scratch": scratch, "out": out,
-         "err": err, "inp": inp, "req_w": req_w, "rep_r": rep_r, "call": None, "rbuf": b""}
+    s = {"sid": sid, "pid": pid, "pidfd": pidfd, "uid": uid, "init": init, "scratch": scratch,
+         "out": out, "err": err, "inp": inp, "code": code_fd, "rc": rc_fd, "call": None,
+         "stopped": False}
     self.sessions[sid] = s
     self.sel.register(pidfd, selectors.EVENT_READ, ("sess_dead", sid))
-    self.sel.register(rep_r, selectors.EVENT_READ, ("sess_rep", sid))
     return s
 
   def session_call(self, req):
@@ -542,18 +754,105 @@ class Template:
       return
     if s is None:
       s = self._start_session(sid)
-    for fd in (s["out"], s["err"], s["inp"]):
+    s["call"] = {"rid": req["rid"], "t0": t0, "deadline": t0 + req["timeout_s"],
+                 "killed": None, "note": req["note"], "code": req["code"],
+                 "stdin": req["stdin"], "running": False}
+    if s["stopped"]:
+      self._dispatch(s)
+
+  def _dispatch(self, s):
+    """The session process is stopped: load the call into its memfds and resume it."""
+    call = s["call"]
+    for fd in (s["out"], s["err"], s["inp"], s["code"], s["rc"]):
       os.ftruncate(fd, 0)
+    for fd in (s["out"], s["err"], s["inp"]):
       os.lseek(fd, 0, os.SEEK_SET)  # shared file description: rewinds the child's offset too
-    stdin = req.get("stdin", b"")
-    if stdin:
-      os.pwrite(s["inp"], stdin, 0)
-    s["call"] = {"rid": req["rid"], "t0": t0, "deadline": t0 + float(req["timeout_s"]),
-                 "killed": None, "note": req.get("note", b"")}
+    if call["stdin"]:
+      os.pwrite(s["inp"], call["stdin"], 0)
+    os.pwrite(s["code"], call["code"].encode("utf-8", "surrogatepass"), 0)
+    call["code"] = call["stdin"] = None
+    call["running"] = True
+    s["stopped"] = False
     try:
-      write_frame(s["req_w"], {"code": req["code"]})
+      signal.pidfd_send_signal(s["pidfd"], signal.SIGCONT)
+    except ProcessLookupError:
+      pass
+
+  def _session_leftovers(self, s):
+    """Other threads or processes of the session still alive while its main thread stopped."""
+    pid = s["pid"]
+    try:
+      tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-      self.kill_session(s, "dead")
+      return None
+    live = []
+    for t in tasks:
+      try:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+          state = f.read().rsplit(")", 1)[1].split()[0]
+      except (OSError, IndexError):
+        continue  # already gone
+      if state not in ("Z", "X"):  # a joined thread may still be finishing its exit
+        live.append(t)
+    if len(live) > 1:
+      return f"{len(live) - 1} thread(s) still running after the call"
+    kids = []
+    for t in tasks:
+      try:
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+          kids += f.read().split()
+      except OSError:
+        pass
+    if s["init"]:
+      try:
+        with open(f"/proc/{s['init'][0]}/task/{s['init'][0]}/children") as f:
+          kids += [k for k in f.read().split() if k != str(pid)]
+      except OSError:
+        pass
+    if kids:
+      return f"{len(kids)} process(es) still running after the call"
+    return None
+
+  def on_sigchld(self):
+    try:
+      while os.read(self.sig_r, 4096):
+        pass
+    except BlockingIOError:
+      pass
+    for s in list(self.sessions.values()):
+      if s["stopped"]:
+        continue
+      try:
+        info = os.waitid(os.P_PID, s["pid"], os.WSTOPPED | os.WNOHANG)
+      except ChildProcessError:
+        continue
+      if info is None:
+        continue
+      s["stopped"] = True
+      call = s["call"]
+      if call is None:
+        continue
+      if not call["running"]:
+        self._dispatch(s)
+        continue
+      left = self._session_leftovers(s)
+      for _ in range(5):  # a thread in the middle of exiting is gone within microseconds
+        if left is None:
+          break
+        time.sleep(0.001)
+        left = self._session_leftovers(s)
+      if left is not None:
+        call["left"] = left
+        self.kill_session(s, "leftover")
+        continue
+      try:
+        raw = os.pread(s["rc"], 16, 0)
+        rc = int(raw.strip() or b"-1")
+      except (OSError, ValueError):
+        rc = -1
+      if not 0 <= rc <= 255:
+        rc = 1
+      self._session_result(s, rc, dead=False)
 
   def _session_result(self, s, rc, dead):
     call = s["call"]
@@ -561,40 +860,14 @@ class Template:
     out, over_o = self._read_memfd(s["out"])
     err, over_e = self._read_memfd(s["err"])
     status = self._classify(rc, call["killed"], over_o or over_e)
+    if call.get("left"):
+      err += f"\n[{call['left']}: they are not allowed to outlive it]\n".encode()
     if dead:
       err += b"\n[session terminated: its state is lost; the next call starts a fresh session]\n"
       if status == "ok":
         status = "error"
     self.reply(call["rid"], {"status": status, "stdout": out, "stderr": call["note"] + err,
                              "exit_code": rc, "duration_s": time.monotonic() - call["t0"]})
-
-  def on_session_reply(self, sid):
-    s = self.sessions.get(sid)
-    if s is None:
-      return
-    try:
-      chunk = os.read(s["rep_r"], 65536)
-    except BlockingIOError:
-      return
-    if not chunk:
-      self.sel.unregister(s["rep_r"])  # EOF: the pidfd event will finish the session
-      os.close(s["rep_r"])
-      s["rep_r"] = None
-      return
-    s["rbuf"] += chunk
-    while len(s["rbuf"]) >= 4:
-      (n,) = struct.unpack("<I", s["rbuf"][:4])
-      if len(s["rbuf"]) < 4 + n:
-        break
-      frame, s["rbuf"] = s["rbuf"][4:4 + n], s["rbuf"][4 + n:]
-      try:
-        rc = pickle.loads(frame)
-        rc = int(rc)
-      except BaseException:  # user code wrote junk to fd 4: treat the session as broken
-        self.kill_session(s, "error")
-        return
-      if s["call"] is not None:
-        self._session_result(s, rc, dead=False)
 
   def kill_session(self, s, reason):
     if s["call"] is not None and s["call"]["killed"] is None:
@@ -605,6 +878,8 @@ class Template:
           signal.pidfd_send_signal(fd, signal.SIGKILL)
         except ProcessLookupError:
           pass
+    if not self.cfg["pidns"]:
+      self._kill_group_and_uid(s["pid"], s["uid"])
 
   def on_session_dead(self, sid, block=False):
     s = self.sessions.get(sid)
@@ -616,12 +891,14 @@ class Template:
     del self.sessions[sid]
     self.sel.unregister(s["pidfd"])
     rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    if s["rep_r"] is not None:
-      self.sel.unregister(s["rep_r"])
-      os.close(s["rep_r"])
-    if s["call"] is not None:
+    if s["call"] is not None and s["call"].get("running"):
       self._session_result(s, rc, dead=True)
-    for fd in (s["pidfd"], s["out"], s["err"], s["inp"], s["req_w"]):
+    elif s["call"] is not None:  # died before it ever ran the call
+      call = s["call"]
+      self.reply(call["rid"], {"status": "internal_error", "stdout": b"", "exit_code": rc,
+                               "stderr": call["note"] + b"session process failed to start\n",
+                               "duration_s": time.monotonic() - call["t0"]})
+    for fd in (s["pidfd"], s["out"], s["err"], s["inp"], s["code"], s["rc"]):
       os.close(fd)
     self._end(s)
 
@@ -630,7 +907,8 @@ class Template:
     if s is not None:
       self.kill_session(s, "closed")
       self.on_session_dead(s["sid"], block=True)  # reap now: a next call with this id must start fresh
-    self.reply(req["rid"], {"closed": s is not None})
+    if req["kind"] == "close_session":
+      self.reply(req["rid"], {"closed": s is not None})
 
   # -- loop
   def reply(self, rid, result):
@@ -643,12 +921,13 @@ class Template:
       raise EOFError
     self.buf += chunk
     while len(self.buf) >= 4:
-      (n,) = struct.unpack("<I", self.buf[:4])
+      n = wire.frame_length(bytes(self.buf[:4]), MAX_REQUEST_BYTES)
       if len(self.buf) < 4 + n:
         break
-      req, self.buf = pickle.loads(self.buf[4:4 + n]), self.buf[4 + n:]
+      req = check_request(wire.decode(bytes(self.buf[4:4 + n])))
+      del self.buf[:4 + n]
       kind = req["kind"]
-      if kind == "close_session":
+      if kind in ("close_session", "abort_session"):
         self.close_session(req)
       elif kind == "ping":
         self.reply(req["rid"], {"pong": True, "free_uids": len(self.free_uids)})
@@ -684,15 +963,14 @@ class Template:
       if c is not None and c["killed"] is None:
         if now >= c["deadline"]:
           self.kill_session(s, "timeout")
-          if not self.cfg["pidns"]:
-            self._kill_group_and_uid(s["pid"], s["uid"])
         else:
           nxt = c["deadline"] if nxt is None else min(nxt, c["deadline"])
-    return None if nxt is None else max(0.0, nxt - now)
+    return None if nxt is None else min(max(0.0, nxt - now), 3600.0)
 
   def run(self):
     os.set_blocking(self.ctl_in, False)
     self.sel.register(self.ctl_in, selectors.EVENT_READ, ("ctl", None))
+    self.sel.register(self.sig_r, selectors.EVENT_READ, ("sigchld", None))
     try:
       while True:
         timeout = self.check_deadlines()
@@ -702,13 +980,13 @@ class Template:
             self.on_control()
           elif what == "call":
             self.finish_call(arg)
-          elif what == "sess_rep":
-            self.on_session_reply(arg)
+          elif what == "sigchld":
+            self.on_sigchld()
           elif what == "sess_dead":
             self.on_session_dead(arg)
           elif what == "init":
             self.on_init_dead(arg)
-    except EOFError:
+    except (EOFError, wire.WireError):
       pass
     finally:
       self.shutdown()
@@ -736,7 +1014,7 @@ class Template:
         except OSError:
           pass
       self._kill_uid(r["uid"])
-    shutil.rmtree(self.scratch_root, ignore_errors=True)
+    wire.rmtree(self.scratch_root)
 
 
 def _kill_uid_range(lo, hi):
@@ -754,6 +1032,104 @@ def _kill_uid_range(lo, hi):
       pass
 
 
+def _blocked_ancestors(path):
+  """Ancestors of `path` an unprivileged uid cannot traverse (no o+x), outermost first."""
+  out = []
+  parts = os.path.realpath(path).strip("/").split("/")
+  for i in range(1, len(parts)):
+    d = "/" + "/".join(parts[:i])
+    try:
+      if not os.stat(d).st_mode & 0o001:
+        out.append(d)
+    except OSError:
+      pass
+  return out
+
+
+def expose_paths(paths):
+  """Makes `paths` reachable by sandbox uids when an ancestor (e.g. /root, mode 700) is not.
+
+  In a private mount namespace each blocking ancestor is covered by an empty tmpfs (mode 755)
+  into which only the needed paths are bind-mounted back: the rest of that directory stays
+  hidden. Returns a description of what was done ("" when nothing was needed).
+  """
+  need = {}
+  for p in paths:
+    for a in _blocked_ancestors(p):
+      if not any(a.startswith(b + "/") for b in need):
+        need.setdefault(a, []).append(os.path.realpath(p))
+        break
+  if not need:
+    return ""
+  if _libc.unshare(CLONE_NEWNS) != 0:
+    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+  if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+  done = []
+  for anc, targets in sorted(need.items()):
+    fds = {t: os.open(t, os.O_PATH | os.O_CLOEXEC) for t in sorted(set(targets))}
+    if _libc.mount(b"tmpfs", anc.encode(), b"tmpfs", 0, b"mode=0755,size=64k") != 0:
+      raise OSError(ctypes.get_errno(), f"mount tmpfs on {anc} failed")
+    for t, fd in fds.items():
+      os.makedirs(t, mode=0o755, exist_ok=True)
+      if _libc.mount(f"/proc/self/fd/{fd}".encode(), t.encode(), None, MS_BIND | MS_REC,
+                     None) != 0:
+        raise OSError(ctypes.get_errno(), f"bind {t} failed")
+      os.close(fd)
+    done.append(f"{anc} -> {sorted(fds)}")
+  return "; ".join(done)
+
+
+def check_imports(cfg, modules):
+  """Forks a child that drops to a sandbox uid and opens every module's files; "" when all
+  are readable, else a message naming the first that is not."""
+  import importlib.util
+  files = []
+  for name in modules:
+    try:
+      spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+      spec = None
+    if spec is None or not spec.origin or not os.path.isabs(spec.origin):
+      continue
+    files.append(spec.origin)
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.close(r)
+      if cfg["drop_uid"]:
+        os.setgroups([])
+        os.setgid(cfg["uid_lo"])
+        os.setuid(cfg["uid_lo"])
+      msg = b""
+      for f in files:
+        try:
+          with open(f, "rb") as fh:
+            fh.read(1)
+          os.listdir(os.path.dirname(f))
+        except OSError as e:
+          msg = f"{f}: {e.strerror}".encode()
+          break
+      os.write(w, msg[:4000])
+    finally:
+      os._exit(0)
+  os.close(w)
+  msg = b""
+  while True:
+    b = os.read(r, 4096)
+    if not b:
+      break
+    msg += b
+  os.close(r)
+  os.waitpid(pid, 0)
+  return msg.decode("utf-8", "replace")
+
+
+_STDLIB_PROBE = ("json", "fractions", "decimal", "itertools", "collections", "re", "random",
+                 "statistics", "encodings.idna")
+
+
 def main():
   ctl_in, ctl_out = os.dup(0), os.dup(1)
   devnull = os.open(os.devnull, os.O_RDWR)
@@ -765,6 +1141,12 @@ def main():
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the host's terminal is the host's
   cfg = read_frame(ctl_in)
   t0 = time.monotonic()
+  exposed = ""
+  if cfg["expose_paths"]:
+    try:
+      exposed = expose_paths(cfg["expose_paths"])
+    except OSError as e:
+      exposed = f"failed: {e}"
   os.environ.update(cfg["template_env"])
   loaded = []
   for name in cfg["preload"]:
@@ -778,20 +1160,24 @@ def main():
       exec(compile(cfg["warmup_code"], "<warmup>", "exec"), {"__name__": "__warmup__"})
     except BaseException as e:
       sys.stderr.write(f"[code_pool template] warmup failed: {e!r}\n")
+  import_error = check_imports(cfg, _STDLIB_PROBE + tuple(loaded))
   vm = 0
   with open("/proc/self/status") as f:
     for line in f:
       if line.startswith("VmSize:"):
         vm = int(line.split()[1]) * 1024
   cfg["as_limit"] = vm + cfg["limits"]["memory_limit_mb"] * (1 << 20)
+  prog = seccomp_program(os.uname().machine, cfg["allow_subprocesses"], cfg["allow_sockets"])
+  cfg["seccomp"] = prog if cfg["use_seccomp"] else None
   if cfg["drop_uid"] and not cfg["pidns"]:
     _kill_uid_range(cfg["uid_lo"], cfg["uid_hi"])  # leftovers of a dead predecessor
+  tpl = Template(cfg, ctl_in, ctl_out)
   gc.collect()
   gc.freeze()  # keep the preloaded heap out of the children's GC passes: fewer CoW faults
-  tpl = Template(cfg, ctl_in, ctl_out)
   write_frame(ctl_out, {"ready": True, "pid": os.getpid(), "preloaded": loaded,
                         "startup_s": time.monotonic() - t0, "as_limit": cfg["as_limit"],
-                        "pidns_self": os.getpid() == 2 or os.getpid() == 1})
+                        "pidns_self": os.getpid() in (1, 2), "import_error": import_error,
+                        "exposed": exposed, "seccomp": prog is not None and cfg["use_seccomp"]})
   tpl.run()
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from typing import Any, Optional
 
 from aiohttp import web
 
-from rstar_jax.tools.code_pool import CodePool, PoolConfig, QueueTimeout
+from rstar_jax.tools.code_pool import (MAX_CODE_BYTES, MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, CodePool, PoolConfig,
+                                       QueueTimeout, check_seconds)
 
 log = logging.getLogger(__name__)
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -27,6 +29,15 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def _bad(msg: str) -> web.Response:
   return web.json_response({"error": msg}, status=400)
+
+
+def _no_constant(name: str):
+  raise ValueError(f"JSON constant {name} is not allowed (numbers must be finite)")
+
+
+def _loads(text: str) -> Any:
+  """Strict JSON: NaN / Infinity / -Infinity are rejected, not turned into floats."""
+  return json.loads(text, parse_constant=_no_constant)
 
 
 def _parse_item(i: int, item: Any) -> dict:
@@ -37,12 +48,15 @@ def _parse_item(i: int, item: Any) -> dict:
   stdin = item.get("stdin", "")
   if not isinstance(stdin, str):
     raise ValueError(f"requests[{i}].stdin must be a string, got {type(stdin).__name__}")
+  if len(item["code"]) > MAX_CODE_BYTES or len(stdin) > MAX_CODE_BYTES:
+    raise ValueError(f"requests[{i}]: code and stdin must each be <= {MAX_CODE_BYTES} chars")
   timeout = item.get("timeout_s")
-  if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-    raise ValueError(f"requests[{i}].timeout_s must be a positive number, got {timeout!r}")
+  if timeout is not None:
+    timeout = check_seconds(f"requests[{i}].timeout_s", timeout, MAX_TIMEOUT_S)
   sid = item.get("session_id")
-  if sid is not None and not isinstance(sid, str):
-    raise ValueError(f"requests[{i}].session_id must be a string, got {type(sid).__name__}")
+  if sid is not None and (not isinstance(sid, str) or not 0 < len(sid) <= 1024):
+    raise ValueError(f"requests[{i}].session_id must be a non-empty string of <= 1024 chars, "
+                     f"got {type(sid).__name__}")
   return {"code": item["code"], "stdin": stdin, "timeout_s": timeout, "session_id": sid}
 
 
@@ -95,7 +109,7 @@ class CodePoolServer:
 
   async def execute_batch(self, request: web.Request) -> web.Response:
     try:
-      body = await request.json()
+      body = await request.json(loads=_loads)
     except ValueError as e:
       return _bad(f"body is not JSON: {e}")
     if not isinstance(body, dict) or not isinstance(body.get("requests"), list):
@@ -108,6 +122,11 @@ class CodePoolServer:
     except ValueError as e:
       return _bad(str(e))
     qt = body.get("queue_timeout_s", self.queue_timeout_s)
+    if qt is not None:
+      try:
+        qt = check_seconds("queue_timeout_s", qt, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
+      except ValueError as e:
+        return _bad(str(e))
 
     async def one(it):
       try:
@@ -122,11 +141,13 @@ class CodePoolServer:
 
   async def close_session(self, request: web.Request) -> web.Response:
     try:
-      body = await request.json()
+      body = await request.json(loads=_loads)
       sid = body["session_id"]
     except (ValueError, KeyError, TypeError):
       return _bad("body must be an object with a 'session_id' string")
-    return web.json_response({"closed": await self.pool.close_session(str(sid))})
+    if not isinstance(sid, str) or not 0 < len(sid) <= 1024:
+      return _bad("session_id must be a non-empty string of <= 1024 chars")
+    return web.json_response({"closed": await self.pool.close_session(sid)})
 
 
 async def serve_forever(config: PoolConfig, host: str, port: int,

@@ -94,7 +94,7 @@ def test_sharded_compute_logprobs_and_batch_divisibility():
     mask = batch["attention_mask"][:, 1:]
     np.testing.assert_allclose(np.asarray(logp)[:, 1:] * mask, np.asarray(want) * mask,
                                rtol=1e-5, atol=1e-5)
-    fresh = js.recompute_old_logprobs(_params(), js.shard_batch(batch))
+    fresh = steps.with_old_logprobs(js.shard_batch(batch), logp)
     np.testing.assert_array_equal(np.asarray(fresh["old_logprobs"]),
                                   np.asarray(logp) * batch["loss_mask"])
     with pytest.raises(ValueError, match="multiple of data-parallel size 4 x num_micro_batches 2"):

@@ -118,11 +118,17 @@ def test_recomputed_old_logprobs_give_ratio_one():
         assert float(metrics["clip_frac"]) == 0.0
 
 
-def test_token_logprobs_and_entropy_values():
+def test_learner_logprobs_are_token_aligned():
+    # logits[:, t] predicts ids[:, t + 1]; the learner's log-prob of column t is about ids[:, t]
+    # (column 0 is never a target), with the one rl.losses.token_logprobs_and_entropy inside.
     logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8], [1 / 3] * 3]]))
     ids = jnp.array([[2, 0, 2]])
-    logp, ent = steps.token_logprobs_and_entropy(logits, ids)
+    batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids)}
+    apply = lambda params, input_ids, attention_mask: logits
+    logp = steps.compute_logprobs(None, batch, apply_fn=apply)
     np.testing.assert_allclose(logp, [[0.0, np.log(0.5), np.log(0.8)]], rtol=1e-6)
+    lp, ent = steps._token_aligned(logits, ids)
+    np.testing.assert_allclose(lp, logp)
     h = lambda p: -sum(x * np.log(x) for x in p)
     np.testing.assert_allclose(ent, [[0.0, h([0.5, 0.25, 0.25]), h([0.1, 0.1, 0.8])]], rtol=1e-6)
 

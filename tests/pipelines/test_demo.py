@@ -12,19 +12,20 @@ from configs import demo as demo_config
 from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import load_sft_jsonl
-from rstar_jax.pipelines import demo
-from rstar_jax.pipelines.config_validation import validate_config
-from rstar_jax.tokenization import bpe, chat_format
+from rstar_jax.config import from_config_dict
+from rstar_jax.pipelines import agent_runner, demo
+from rstar_jax.tokenization import bpe, chat_format, domain
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_demo_config_derives_valid_sft_and_rl_configs():
   for variant in ("", "smoke"):
-    cfg = demo_config.get_config(variant)
-    validate_config(demo._derived(cfg, "sft"), "sft")
-    validate_config(demo._derived(cfg, "rl"), "rl")
-    assert demo._derived(cfg, "sft").optim.lr == cfg.sft_optim.lr
+    run = from_config_dict(demo_config.get_config(variant))
+    sft, rl = demo._derived(run, "sft"), demo._derived(run, "rl")
+    assert sft.mode == "sft" and not sft.stages and rl.mode == "rl" and rl.stages
+    assert sft.optim == run.sft_optim and sft.optim.lr != run.optim.lr
+    from_config_dict(sft)      # still satisfies the SFT inputs check
   full = demo_config.get_config()
   assert full.eval.max_problems >= 200 and full.data.synthetic.n_eval >= 200
   with pytest.raises(ValueError, match="variant"):
@@ -34,7 +35,7 @@ def test_demo_config_derives_valid_sft_and_rl_configs():
 def test_runner_prompt_equals_the_sft_rendering(tmp_path):
   """The prompt the RL/eval runner sends is the prompt part of the SFT sequences, and the
   domain tokens are whole tokens that decode back to the same text."""
-  cfg = demo_config.get_config("smoke")
+  cfg = from_config_dict(demo_config.get_config("smoke"))
   p = Problem("Compute 12 * 34.", "408", "mul", {"a": 12, "b": 34}, "print(12 * 34)")
   chat = coldstart.ChatExample(messages=(
       {"role": "system", "content": demo._system_prompt(cfg)},
@@ -44,15 +45,18 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
                         "arguments": {"code": p.solution_code, "input": ""}}}]},
       {"role": "tool", "content": "Tool call success\nstdout: 408"},
       {"role": "assistant", "content": "<answer>\\boxed{408}</answer>"}))
-  tok = demo.train_demo_tokenizer(coldstart.chat_texts([chat]) * 5, 400, str(tmp_path / "tok"),
-                                  demo.domain_tokens())
-  assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400 for t in demo.domain_tokens())
-  runner = demo.DemoRunner(None, None, tok, system_prompt=demo._system_prompt(cfg),
-                           with_tools=bool(cfg.demo.with_tools))
-  (ids, mask), = coldstart.render_examples(tok, [chat], with_tools=bool(cfg.demo.with_tools))
+  tok = domain.train_domain_tokenizer(coldstart.chat_texts([chat]) * 5, 400,
+                                      str(tmp_path / "tok"), domain.domain_tokens())
+  assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400
+                                 for t in domain.domain_tokens())
+  # The same runner class the RL loop uses, built from the same config.
+  runner = agent_runner.AgentRunner.from_config(cfg, None, None, tok)
+  assert runner.system_prompt == cfg.rollout.system_prompt and not runner.with_tools
+  assert not runner.show_tool_time
+  (ids, mask), = coldstart.render_examples(tok, [chat], with_tools=cfg.rollout.with_tools)
   prompt = runner.prompt_ids(p)
   assert ids[:len(prompt)] == prompt and sum(mask[:len(prompt)]) == 0
-  head_id = tok.convert_tokens_to_ids(demo.domain_tokens()[1])
+  head_id = tok.convert_tokens_to_ids(domain.domain_tokens()[1])
   assert ids.count(head_id) == 1 and tok.decode(ids, skip_special_tokens=False).count(
       '"name": "execute_python_code_with_standard_io"') == 1
   parsed = chat_format.parse_tool_calls(tok.decode(ids, skip_special_tokens=False))

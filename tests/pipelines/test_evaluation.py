@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+from rstar_jax.config import from_config_dict
+
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import agent_runner, evaluation
 from rstar_jax.rollout.types import GenerateResult
@@ -129,6 +131,7 @@ def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path
   cfg.train.batch_prompts = 1
   cfg.stages = [dict(name="s", steps=1, response_budget=400, max_turns=4, data="full",
                      reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg = from_config_dict(cfg)
   learner = runtime.build_learner(cfg)
   problems = [Problem(problem="What is 6 times 7?", answer="42")]
 
@@ -168,6 +171,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
                      reset_optimizer=False, drop_solved_k_of_k=0)]
   q = "What is 6 times 7?"
   codes = {q: "import time\ntime.sleep(1.0)\nprint(6 * 7)"}
+  cfg = from_config_dict(cfg)
   learner = runtime.build_learner(cfg)
 
   async def main():

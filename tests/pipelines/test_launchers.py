@@ -12,7 +12,7 @@ import pytest
 from configs import rstar2_tiny_cpu
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.pipelines import sft_loop
-from rstar_jax.pipelines.config_validation import ConfigError
+from rstar_jax.config import ConfigError, from_config_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "configs/rstar2_tiny_cpu.py"
@@ -78,7 +78,7 @@ def test_bad_config_value_is_named(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("sft")
   cfg.sft.batch_size = 0
   with pytest.raises(ConfigError, match=r"config.sft.batch_size: expected an int >= 1, got 0"):
-    sft_loop.run_sft(cfg, str(tmp_path))
+    sft_loop.run_sft(from_config_dict(cfg), str(tmp_path))
 
 
 def test_bad_sft_data_line_is_named(tmp_path):
@@ -89,7 +89,7 @@ def test_bad_sft_data_line_is_named(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("sft")
   cfg.data.sft_path = str(path)
   with pytest.raises(DataError, match=r"chats.jsonl:2: field 'messages\[1\].role'"):
-    sft_loop.run_sft(cfg, str(tmp_path / "w"))
+    sft_loop.run_sft(from_config_dict(cfg, check_paths=True), str(tmp_path / "w"))
 
 
 def test_missing_problem_file_is_named(tmp_path):
@@ -97,4 +97,4 @@ def test_missing_problem_file_is_named(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.data.train_path = str(tmp_path / "missing.jsonl")
   with pytest.raises(ConfigError, match=r"config.data.train_path: expected an existing file"):
-    rl_loop.run_rl(cfg, str(tmp_path / "w"))
+    rl_loop.run_rl(from_config_dict(cfg, check_paths=True), str(tmp_path / "w"))

@@ -1,16 +1,17 @@
-"""Pure pieces of the pipelines: config validation, hard subset, collapse monitor, RoC selection,
-metrics log. No model, no engine."""
+"""Pure pieces of the pipelines: typed config conversion, hard subset, collapse monitor, metrics
+log. No model, no engine. (The selection math is tested in tests/rl/test_rl_selection.py.)"""
 import json
 
-import jax
+import dataclasses
+
 import numpy as np
 import pytest
 
-from configs import aster_qwen3_4b, aster_tiny_cpu, rstar2_qwen3_14b, rstar2_tiny_cpu
+from configs import aster_qwen3_4b, aster_tiny_cpu, common, rstar2_qwen3_14b, rstar2_tiny_cpu
+from rstar_jax.config import ConfigError, RunConfig, from_config_dict, schema
+from rstar_jax.learner.batch import length_bucket
 from rstar_jax.pipelines import rl_metrics, stages
-from rstar_jax.pipelines.config_validation import ConfigError, validate_config
 from rstar_jax.pipelines.metrics_log import MetricsWriter, read_jsonl_metrics
-from rstar_jax.pipelines.rl_loop import group_advantages, length_bucket, select_rollouts
 from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 
@@ -18,8 +19,9 @@ from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 @pytest.mark.parametrize("module", [rstar2_qwen3_14b, aster_qwen3_4b, rstar2_tiny_cpu,
                                     aster_tiny_cpu])
 @pytest.mark.parametrize("mode", ["rl", "sft", "eval"])
-def test_recipe_configs_validate(module, mode):
-  validate_config(module.get_config(mode))
+def test_recipe_configs_convert(module, mode):
+  run = from_config_dict(module.get_config(mode))
+  assert isinstance(run, RunConfig) and run.mode == mode
 
 
 def test_recipe_stage_plans():
@@ -47,7 +49,7 @@ def test_distributed_init_only_with_multi_process_env(monkeypatch):
 
 def _problems(cfg, mode="rl"):
   with pytest.raises(ConfigError) as e:
-    validate_config(cfg, mode)
+    from_config_dict(cfg, mode)
   return e.value.problems, str(e.value)
 
 
@@ -62,22 +64,27 @@ def test_bad_values_name_field_expected_and_got():
   paths = [p for p, _ in probs]
   assert "rl.group_size" in paths and "rl.roc_mode" in paths
   assert "optim.lr" in paths and "rollout.top_p" in paths and "rl.neg_adv_scale" in paths
-  assert "config.rl.roc_mode: expected one of ['paper', 'released', 'random'], got 'greedy'" in msg
-  assert "config.rl.group_size: expected an int >= 1, got 0 (int)" in msg
+  assert "config.rl.roc_mode: expected one of ['paper', 'released', 'random']" in msg
+  assert "got 'greedy'" in msg
+  assert "config.rl.group_size: expected an int >= 1, got 0\n" in msg + "\n"
 
 
 def test_typo_missing_and_stage_errors():
   cfg = rstar2_qwen3_14b.get_config("rl")
   cfg.rl.grup_size = 4                       # typo: would silently keep the default
-  del cfg.train.batch_prompts
   cfg.stages[2]["drop_solved_k_of_k"] = 0    # hard stage without k
   cfg.stages[1]["steps"] = "85"
+  cfg.rollut = cfg.rollout                   # a misspelt section
   probs, msg = _problems(cfg)
   paths = [p for p, _ in probs]
-  assert "rl.grup_size" in paths and "unknown field" in msg
-  assert "train.batch_prompts" in paths
+  assert "rl.grup_size" in paths and "unknown field; did you mean 'group_size'?" in msg
+  assert "rollut" in paths and "did you mean 'rollout'?" in msg
   assert "stages[2].drop_solved_k_of_k" in paths
-  assert "stages[1].steps" in paths and "got '85' (str)" in msg
+  assert "stages[1].steps" in paths and "expected an int >= 1, got '85'" in msg
+  # A field a recipe leaves out takes the dataclass default (defaults live only there).
+  cfg = rstar2_qwen3_14b.get_config("rl")
+  del cfg.train.batch_prompts
+  assert from_config_dict(cfg).train.batch_prompts == schema.TrainConfig().batch_prompts
 
 
 def test_cross_field_checks():
@@ -94,7 +101,49 @@ def test_missing_data_file_named(tmp_path):
   cfg = aster_qwen3_4b.get_config("sft")
   cfg.data.sft_path = str(tmp_path / "nope.jsonl")
   with pytest.raises(ConfigError, match=r"config.data.sft_path: expected an existing file"):
-    validate_config(cfg, check_paths=True)
+    from_config_dict(cfg, check_paths=True)
+
+
+def test_sections_check_in_post_init_with_one_line_errors():
+  with pytest.raises(ValueError) as e:
+    schema.RLConfig(group_size=0)
+  assert str(e.value) == "config.rl.group_size: expected an int >= 1, got 0"
+  with pytest.raises(TypeError):
+    schema.RLConfig(16)                      # keyword-only
+  rl = schema.RLConfig(eps_high=1)           # ints become floats: one representation
+  assert rl.eps_high == 1.0 and isinstance(rl.eps_high, float)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    rl.group_size = 4
+  with pytest.raises(ConfigError, match="rl.group_size: expected >= 2 for GRPO"):
+    RunConfig(mode="rl", rl=schema.RLConfig(group_size=1, min_pos=0, min_neg=0))
+
+
+def test_every_field_is_documented_and_recipes_start_from_the_defaults():
+  for name, cls in schema.SECTIONS.items():
+    for field, default, doc in schema.describe(cls):
+      assert doc and "\n" not in doc and "SPEC" not in doc, (name, field)
+  assert dict(common.rl_config()) == schema.defaults_dict(schema.RLConfig)
+  assert from_config_dict(rstar2_qwen3_14b.get_config("rl")).rl == schema.RLConfig()
+
+
+def test_new_section_field_is_a_one_place_change():
+  # A field added to a section dataclass is accepted from a recipe and defaults without one.
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class RL2(schema.RLConfig):
+    max_staleness: int = schema.field(0, schema.int_range(0), "Steps a rollout may lag.")
+
+  old = schema.SECTIONS["rl"]
+  schema.SECTIONS["rl"] = RL2
+  try:
+    cfg = rstar2_tiny_cpu.get_config("rl")
+    assert from_config_dict(cfg).rl.max_staleness == 0
+    cfg.rl.max_staleness = 2
+    assert from_config_dict(cfg).rl.max_staleness == 2
+    cfg.rl.max_staleness = -1
+    with pytest.raises(ConfigError, match=r"config.rl.max_staleness: expected an int >= 0"):
+      from_config_dict(cfg)
+  finally:
+    schema.SECTIONS["rl"] = old
 
 
 # ----------------------------------------------------------------------------- stages
@@ -109,14 +158,16 @@ def test_build_hard_subset_drops_only_k_of_k():
 
 
 def test_locate_stage():
-  sts = [stages.Stage("s1", 3, 64, 2), stages.Stage("s2", 2, 64, 2),
-         stages.Stage("s3", 1, 64, 3, data="hard", drop_solved_k_of_k=2)]
+  st = lambda name, steps, budget, turns, **kw: stages.Stage(
+      name=name, steps=steps, response_budget=budget, max_turns=turns, **kw)
+  sts = [st("s1", 3, 64, 2), st("s2", 2, 64, 2),
+         st("s3", 1, 64, 3, data="hard", drop_solved_k_of_k=2)]
   assert stages.locate(sts, 0) == (0, 0)
   assert stages.locate(sts, 4) == (1, 1)
   assert stages.locate(sts, 5) == (2, 0)
   assert stages.locate(sts, 6) == (3, 0)
   with pytest.raises(ValueError, match="drop_solved_k_of_k"):
-    stages.Stage("bad", 1, 64, 2, data="hard")
+    st("bad", 1, 64, 2, data="hard")
 
 
 # ----------------------------------------------------------------------------- collapse monitor
@@ -132,53 +183,6 @@ def test_collapse_monitor_warns_on_sustained_fall_only(caplog):
   m3 = rl_metrics.CollapseMonitor(window=3, ratio=0.8)
   m3.load_state_dict(json.loads(json.dumps(s)))
   assert m3.history == m.history
-
-
-# ----------------------------------------------------------------------------- selection
-def test_select_rollouts_filters_zero_variance_and_keeps_g():
-  rewards = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0], [1, 0, 0, 0]], np.float32)
-  pen = np.zeros_like(rewards)
-  for mode in ("paper", "released", "random"):
-    idx, keep = select_rollouts(jax.random.key(0), rewards, pen, group_size=2, mode=mode,
-                                min_pos=1, min_neg=1, eps=1e-6, drop_zero_variance=True)
-    assert keep.tolist() == [False, False, True, True]
-    assert idx.shape == (4, 2)
-    for g in (2, 3):
-      assert len(set(idx[g])) == 2
-      if mode != "random":   # RoC keeps min 1 of each side in mixed groups; random is uniform
-        sel = rewards[g, idx[g]]
-        assert sel.max() == 1 and sel.min() == 0
-  _, keep = select_rollouts(jax.random.key(0), rewards, pen, group_size=2, mode="paper",
-                            min_pos=1, min_neg=1, eps=1e-6, drop_zero_variance=False)
-  assert keep.all()
-
-
-def test_select_rollouts_paper_mode_prefers_low_penalty():
-  rewards = np.array([[1, 1, 1, 1, 0, 0, 0, 0]], np.float32)
-  pen = np.array([[1.5, 0.0, 1.5, 0.0, 0, 0, 0, 0]], np.float32)
-  for seed in range(5):
-    idx, _ = select_rollouts(jax.random.key(seed), rewards, pen, group_size=4, mode="paper",
-                             min_pos=2, min_neg=2, eps=1e-6, drop_zero_variance=True)
-    assert set(idx[0]) & {0, 1, 2, 3} == {1, 3}
-
-
-def test_random_mode_is_uniform_not_penalty_driven():
-  rewards = np.array([[1, 1, 1, 1, 0, 0, 0, 0]], np.float32)
-  pen = np.array([[1.5, 0.0, 1.5, 0.0, 0, 0, 0, 0]], np.float32)
-  picked_high_penalty = 0
-  for seed in range(40):
-    idx, _ = select_rollouts(jax.random.key(seed), rewards, pen, group_size=4, mode="random",
-                             min_pos=0, min_neg=0, eps=1e-6, drop_zero_variance=True)
-    picked_high_penalty += len(set(idx[0]) & {0, 2})
-  assert picked_high_penalty > 10
-
-
-def test_group_advantages_zero_for_dropped_groups():
-  sel = np.array([[1, 0, 1, 0], [1, 1, 1, 1]], np.float32)
-  adv = group_advantages(sel, np.array([True, False]), eps=1e-6, unbiased_std=True)
-  np.testing.assert_allclose(adv[1], 0.0)
-  std = np.std([1, 0, 1, 0], ddof=1)
-  np.testing.assert_allclose(adv[0], (sel[0] - 0.5) / (std + 1e-6), rtol=1e-5)
 
 
 def test_length_bucket():
@@ -256,16 +260,18 @@ def test_synthetic_difficulty_from_config_dict():
       seed=1, n_train=30, n_eval=10, families=["mulmod"],
       difficulty=ml_collections.ConfigDict(dict(operand_digits=2, modulus_digits=2))))
   cfg.eval.max_problems = 0
-  train = data_sources.train_problems(cfg)
-  held = data_sources.eval_problems(cfg)
+  run = from_config_dict(cfg)
+  train = data_sources.train_problems(run)
+  held = data_sources.eval_problems(run)
   assert len(train) == 30 and len(held) == 10
   # Every operand of "Compute (A * B) mod M." has two digits, as the custom preset says.
   for p in train + held:
     nums = [int(t.strip("().")) for t in p.problem.split() if t.strip("().").isdigit()]
     assert len(nums) == 3 and all(10 <= n <= 99 for n in nums), p.problem
   cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digit=2))
-  with pytest.raises(ValueError, match=r"difficulty: unknown fields \['operand_digit'\]"):
-    data_sources.train_problems(cfg)
+  with pytest.raises(ConfigError, match=r"config.data.synthetic.difficulty.operand_digit: "
+                                        r"unknown field; did you mean 'operand_digits'"):
+    from_config_dict(cfg)
   cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digits=0))
-  with pytest.raises(ValueError, match="operand_digits"):
-    data_sources.train_problems(cfg)
+  with pytest.raises(ConfigError, match="config.data.synthetic.difficulty: .*operand_digits"):
+    from_config_dict(cfg)

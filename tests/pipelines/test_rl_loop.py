@@ -7,6 +7,7 @@ That makes groups informative (real updates) and fixes the hard subset exactly, 
 loop, engine, agent loop and pool are the real ones.
 """
 import asyncio
+import dataclasses
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 from configs import rstar2_tiny_cpu
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
+from rstar_jax.config import from_config_dict
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
@@ -71,6 +73,7 @@ class FlakyEngine:
 
 
 def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
+  cfg = from_config_dict(cfg, "rl")
   learner = runtime.build_learner(cfg)
 
   async def main():
@@ -94,7 +97,7 @@ def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
 def setup(tmp_path_factory):
   cfg = _config()
   problems = _problems()
-  tok = data_sources.ensure_tokenizer(cfg, str(tmp_path_factory.mktemp("tok")),
+  tok = data_sources.ensure_tokenizer(from_config_dict(cfg), str(tmp_path_factory.mktemp("tok")),
                                       data_sources.tokenizer_corpus(problems))
   return cfg, problems, tok
 
@@ -166,14 +169,13 @@ class _FakeRunner:
 
 
 def test_lost_tool_worker_is_retried_not_kept():
-  loop = rl_loop.RLLoop.__new__(rl_loop.RLLoop)
-  loop.runner, loop.max_retries = _FakeRunner(), 2
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   probs = [Problem(problem="p1", answer="1"), Problem(problem="p2", answer="2")]
-  groups = asyncio.run(loop._rollouts(probs, 3, 11, settings, None))
+  groups, retries = asyncio.run(rl_loop.collect_rollouts(_FakeRunner(), probs, 3, 11, settings,
+                                                         max_retries=2))
   assert len(groups) == 2 and all(len(g) == 3 for g in groups)
   assert all(t.tool_calls[0].status == "ok" for g in groups for t in g)
-  assert loop._retries == 6
+  assert retries == 6
 
 
 def test_rollout_that_keeps_failing_raises_naming_it():
@@ -181,11 +183,70 @@ def test_rollout_that_keeps_failing_raises_naming_it():
     async def rollout(self, problem, *, seed, settings):
       raise ConnectionError("engine down")
 
-  loop = rl_loop.RLLoop.__new__(rl_loop.RLLoop)
-  loop.runner, loop.max_retries = Broken(), 1
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   with pytest.raises(RuntimeError, match=r"problem 0 sample 0 failed 2 times.*engine down"):
-    asyncio.run(loop._rollouts([Problem(problem="p", answer="1")], 1, 0, settings, None))
+    asyncio.run(rl_loop.collect_rollouts(Broken(), [Problem(problem="p", answer="1")], 1, 0,
+                                         settings, max_retries=1))
+
+
+def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
+  """score -> select -> build_batch of a normally constructed loop, on fixed trajectories:
+  RoC keeps G per informative group, the batch has the fixed row count and the advantages."""
+  cfg = rstar2_tiny_cpu.get_config("rl")
+  cfg.mesh.num_devices = 1
+  cfg.train.batch_prompts = 2
+  cfg.rl.roc_mode = "released"
+  run = from_config_dict(cfg)
+  learner = runtime.build_learner(run)
+
+  class Runner(_FakeRunner):
+    pad_id = 0
+
+    async def rewards(self, trajs, answers):
+      return [float(t.response_ids[0] % 2) for t in trajs]
+
+  def traj(first, calls):
+    return Trajectory(prompt_ids=[1, 2], response_ids=[first, 5], loss_mask=[1, 1],
+                      logprobs=[-0.5, -0.5], weight_versions=[0, 0], num_turns=1,
+                      tool_calls=[ToolCallRecord(s, 0.0, "", "") for s in calls],
+                      finish_reason="stop", response_text="<answer>\\boxed{1}</answer>")
+
+  loop = rl_loop.RLLoop(run, learner, Runner(), str(tmp_path),
+                        problems=[Problem(problem="p", answer="1")])
+  groups = [[traj(3, ["error"]), traj(3, []), traj(2, []), traj(2, [])],   # mixed
+            [traj(2, []), traj(4, []), traj(6, []), traj(8, [])]]          # all wrong
+  ro = rl_loop.Rollouts([Problem("p", "1"), Problem("q", "2")], groups, 7, jax.random.key(0),
+                        0, 0.0)
+  scores = asyncio.run(loop.score(ro))
+  np.testing.assert_array_equal(scores.rewards, [[1, 1, 0, 0], [0, 0, 0, 0]])
+  assert scores.penalties[0, 0] > scores.penalties[0, 1]      # the failed tool call
+  sel = loop.select(ro, scores)
+  assert sel.selection.keep_group.tolist() == [True, False]
+  # "released": the lowest-penalty positive (index 1) and one negative are kept.
+  assert sel.trajectories == [groups[0][1], groups[0][2]] or \
+      sel.trajectories == [groups[0][1], groups[0][3]]
+  assert sel.advantages[0] > 0 > sel.advantages[1]
+  # train.pack_rows (default): both 4-token trajectories share one row, segment by segment,
+  # with per-token advantages; the padding fractions before/after land in the metrics.
+  metrics = {}
+  packed = loop.build_batch(sel, metrics)
+  assert packed["input_ids"].shape == (loop.learner.row_multiple, 64)
+  np.testing.assert_array_equal(packed["segment_ids"][0, :9], [1, 1, 1, 1, 2, 2, 2, 2, 0])
+  np.testing.assert_array_equal(packed["positions"][0, :8], [0, 1, 2, 3, 0, 1, 2, 3])
+  np.testing.assert_allclose(packed["advantages"][0, :8], np.repeat(sel.advantages, 4))
+  assert metrics["batch/rows_packed"] == loop.learner.row_multiple
+  assert metrics["batch/pad_fraction_unpacked"] == pytest.approx(1 - 8 / (loop.rows * 64))
+  assert metrics["batch/pad_fraction_packed"] < metrics["batch/pad_fraction_unpacked"]
+  # Unpacked (train.pack_rows=False, or a per-row loss_agg): the fixed row count.
+  for train, rl in [(dataclasses.replace(run.train, pack_rows=False), run.rl),
+                    (run.train, dataclasses.replace(run.rl, loss_agg="seq-mean-token-mean"))]:
+    loop.config = dataclasses.replace(run, train=train, rl=rl)
+    batch = loop.build_batch(sel)
+    assert batch["input_ids"].shape == (loop.rows, 64) and loop.rows == 2 * 2
+    assert "segment_ids" not in batch
+    np.testing.assert_allclose(batch["advantages"][:2], sel.advantages)
+    assert (batch["advantages"][2:] == 0).all() and batch["loss_mask"][2:].sum() == 0
+  loop.ckpt.close()
 
 
 def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
@@ -202,13 +263,14 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   cfg.rollout.staging_dir = str(tmp_path / "staging")
   cfg.stages = [dict(name="s", steps=1, response_budget=8, max_turns=1, data="full",
                      reset_optimizer=False, drop_solved_k_of_k=0)]
-  learner = runtime.build_learner(cfg)
+  learner = runtime.build_learner(from_config_dict(cfg))
 
   async def main():
     async with MockSGLangServer(vocab_size=1024) as server:
       cfg.rollout.sglang_urls = [server.url]
-      async with agent_runner.open_runner(cfg, learner.model_config, None, tok) as runner:
-        loop = rl_loop.RLLoop(cfg, learner, runner, str(tmp_path), problems=problems[:1])
+      run = from_config_dict(cfg)
+      async with agent_runner.open_runner(run, learner.model_config, None, tok) as runner:
+        loop = rl_loop.RLLoop(run, learner, runner, str(tmp_path), problems=problems[:1])
         last = await loop.run()
         loop.ckpt.close()
       return last, server
@@ -216,6 +278,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   last, server = asyncio.run(main())
   assert len(server.requests) == 2 and last["num_trajectories"] == 2
   assert last["optimizer_step"] == 1 and last["weight_version"] == 1
+  assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]   # packed
   assert len(server.weight_updates) == 1 and str(server.weight_version) == "1"
 
 
@@ -230,12 +293,13 @@ def test_resume_after_steps_without_update(setup, tmp_path):
                      reset_optimizer=False, drop_solved_k_of_k=0)]
 
   def run(max_steps):
-    learner = runtime.build_learner(cfg)
+    rc = from_config_dict(cfg)
+    learner = runtime.build_learner(rc)
 
     async def main():
-      async with agent_runner.open_runner(cfg, learner.model_config, learner.params_copy(),
+      async with agent_runner.open_runner(rc, learner.model_config, learner.params_copy(),
                                           tok) as runner:
-        loop = rl_loop.RLLoop(cfg, learner, runner, str(tmp_path), problems=problems)
+        loop = rl_loop.RLLoop(rc, learner, runner, str(tmp_path), problems=problems)
         await loop.run(max_steps=max_steps)
         loop.ckpt.close()
         return loop

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
+from rstar_jax.config import from_config_dict
 from rstar_jax.pipelines import data_sources, sft_loop
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.tokenization import chat_format
@@ -18,6 +19,7 @@ def setup(tmp_path_factory):
   cfg.sft.max_seq_len = 1024
   cfg.train.checkpoint_every = 1
   cfg.mesh.num_devices = 1          # sharded steps are covered by tests/learner; keep this fast
+  cfg = from_config_dict(cfg)
   examples = data_sources.sft_examples(cfg)
   tok = data_sources.ensure_tokenizer(
       cfg, str(tmp_path_factory.mktemp("tok")),

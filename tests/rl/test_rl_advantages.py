@@ -2,6 +2,7 @@
 import functools
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -57,13 +58,14 @@ class ScaleNegativeTest(chex.TestCase):
             adv, jnp.float32(0.0))
         np.testing.assert_array_equal(np.asarray(traced) < 0, False)
 
-    def test_registered_and_used_by_the_rl_loop(self):
-        from rstar_jax.pipelines import rl_loop
+    def test_registered_and_used_by_the_selection_path(self):
+        from rstar_jax.rl import selection
         assert registry.get("advantage_transform", "scale_negative") is \
             advantages.scale_negative_advantages
         r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
-        keep = np.array([True, False])
-        plain = rl_loop.group_advantages(r, keep, eps=1e-6, unbiased_std=True)
-        scaled = rl_loop.group_advantages(r, keep, eps=1e-6, unbiased_std=True, neg_scale=0.25)
+        sel = lambda s: np.asarray(selection.select_rollouts(
+            jax.random.key(0), r, np.zeros_like(r), group_size=4, adv_eps=1e-6,
+            neg_adv_scale=s).advantages)
+        plain, scaled = sel(1.0), sel(0.25)
         np.testing.assert_allclose(scaled[0], np.where(plain[0] < 0, 0.25 * plain[0], plain[0]))
         np.testing.assert_array_equal(scaled[1], 0.0)

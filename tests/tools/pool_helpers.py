@@ -1,6 +1,12 @@
 """Helpers shared by the code-tool tests (importable; conftest.py is not)."""
 import asyncio
+import functools
 import os
+import shutil
+
+import pytest
+
+from rstar_jax.tools.code_pool import CodePool, PoolConfig, detect_isolation
 
 # conftest.py plants it in the host's environment before any pool starts; no sandboxed call may
 # ever see it. (Not planted here: sandboxed functions import this module too.)
@@ -22,18 +28,24 @@ class Runner:
 
 
 def sandbox_pids(uid_lo, uid_hi):
-  """Host pids of processes running as a sandbox uid (anything a call left behind)."""
+  """Host pids of live (non-zombie) processes running as a sandbox uid (anything a call left
+  behind). Zombies are skipped: killed orphans wait for the host's PID 1 to reap them, which
+  on a busy machine may take a while, and they no longer run or hold memory."""
   out = []
   for name in os.listdir("/proc"):
     if not name.isdigit():
       continue
     try:
       with open(f"/proc/{name}/status") as f:
+        uid = state = None
         for line in f:
-          if line.startswith("Uid:"):
-            if uid_lo <= int(line.split()[1]) < uid_hi:
-              out.append(int(name))
+          if line.startswith("State:"):
+            state = line.split()[1]
+          elif line.startswith("Uid:"):
+            uid = int(line.split()[1])
             break
+      if uid is not None and uid_lo <= uid < uid_hi and state != "Z":
+        out.append(int(name))
     except OSError:
       pass
   return out
@@ -78,3 +90,42 @@ def template_host_pid(pool, index=0):
     except OSError:
       pass
   raise AssertionError("template process not found")
+
+
+@functools.lru_cache(maxsize=None)
+def level_available(level):
+  """"" when this machine offers `level`, else why not."""
+  if level in ("namespaces", "pidns", "uid") and os.geteuid() != 0:
+    return f"the {level} level needs root (running as uid {os.geteuid()})"
+  if level == "namespaces" and shutil.which("bwrap") is None:
+    return "the namespaces level needs bubblewrap (bwrap not on PATH)"
+  try:
+    detect_isolation(PoolConfig(isolation=level))
+  except RuntimeError as e:
+    return str(e)
+  return ""
+
+
+def level_pool(runner, level, **overrides):
+  """A started pool at exactly `level`, or a skip saying why this machine cannot offer it."""
+  why = level_available(level)
+  if why:
+    pytest.skip(why)
+  kw = dict(num_workers=4, num_templates=1, timeout_s=3.0, memory_limit_mb=256,
+            max_output_bytes=1 << 16, isolation=level)
+  kw.update(overrides)
+  p = CodePool(**kw)
+  runner.run(p.start())
+  assert p.isolation_level == level
+  return p
+
+
+
+def use_level_runner():
+  """For a test module whose tests use `lpool`: its `runner` is the per-level pools' loop."""
+  @pytest.fixture(scope="module")
+  def runner(level_runner):
+    return level_runner
+  return runner
+
+
