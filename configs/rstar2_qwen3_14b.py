@@ -24,10 +24,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
   c.model.remat = True
-  # 8 nodes x 8 MI300X: tensor-parallel inside a node (xGMI), FSDP across the 8 nodes; the
-  # (B, T, T) attention scores of a 16k-token row only fit with heads split 8 ways.
-  # Plan: python -m launchers.plan --config=configs/rstar2_qwen3_14b.py (third_party/rocm/README.md)
-  c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
+  # Blockwise attention: O(T x block) memory instead of the (B, H, T, T) scores, so a 12-16k
+  # token row fits without splitting heads; rows are packed (train.pack_rows, on by default).
+  c.model.attention = "blockwise"
+  c.model.attention_block_size = 512
+  # 8 nodes x 8 MI300X, pure FSDP over all 64 devices (no tensor parallelism needed once the
+  # T x T scores are gone). Plan: python -m launchers.plan --config=configs/rstar2_qwen3_14b.py
+  # --stage=1 (third_party/rocm/README.md)
+  c.mesh = common.mesh_config(data=1, fsdp=64, tensor=1)
   c.rl = common.rl_config()
   c.rl.answer_mode = "released"     # prime_math rules or math-verify over the whole response
   c.rl.dual_clip_c = 3.0            # verl's clip_ratio_c default, active in the released actor
@@ -44,15 +48,17 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.tool.max_response_chars = 256   # verl multi_turn.max_tool_response_length
   c.tool.truncation = "released"    # tool_response_truncate_side = middle (128 + marker + 128)
   c.train = common.train_config()
-  # RL: 512 prompts x 16 = 8192 rows over 8 data shards = 1024 rows per shard; 512
-  # micro-batches -> 2 rows of T = 16384 per shard per micro-batch (the plan's fit).
-  c.train.micro_batches = 512 if mode == "rl" else 2
+  # RL: 512 prompts x 16 = 8192 rows over 64 data shards = 128 rows per shard; 128
+  # micro-batches -> 1 row of T = 14336 (stage 2/3) per device per micro-batch (the plan's
+  # fit). Packed rows need fewer micro-batches for the same trajectories.
+  c.train.micro_batches = 128 if mode == "rl" else 1
   c.eval = common.eval_config()
   c.eval.protocol = "released"      # examples/aime_eval.sh: n = 16, greedy, 5 turns, 30,720
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
+  # packed_fill: mean trajectory length / T assumed for the packed-rows FLOPs (not measured).
   c.plan = common.plan_config(model_preset="qwen3-14b", hbm_gib=192.0, mem_fraction=0.55,
-                              mfu=0.35)
+                              mfu=0.35, packed_fill=0.5)
   c.data = common.data_config(train_path="/data/rstar2_rl_42k.jsonl",
                               sft_path="/data/nonreasoning_sft.jsonl",
                               integer_answers_only=True, drop_overlong_prompts=True)

@@ -48,7 +48,7 @@ _MFU = flags.DEFINE_float("mfu", None, "Assumed MFU for the implied step time (d
                           "plan.mfu, else 0.35).")
 _PEAK = flags.DEFINE_float("peak_tflops", 1307.0, "Dense bf16 peak per device (MI300X 1307).")
 _STEPS = flags.DEFINE_list("steps", ["rl", "sft"], "Steps to compile: rl, sft.")
-_STAGE = flags.DEFINE_integer("stage", 0, "RL stage whose response budget sets T.")
+_STAGE = flags.DEFINE_integer("stage", 0, "RL stage (0-based) whose response budget sets T.")
 _OUT = flags.DEFINE_string("out", None, "Write the plan here as JSON.")
 
 
@@ -62,7 +62,8 @@ def main(argv):
   p = run.plan
   hw = plan_lib.Hardware(hbm_gib=_HBM.value or p.hbm_gib,
                          mem_fraction=_MEM_FRACTION.value or p.mem_fraction,
-                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu)
+                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu,
+                         packed_fill=(p.packed_fill or None) if run.train.pack_rows else None)
   result = plan_lib.plan_config(
       run, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
       stage_index=_STAGE.value,

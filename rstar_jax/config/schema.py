@@ -25,6 +25,7 @@ from rstar_jax.config.checks import (IS_BOOL, IS_STR, STR_TUPLE, Check, ConfigEr
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
 STAGE_DATA = ("full", "hard", "recent")
+ATTENTIONS = ("xla", "blockwise", "fused")   # == rstar_jax.models.attention.IMPLEMENTATIONS
 LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # "seq-mean" is the verl spelling of "seq-mean-token-mean".
 LOSS_AGG_CANONICAL = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean",
@@ -72,6 +73,8 @@ class ModelConfig(_Section):
   param_dtype: str = field("float32", one_of(DTYPES), "Dtype the params are stored and updated in.")
   dtype: str = field("float32", one_of(DTYPES), "Compute dtype; 'bfloat16' on accelerators.")
   remat: bool = field(False, IS_BOOL, "Per-layer rematerialisation (needed at 14B scale).")
+  attention: str = field("xla", one_of(ATTENTIONS), "Learner attention (rstar_jax/models/attention.py): 'xla' (dense T x T scores), 'blockwise' (O(T * block) memory, long rows) or 'fused' (cuDNN flash attention on CUDA, else XLA with a logged reason).")
+  attention_block_size: int = field(512, int_range(1), "Query / key block length of the 'blockwise' attention.")
   tokenizer_dir: str = field("", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one).")
 
   def _cross(self):
@@ -85,7 +88,9 @@ class ModelConfig(_Section):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
     from rstar_jax.models import qwen3
     if self.hf_dir:
-      return qwen3.Qwen3Config.from_hf(self.hf_dir, dtype=self.dtype, remat=self.remat)
+      return qwen3.Qwen3Config.from_hf(self.hf_dir, dtype=self.dtype, remat=self.remat,
+                                       attention=self.attention,
+                                       attention_block_size=self.attention_block_size)
     return qwen3.Qwen3Config(
         vocab_size=self.vocab_size, hidden_size=self.hidden_size,
         intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
@@ -94,7 +99,8 @@ class ModelConfig(_Section):
         rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
         tie_word_embeddings=self.tie_word_embeddings,
         max_position_embeddings=self.max_position_embeddings, dtype=self.dtype,
-        remat=self.remat)
+        remat=self.remat, attention=self.attention,
+        attention_block_size=self.attention_block_size)
 
 
 @_section
@@ -263,6 +269,7 @@ class TrainConfig(_Section):
   eval_every: int = field(0, int_range(0), "RL steps between held-out evaluations (0 = none in the loop).")
   progress_every_s: float = field(10.0, num_range(0), "Seconds between progress lines (rollouts, SFT, eval).")
   length_bucket: int = field(64, int_range(2), "Smallest padded length; batches pad to a power of two >= this.")
+  pack_rows: bool = field(True, IS_BOOL, "RL and SFT: pack several trajectories per row (segment ids, per-segment positions; rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = 'token-mean'.")
 
 
 @_section
@@ -381,6 +388,7 @@ class PlanConfig(_Section):
   hbm_gib: float = field(192.0, num_range(0, lo_open=True), "HBM per device in GiB (MI300X: 192).")
   mem_fraction: float = field(0.93, num_range(0, 1, lo_open=True), "Usable HBM fraction.")
   mfu: float = field(0.35, num_range(0, 1, lo_open=True), "Assumed MFU for the implied step time.")
+  packed_fill: float = field(0.0, num_range(0, 1), "Mean trajectory length / T assumed for the packed-rows FLOPs of the plan (an input, not measured; 0 = no packed estimate).")
 
 
 # Section name -> dataclass, in the order a run config lists them.

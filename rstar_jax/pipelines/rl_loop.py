@@ -12,7 +12,8 @@ pure math lives in `rstar_jax.rl` and `rstar_jax.learner`:
                to G (``rl.roc_mode``), advantages (``rl.advantage``); both registry names
                                                                                      -> Selected
   build_batch  a fixed-shape padded batch: ``batch_prompts * G`` rows (empty rows weigh 0),
-               a power-of-two length bucket (one compiled step per bucket)           -> batch
+               a power-of-two length bucket (one compiled step per bucket); packed
+               several trajectories per row by default (``train.pack_rows``)        -> batch
   update       optional old-log-prob recompute, then ``rl.ppo_epochs`` x
                ``rl.ppo_mini_batches`` jitted ``rl_step`` calls                       -> metrics
   push         one `WeightTransfer` call (default: the engine's ``update_weights``; version =
@@ -48,6 +49,7 @@ from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
@@ -449,7 +451,7 @@ class RLLoop:
     metrics.update(ro.metrics)
     t0 = time.monotonic()
     t_push = 0.0
-    batch = self.build_batch(sel)
+    batch = self.build_batch(sel, metrics)
     if batch is not None:
       if self.async_rl is not None:   # async RL hook: rollouts go on during the update
         metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
@@ -551,8 +553,11 @@ class RLLoop:
         else 0.0
     return metrics
 
-  def build_batch(self, sel: Selected) -> dict[str, np.ndarray] | None:
-    """The fixed-shape host batch of the kept trajectories (None when nothing was kept)."""
+  def build_batch(self, sel: Selected, metrics: dict[str, Any] | None = None
+                  ) -> dict[str, np.ndarray] | None:
+    """The fixed-shape host batch of the kept trajectories (None when nothing was kept),
+    packed several per row with ``train.pack_rows`` and ``rl.loss_agg="token-mean"``
+    (`rstar_jax.learner.packing`); the padding fractions before/after go into ``metrics``."""
     if not sel.trajectories:
       return None
     longest = max(len(t.prompt_ids) + len(t.response_ids) for t in sel.trajectories)
@@ -561,6 +566,11 @@ class RLLoop:
                                     pad_id=self.runner.pad_id, row_multiple=self.rows)
     if self.config.rl.tis_cap:   # off-policy loss: the sampler's log-probs are the behaviour's
       batch[steps_lib.BEHAVIOUR_KEY] = batch["old_logprobs"].copy()
+    if self.config.train.pack_rows and self.config.rl.loss_agg == "token-mean":
+      batch, pack_metrics = packing.pack_for_step(batch, row_multiple=self.learner.row_multiple,
+                                                  pad_id=self.runner.pad_id)
+      if metrics is not None:
+        metrics.update(pack_metrics)
     return batch
 
   def update(self, batch: dict[str, np.ndarray], *, seed: int) -> dict[str, float]:
@@ -584,7 +594,7 @@ class RLLoop:
       updates = [sharded]
     else:
       rm = self.learner.row_multiple
-      per_mb = -(-self.rows // m)
+      per_mb = -(-batch["input_ids"].shape[0] // m)   # packed batches have fewer rows
       rows = -(-per_mb // rm) * rm
       rng = np.random.default_rng(seed)
       updates = [js.shard_batch(mb) for _ in range(epochs)

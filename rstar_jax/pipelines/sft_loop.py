@@ -27,6 +27,7 @@ import jax
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner import packing
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
 from rstar_jax.config import RunConfig
 from rstar_jax.learner.batch import length_bucket, pad_id_of
@@ -156,8 +157,12 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
       chunk = [seqs[i] for i in idx]
       pad_to = length_bucket(max(len(ids) for ids, _ in chunk))
       b = batch_lib.make_sft_batch(chunk, pad_to, pad_id=pad_id, row_multiple=rows)
+      pack_metrics = {}
+      if run.train.pack_rows:
+        b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple,
+                                                pad_id=pad_id)
       learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
       step += 1
       done_here += 1
       m.update(epoch=float(it.epoch), batch_len=pad_to, time_step_s=time.monotonic() - t0)
