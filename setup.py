@@ -1,12 +1,34 @@
-"""rstar_jax: agentic RL (rStar2-Agent GRPO-RoC + ASTER cold start) in pure-functional JAX."""
+"""rstar_jax: agentic RL (rStar2-Agent GRPO-RoC + ASTER cold start) in pure-functional JAX.
+
+Only the `rstar_jax` package is installed. `launchers/` and `configs/` are run from a clone
+(`python -m launchers.train --config=configs/...` in the repository root, which `python -m` puts
+on sys.path); installing them would add top-level packages named `configs` and `launchers` that
+collide with a user's own.
+"""
+import os
+import re
+
 from setuptools import find_packages, setup
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version() -> str:
+    # Read, not imported: importing the package at build time would need its dependencies.
+    with open(os.path.join(_HERE, "rstar_jax", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
 
 setup(
     name="rstar_jax",
-    version="0.1.0",
+    version=_version(),
     description="rStar2-Agent / ASTER agentic RL with a Python code tool, in JAX",
-    packages=find_packages(include=["rstar_jax", "rstar_jax.*", "launchers", "configs"]),
-    python_requires=">=3.10",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    packages=find_packages(include=["rstar_jax", "rstar_jax.*"]),
+    package_data={"rstar_jax": ["py.typed"]},
+    # jax / jaxlib 0.10, flax 0.12, orbax-checkpoint 0.12 and chex 0.1.92 all require >= 3.11.
+    python_requires=">=3.11",
     install_requires=[
         "jax>=0.10",
         "flax>=0.12",

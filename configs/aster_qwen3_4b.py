@@ -1,4 +1,12 @@
-"""ASTER on Qwen3-4B: interaction-dense cold start, then 2 RL stages with a tool-call budget.
+"""ASTER on Qwen3-4B-Thinking-2507: interaction-dense cold start, then 2 RL stages.
+
+Values from the ASTER paper and its public reproduction (docs/fidelity.md has each one with its
+source and test): 128 prompts x 8 samples, 2 updates per step (mini-batches of 64 prompts),
+token-level truncated importance sampling capped at 2.0 between the sampler's and the learner's
+log-probs, no warm-up, no zero-variance filter, dual clip c = 10, responses 16,384 then 30,720
+tokens, 50 turns and 50 tool calls, a stateful 30 s / 1 GB interpreter, the Qwen3 thinking chat
+template with a `code_interpreter` tool, a stage-2 set without the problems all-correct in the
+last stage-1 steps' rollouts, evaluation at T = 1, top-p 1.
 
 Usage: --config=configs/aster_qwen3_4b.py        (RL)
        --config=configs/aster_qwen3_4b.py:sft    (cold-start SFT on dense trajectories)
@@ -9,6 +17,7 @@ from configs import common
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
+  common.check_variant(mode, "configs/aster_qwen3_4b.py")
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = common.model_config(hf_dir="/checkpoints/Qwen3-4B-Thinking-2507")
@@ -22,29 +31,36 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.rl.oversample = 1          # ASTER is plain GRPO: no oversampling
   c.rl.roc_mode = "random"
   c.rl.dual_clip_c = 10.0
+  c.rl.drop_zero_variance = False   # plain GRPO groups, all-correct / all-wrong included
+  c.rl.ppo_mini_batches = 2         # 2 optimizer updates per step: 64 of the 128 prompts each
+  c.rl.tis_cap = 2.0                # truncated IS, sampler (behaviour) vs learner log-probs
+  c.rl.answer_mode = "anywhere"     # Qwen3 thinking models box the answer; no <answer> tags
   c.rollout = common.rollout_config(engine="sglang")
   c.rollout.sglang_urls = [f"http://rstar-node{i}:30000" for i in range(8)]  # every worker
   c.rollout.staging_dir = "/shared/rstar_jax/weights"
   c.rollout.max_turns = 50
   c.rollout.max_tool_calls = 50
   c.rollout.response_budget = 16384
+  c.rollout.chat_format = "qwen3_thinking"   # Qwen3 thinking template, `code_interpreter` tool
   c.tool = common.tool_config()
   c.tool.stateful = True
   c.tool.timeout_s = 30.0
   c.tool.memory_limit_mb = 1024
   c.train = common.train_config()
   c.train.batch_prompts = 128
-  # RL: 128 prompts x 8 = 1024 rows over 8 data shards = 128 per shard -> 1 row of T = 32768
-  # per shard per micro-batch. SFT: 16 rows / 8 shards / 2 = 1 row of 32768 per micro-batch.
-  c.train.micro_batches = 128 if mode == "rl" else 2
+  # RL: 2 updates per step, each on 64 prompts x 8 = 512 rows over 8 data shards = 64 per
+  # shard -> 1 row of T = 32768 per shard per micro-batch. SFT: 16 rows / 8 shards / 2 = 1 row.
+  # (launchers/plan.py sizes one update of all 1024 rows: 2 rows per micro-batch, an upper bound.)
+  c.train.micro_batches = 64 if mode == "rl" else 2
   c.eval = common.eval_config()
+  c.eval.temperature, c.eval.top_p = 1.0, 1.0
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
   c.plan = common.plan_config(model_preset="qwen3-4b", hbm_gib=192.0, mem_fraction=0.55,
                               mfu=0.35)
   c.data = common.data_config(train_path="/data/dapo17k.jsonl",
                               sft_path="/data/aster_dense_4k.jsonl")
-  # Cold-start selection (ASTER §8.2): correct answer, every tool call succeeded, > 9 calls.
+  # Cold-start selection (ASTER §3.1): correct answer, every tool call succeeded, > 9 calls.
   c.coldstart = common.coldstart_config(min_tool_calls=10, max_trajectories=4000,
                                        require_all_calls_ok=True)
   if mode == "sft":
@@ -52,10 +68,13 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
     c.sft = common.sft_config(epochs=6.0, warmup_ratio=0.06, batch_size=16, max_seq_len=32768)
     c.stages = []
   else:
-    c.optim = common.optim_config(lr=1e-6, warmup_steps=20)
+    c.optim = common.optim_config(lr=1e-6, warmup_steps=0)
+    # Stage 2 drops the problems whose rollouts were all correct the last time they were
+    # sampled in the final stage-1 steps (no re-sampling). The window is not given in the
+    # paper: ~one pass over DAPO-Math-17k at 128 prompts per step (docs/fidelity.md).
     c.stages = [
-        common.stage("stage1_18k", steps=405, response_budget=16384, max_turns=50),
-        common.stage("stage2_32k", steps=200, response_budget=30720, max_turns=50, data="hard",
-                     drop_solved_k_of_k=8),
+        common.stage("stage1_16k", steps=405, response_budget=16384, max_turns=50),
+        common.stage("stage2_30k", steps=200, response_budget=30720, max_turns=50,
+                     data="recent", recent_steps=135),
     ]
   return c

@@ -6,11 +6,22 @@ and ``--config.rl.group_size=8`` keep working). Launchers convert a whole recipe
 
 Sections: model, mesh, optim, rl, rollout, tool, train, eval, data, stages (a list of stage
 dicts), and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
-section's dataclass; nothing here changes.
+section's dataclass; nothing here changes. Where each recipe value comes from (paper,
+released code) and the test that checks it: docs/fidelity.md.
 """
 import ml_collections
 
 from rstar_jax.config import schema
+from rstar_jax.errors import UserError
+
+
+def check_variant(variant: str, recipe: str, variants=schema.MODES) -> str:
+  """``variant`` (the ``:name`` after a recipe path) if it is one of ``variants``; else a
+  one-line `UserError` listing them (a typo such as ``:sfT`` must not run the default job)."""
+  if variant not in variants:
+    raise UserError(f"{recipe}: unknown variant {variant!r}; expected one of "
+                    + ", ".join(repr(v) for v in variants))
+  return variant
 
 
 def section(cls, **overrides) -> ml_collections.ConfigDict:
@@ -83,7 +94,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 def stage(name: str, steps: int, response_budget: int, max_turns: int, **overrides) -> dict:
   """One RL stage (`schema.StageConfig`). ``data="hard"`` trains on the subset left after
   dropping problems the policy at the stage start solves k of k times
-  (``drop_solved_k_of_k`` = k; rStar2-Agent stage 3: k = 8)."""
+  (``drop_solved_k_of_k`` = k; rStar2-Agent stage 3: k = 8); ``data="recent"`` drops instead
+  the problems whose training rollouts were all correct at their latest appearance in the last
+  ``recent_steps`` RL steps (ASTER stage 2; no re-sampling)."""
   d = schema.defaults_dict(schema.StageConfig)
   d.update(name=name, steps=steps, response_budget=response_budget, max_turns=max_turns,
            **overrides)

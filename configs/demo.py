@@ -33,8 +33,7 @@ from rstar_jax.config import schema
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """variant "" = the demo; "smoke" = a toy-sized run of every phase (tests, ~1 minute)."""
-  if variant not in ("", "smoke"):
-    raise ValueError(f"configs/demo.py: expected variant '' or 'smoke', got {variant!r}")
+  common.check_variant(variant, "configs/demo.py", ("", "smoke"))
   c = ml_collections.ConfigDict()
   c.mode = "rl"
   c.model = common.model_config(vocab_size=1536, hidden_size=128, intermediate_size=384,

@@ -5,14 +5,15 @@
   python -m launchers.demo --workdir=/tmp/demo_grpo --rl.roc_mode=random \\
       --config.demo.reuse_sft_from=/tmp/demo_run       (same SFT model, only RL + eval rerun)
 Any config field can be overridden (--config.rl.group_size=4, ...). Rerunning with the same
---workdir skips finished phases and resumes the unfinished one.
+--workdir skips finished phases and resumes the unfinished one, if they ran with the same
+config; otherwise it stops and names the changed fields (--discard_stale reruns those phases).
 """
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from rstar_jax.config import from_config_dict
+from rstar_jax import cli
 from rstar_jax.pipelines import demo, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -21,17 +22,22 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (summary.json, plot, ckpts).")
 _ROC_MODE = flags.DEFINE_enum("rl.roc_mode", None, ["paper", "released", "random"],
                               "Shorthand for --config.rl.roc_mode (random = plain GRPO).")
+_DISCARD = flags.DEFINE_bool("discard_stale", False, "Delete the outputs of phases that ran "
+                             "with a different config and rerun them (default: stop).")
 
 
 def main(argv):
   del argv
   runtime.setup_logging()
+  cli.check_workdir(_WORKDIR.value)
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
-  demo.run_demo(from_config_dict(cfg, "rl"), _WORKDIR.value)
+  run = cli.typed_config(cfg, "rl", "launchers.demo")
+  cli.check_model_dirs(run)
+  demo.run_demo(run, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+  cli.run(main)

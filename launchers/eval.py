@@ -5,10 +5,12 @@
   python -m launchers.eval --config=configs/rstar2_tiny_cpu.py:eval \
       --checkpoint_dir=/tmp/rl/ckpt --out=/tmp/eval.json --workdir=/tmp/rl
 """
-from absl import app, flags
+import os
+
+from absl import flags
 from ml_collections import config_flags
 
-from rstar_jax.config import from_config_dict
+from rstar_jax import cli
 from rstar_jax.pipelines import evaluation, runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode eval).",
@@ -23,8 +25,12 @@ _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory holding the tokeniz
 def main(argv):
   del argv
   runtime.setup_logging()
+  run = cli.typed_config(_CONFIG.value, "eval", "launchers.eval", check_paths=True)
+  cli.check_dir(_CKPT.value, "--checkpoint_dir")
+  cli.check_dir(_WORKDIR.value, "--workdir")
+  cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
+  cli.check_model_dirs(run)
   runtime.maybe_initialize_distributed()
-  run = from_config_dict(_CONFIG.value, "eval", check_paths=True)
   report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value,
                                workdir=_WORKDIR.value)
   print(runtime.summary_json(report["metrics"]))
@@ -32,4 +38,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "out"])
-  app.run(main)
+  cli.run(main)

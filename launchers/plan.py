@@ -32,8 +32,10 @@ if __name__ == "__main__":
 
 import json  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from rstar_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (RL or SFT mode).")
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", 64, "Fake devices to plan for (applied "
@@ -46,7 +48,7 @@ _MFU = flags.DEFINE_float("mfu", None, "Assumed MFU for the implied step time (d
                           "plan.mfu, else 0.35).")
 _PEAK = flags.DEFINE_float("peak_tflops", 1307.0, "Dense bf16 peak per device (MI300X 1307).")
 _STEPS = flags.DEFINE_list("steps", ["rl", "sft"], "Steps to compile: rl, sft.")
-_STAGE = flags.DEFINE_integer("stage", 0, "RL stage whose response budget sets T.")
+_STAGE = flags.DEFINE_integer("stage", 0, "RL stage (0-based) whose response budget sets T.")
 _OUT = flags.DEFINE_string("out", None, "Write the plan here as JSON.")
 
 
@@ -60,7 +62,8 @@ def main(argv):
   p = run.plan
   hw = plan_lib.Hardware(hbm_gib=_HBM.value or p.hbm_gib,
                          mem_fraction=_MEM_FRACTION.value or p.mem_fraction,
-                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu)
+                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu,
+                         packed_fill=(p.packed_fill or None) if run.train.pack_rows else None)
   result = plan_lib.plan_config(
       run, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
       stage_index=_STAGE.value,
@@ -74,4 +77,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  cli.run(main)

@@ -12,9 +12,12 @@ import difflib
 import math
 from typing import Any, Callable, Iterable, Sequence
 
+from rstar_jax.errors import UserError
 
-class ConfigError(ValueError):
-  """One or more config values are wrong; ``problems`` lists every (dotted path, message)."""
+
+class ConfigError(UserError, ValueError):
+  """One or more config values are wrong; ``problems`` lists every (dotted path, message).
+  A `UserError`: launchers (`rstar_jax.cli.run`) print it as one line, without a traceback."""
 
   def __init__(self, problems: Sequence[tuple[str, str]]):
     self.problems = list(problems)

@@ -24,6 +24,8 @@ from rstar_jax.config.checks import (IS_BOOL, IS_STR, STR_TUPLE, Check, ConfigEr
 
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
+STAGE_DATA = ("full", "hard", "recent")
+ATTENTIONS = ("xla", "blockwise", "fused")   # == rstar_jax.models.attention.IMPLEMENTATIONS
 LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # "seq-mean" is the verl spelling of "seq-mean-token-mean".
 LOSS_AGG_CANONICAL = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean",
@@ -71,6 +73,8 @@ class ModelConfig(_Section):
   param_dtype: str = field("float32", one_of(DTYPES), "Dtype the params are stored and updated in.")
   dtype: str = field("float32", one_of(DTYPES), "Compute dtype; 'bfloat16' on accelerators.")
   remat: bool = field(False, IS_BOOL, "Per-layer rematerialisation (needed at 14B scale).")
+  attention: str = field("xla", one_of(ATTENTIONS), "Learner attention (rstar_jax/models/attention.py): 'xla' (dense T x T scores), 'blockwise' (O(T * block) memory, long rows) or 'fused' (cuDNN flash attention on CUDA, else XLA with a logged reason).")
+  attention_block_size: int = field(512, int_range(1), "Query / key block length of the 'blockwise' attention.")
   tokenizer_dir: str = field("", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one).")
 
   def _cross(self):
@@ -84,7 +88,9 @@ class ModelConfig(_Section):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
     from rstar_jax.models import qwen3
     if self.hf_dir:
-      return qwen3.Qwen3Config.from_hf(self.hf_dir, dtype=self.dtype, remat=self.remat)
+      return qwen3.Qwen3Config.from_hf(self.hf_dir, dtype=self.dtype, remat=self.remat,
+                                       attention=self.attention,
+                                       attention_block_size=self.attention_block_size)
     return qwen3.Qwen3Config(
         vocab_size=self.vocab_size, hidden_size=self.hidden_size,
         intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
@@ -93,7 +99,8 @@ class ModelConfig(_Section):
         rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
         tie_word_embeddings=self.tie_word_embeddings,
         max_position_embeddings=self.max_position_embeddings, dtype=self.dtype,
-        remat=self.remat)
+        remat=self.remat, attention=self.attention,
+        attention_block_size=self.attention_block_size)
 
 
 @_section
@@ -173,13 +180,14 @@ class RLConfig(_Section):
   entropy_coef: float = field(0.0, num_range(0), "Entropy bonus weight (paper: 0).")
   loss_agg: str = field("token-mean", one_of(LOSS_AGG), "'token-mean' (paper) | 'seq-mean-token-mean' ('seq-mean') | 'seq-mean-token-sum'.")
   recompute_old_logprobs: bool = field(True, IS_BOOL, "Learner recomputes old log-probs after RoC (released code); False = the sampler's.")
-  answer_mode: str = field("answer_tag", one_of(("answer_tag", "anywhere")), "Reward: last boxed answer inside <answer> (paper) or anywhere (released code).")
+  answer_mode: str = field("answer_tag", one_of(("answer_tag", "anywhere", "released")), "Reward (`rewards.math_reward.score` mode): last boxed answer inside <answer> (paper), last boxed anywhere, or 'released' (prime_math-style rules or math-verify over the whole response, as the released rStar2-Agent reward; docs/fidelity.md).")
   max_step_retries: int = field(3, int_range(0), "Retries of a failed rollout (engine error, lost tool worker).")
   hard_subset_max_problems: int = field(0, int_range(0), "Problems sampled when building a hard subset (0 = all).")
   collapse_window: int = field(5, int_range(1), "Steps of falling tool calls/trajectory before a collapse warning (ASTER).")
   max_staleness: int = field(0, int_range(0), "Async RL: 0 = synchronous loop; k >= 1 = rollouts for the next steps overlap the update, a group is trained only if its oldest token is within k weight pushes of the version trained (AReaL max_head_offpolicyness).")
   partial_rollout: str = field("continue", one_of(("continue", "restart")), "Async RL, at a weight push: in-flight trajectories 'continue' with the new weights (tokens keep their versions) or 'restart'.")
-  tis_cap: float = field(0.0, num_range(0), "Token-level truncated importance-sampling cap between sampler and learner log-probs (ASTER 2.0); 0 = off.")
+  tis_cap: float = field(0.0, num_range(0), "Token-level truncated importance sampling cap C between the sampler's and the learner's log-probs, w = min(rho, C) (0 = off, else >= 1; ASTER: 2.0). The batch then carries the sampler's log-probs and the loss is rl.off_policy_loss.")
+  off_policy_loss: str = field("tis", registered("off_policy_loss"), "Loss used when tis_cap > 0 (rstar_jax.rl.registry 'off_policy_loss', `rl.off_policy`): 'tis' (w = min(rho, C); ASTER) or 'decoupled_ppo' (AReaL, w = rho * 1[rho <= C]).")
 
   def _cross(self):
     out = []
@@ -191,6 +199,8 @@ class RLConfig(_Section):
                                 f"paper uses none), got {self.kl_coef!r}"))
     if 0 < self.dual_clip_c <= 1:
       out.append(("rl.dual_clip_c", f"expected 0 (off) or a value > 1, got {self.dual_clip_c!r}"))
+    if 0 < self.tis_cap < 1:
+      out.append(("rl.tis_cap", f"expected 0 (off) or a cap >= 1, got {self.tis_cap!r}"))
     return out
 
 
@@ -218,6 +228,7 @@ class RolloutConfig(_Section):
   max_len: int = field(0, int_range(0), "JaxSampler: KV-cache length (0 = the model's longest position).")
   system_prompt: str = field("", IS_STR, "System prompt of every chat, RL, eval and cold-start SFT ('' = the chat format's, rStar2-Agent's).")
   with_tools: bool = field(True, IS_BOOL, "Put the tool-schema block in the system prompt (rStar2-Agent's format).")
+  chat_format: str = field("rstar2", one_of(("rstar2", "rstar2_released", "qwen3_thinking")), "Prompt / tool-turn layout (`tokenization.chat_format.FORMATS`): 'rstar2' (project), 'rstar2_released' (released tool name, descriptions and turn joining), 'qwen3_thinking' (ASTER: Qwen3 thinking template, `code_interpreter` tool).")
 
   def _cross(self):
     if self.engine == "sglang" and not self.sglang_urls:
@@ -239,6 +250,7 @@ class ToolConfig(_Section):
   backend: str = field("local", one_of(("local", "http", "ray")), "Code pool: 'local' (in-process CodePool), 'http' (the code service) or 'ray'.")
   urls: tuple[str, ...] = field((), STR_TUPLE, "backend 'http': service URLs; JAX process i uses urls[i % len(urls)].")
   ray_address: str = field("auto", IS_STR, "backend 'ray': ray.init address when Ray is not initialised yet.")
+  truncation: str = field("project", one_of(("project", "released")), "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).")
 
   def _cross(self):
     if self.backend == "http" and not self.urls:
@@ -260,6 +272,7 @@ class TrainConfig(_Section):
   eval_every: int = field(0, int_range(0), "RL steps between held-out evaluations (0 = none in the loop).")
   progress_every_s: float = field(10.0, num_range(0), "Seconds between progress lines (rollouts, SFT, eval).")
   length_bucket: int = field(64, int_range(2), "Smallest padded length; batches pad to a power of two >= this.")
+  pack_rows: bool = field(True, IS_BOOL, "RL and SFT: pack several trajectories per row (segment ids, per-segment positions; rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = 'token-mean'.")
 
 
 @_section
@@ -275,6 +288,8 @@ class EvalConfig(_Section):
   response_budget: int = field(30720, int_range(1), "Generated + tool tokens (rStar2-Agent eval: 30K).")
   seed: int = field(0, int_range(0), "Base seed of the attempts.")
   max_problems: int = field(0, int_range(0), "Evaluate the first n problems (0 = all).")
+  protocol: str = field("", one_of(("", "released", "paper_avg_at_k")), "Named protocol overriding k / sampling / turns / budget ('' = the fields above; `pipelines.eval_protocols`): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.")
+  csv_path: str = field("", IS_STR, "Per-problem CSV (num correct, avg@k, pass@k); '' = next to the JSON report.")
 
 
 @_section
@@ -297,6 +312,8 @@ class DataConfig(_Section):
   train_path: str = field("", IS_STR, "RL problems JSONL.")
   sft_path: str = field("", IS_STR, "SFT chat-trajectory JSONL.")
   synthetic: SyntheticDataConfig | None = field(None, None, "Synthetic tasks used when a path is empty (None = off).")
+  integer_answers_only: bool = field(False, IS_BOOL, "RL set: keep only problems with an integer gold answer (rStar2-Agent RL data).")
+  drop_overlong_prompts: bool = field(True, IS_BOOL, "RL set: drop (and count) problems whose prompt exceeds rollout.max_prompt_tokens instead of failing mid-run (released verl: filter_overlong_prompts).")
 
 
 @_section
@@ -308,14 +325,18 @@ class StageConfig(_Section):
   steps: int = field(1, int_range(1), "RL steps in this stage.")
   response_budget: int = field(8192, int_range(1), "Generated + tool tokens per trajectory.")
   max_turns: int = field(10, int_range(1), "Assistant turns per trajectory.")
-  data: str = field("full", one_of(("full", "hard")), "'full' problem set or the 'hard' subset built at the stage start.")
+  data: str = field("full", one_of(STAGE_DATA), "'full' problem set, the 'hard' subset re-sampled at the stage start, or 'recent' (problems not all-correct in the last recent_steps steps' rollouts; ASTER stage 2).")
   reset_optimizer: bool = field(False, IS_BOOL, "Fresh optimizer state (and warm-up) at the stage start (rStar2-Agent stage 3).")
   drop_solved_k_of_k: int = field(0, int_range(0), "k for the hard subset: problems solved k of k are dropped (rStar2-Agent stage 3: 8).")
+  recent_steps: int = field(0, int_range(0), "Window of RL steps a data='recent' stage reads (>= 1 there).")
 
   def _cross(self):
     if self.data == "hard" and self.drop_solved_k_of_k < 1:
       return [("stage.drop_solved_k_of_k", "expected k >= 1 for a stage with data='hard', got "
                                            f"{self.drop_solved_k_of_k}")]
+    if self.data == "recent" and self.recent_steps < 1:
+      return [("stage.recent_steps", "expected k >= 1 for a stage with data='recent', got "
+                                     f"{self.recent_steps}")]
     return []
 
 
@@ -370,6 +391,7 @@ class PlanConfig(_Section):
   hbm_gib: float = field(192.0, num_range(0, lo_open=True), "HBM per device in GiB (MI300X: 192).")
   mem_fraction: float = field(0.93, num_range(0, 1, lo_open=True), "Usable HBM fraction.")
   mfu: float = field(0.35, num_range(0, 1, lo_open=True), "Assumed MFU for the implied step time.")
+  packed_fill: float = field(0.0, num_range(0, 1), "Mean trajectory length / T assumed for the packed-rows FLOPs of the plan (an input, not measured; 0 = no packed estimate).")
 
 
 # Section name -> dataclass, in the order a run config lists them.
@@ -438,14 +460,16 @@ class RunConfig:
 
   # ------------------------------------------------------------------ derived settings
   def step_config(self, optim_config=None, num_micro_batches: int | None = None):
-    """`rstar_jax.learner.steps.StepConfig`: losses by registry name, clip range, micro-batches."""
+    """`rstar_jax.learner.steps.StepConfig`: losses by registry name (the off-policy one when
+    ``rl.tis_cap`` > 0), clip range, micro-batches."""
     from rstar_jax.learner import steps
     rl = self.rl
     return steps.StepConfig(
         num_micro_batches=num_micro_batches or self.train.micro_batches, optim=optim_config,
         policy_loss=rl.policy_loss, sft_loss=self.sft.loss, eps_low=rl.eps_low,
         eps_high=rl.eps_high, dual_clip_c=rl.dual_clip_c or None, entropy_coef=rl.entropy_coef,
-        agg=LOSS_AGG_CANONICAL[rl.loss_agg])
+        agg=LOSS_AGG_CANONICAL[rl.loss_agg], tis_cap=rl.tis_cap or None,
+        off_policy_loss=rl.off_policy_loss)
 
   def tokenizer_dir(self) -> str:
     return self.model.tokenizer_dir or self.model.hf_dir

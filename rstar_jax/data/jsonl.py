@@ -5,8 +5,10 @@ import json
 import os
 from typing import Any, Iterable, Iterator
 
+from rstar_jax.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(ValueError, UserError):
     """A data file is malformed. The message names the file, the 1-based line and the field."""
 
     def __init__(self, path: str | os.PathLike, line: int, field: str | None, message: str):

@@ -20,7 +20,7 @@ class Problem:
 
     Attributes:
         problem: the question text shown to the model (after the chat template's user prefix).
-        answer: gold answer as text (integers for RL data, SPEC §6.2).
+        answer: gold answer as text (integers for RL data, rStar2-Agent paper).
         family: generator family name (e.g. "powmod", "rg/gcd"); "" for loaded external sets.
         params: the generator's parameters (JSON-safe); identifies the problem within its family.
         solution_code: reference Python program whose stdout (stripped) is `answer`; "" if none.
@@ -111,7 +111,7 @@ def load_problems(path: str | os.PathLike, *, require_integer_answer: bool = Fal
     Args:
         path: JSONL file, one `{"problem"|"question": str, "answer": str|int, ...}` per line;
             blank lines are skipped.
-        require_integer_answer: reject answers that are not integers (RL data rule, SPEC §6.2).
+        require_integer_answer: reject answers that are not integers (rStar2-Agent RL data rule; see also data.filters).
 
     Raises:
         DataError: naming file, line and field, on bad JSON, a missing field or a wrong type.

@@ -9,14 +9,22 @@ run resumes on the mesh it runs on now, which may differ from the one it saved f
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import threading
+import weakref
 from typing import Any, Mapping
 
 import jax
 import orbax.checkpoint as ocp
 
+from rstar_jax.errors import UserError
 from rstar_jax.learner.train_state import TrainState
+
+
+class CheckpointMismatchError(UserError, ValueError):
+    """A checkpoint's arrays do not fit the state it is restored into."""
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
@@ -48,6 +56,13 @@ class Checkpointer:
             max_to_keep=max_to_keep, save_interval_steps=save_interval_steps, create=True,
             enable_async_checkpointing=enable_async)
         self._mgr = ocp.CheckpointManager(self.directory, options=options)
+        # An async save still running when the interpreter exits is cut off (orbax's event loop
+        # is torn down under it: a half-written `<step>.orbax-checkpoint-tmp` folder and
+        # "Event loop is closed" tracebacks). The finalizer waits for it and closes the manager,
+        # at `close()`, when this object is collected, or at exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _close_manager, self._mgr)
+        self._finalizer.atexit = False
+        _at_thread_shutdown(self._finalizer)
 
     def save(self, state: TrainState, metadata: Mapping[str, Any] | None = None, *,
              force: bool = False) -> bool:
@@ -85,8 +100,17 @@ class Checkpointer:
             raise FileNotFoundError(f"Checkpointer.restore: no checkpoint for step {step} in "
                                     f"{self.directory} (have {sorted(self._mgr.all_steps())})")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
-        out = self._mgr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except ValueError as e:
+            # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
+            # with a config (model size, optimizer) other than the one that wrote it.
+            detail = " ".join(str(e).split())
+            raise CheckpointMismatchError(
+                f"checkpoint {self.directory} step {step} does not fit this run's model and "
+                f"optimizer (written with another config? use that config or a new workdir): "
+                f"{detail[:400]}{'...' if len(detail) > 400 else ''}") from e
         arrays = out["state"]
         state = target.replace(params=arrays["params"], opt_state=arrays["opt_state"],
                                step=arrays["step"], rng=arrays["rng"])
@@ -102,13 +126,37 @@ class Checkpointer:
         self._mgr.wait_until_finished()
 
     def close(self) -> None:
-        self._mgr.close()
+        """Waits for pending async saves, then releases the manager (idempotent)."""
+        self._finalizer()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _at_thread_shutdown(fn) -> None:
+    """Runs ``fn`` at interpreter exit while threads and executors still work.
+
+    Plain `atexit` hooks run after `concurrent.futures` has shut down, too late for orbax's
+    commit thread ("cannot schedule new futures after interpreter shutdown").
+    `threading._register_atexit` (what `concurrent.futures` itself uses) runs its hooks in
+    reverse order before that, so this one runs before the executors close.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(fn)
+            return
+    except RuntimeError:  # interpreter already shutting down
+        pass
+    atexit.register(fn)
+
+
+def _close_manager(mgr: ocp.CheckpointManager) -> None:
+    mgr.wait_until_finished()
+    mgr.close()
 
 
 def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:

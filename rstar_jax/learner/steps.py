@@ -6,7 +6,12 @@ Batch layout (built by `rstar_jax.learner.batch`; N rows, T columns, right-padde
   attention_mask int32   [N, T]  1 = real token
   loss_mask      float32 [N, T]  1 = train on this token (RL: model-generated response tokens)
   old_logprobs   float32 [N, T]  RL only: behaviour-policy log-prob of input_ids[:, t]
-  advantages     float32 [N]     RL only
+  advantages     float32 [N]     RL only (or [N, T] per token, e.g. packed rows)
+  segment_ids    int32   [N, T]  optional, packed rows (`rstar_jax.learner.packing`): tokens
+                                 attend only within their segment; 0 = padding
+  positions      int32   [N, T]  optional, with segment_ids: position within the segment
+  behaviour_logprobs float32 [N, T]  RL with StepConfig.tis_cap only: the sampler's log-probs
+                                 (old_logprobs are then the learner's recomputed ones)
 
 Target convention ("token-aligned"): column t of loss_mask / old_logprobs / the returned
 log-probs is about token ``input_ids[:, t]``, predicted by the logits at column ``t - 1``.
@@ -47,7 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.rl import losses, registry
+from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
 
@@ -56,8 +61,13 @@ Metrics = dict[str, jax.Array]
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
 RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
+# The sampler's per-token log-probs [N, T] (behaviour policy), read by the off-policy losses
+# when StepConfig.tis_cap is set; "old_logprobs" then holds the learner's recomputed ones.
+BEHAVIOUR_KEY = "behaviour_logprobs"
+PACKING_KEYS = ("segment_ids", "positions")   # optional: packed rows
 
-# (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32
+# (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32; for packed
+# batches it is also called with keyword arguments segment_ids= and positions= ([B,T] int32).
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 
@@ -78,6 +88,13 @@ class StepConfig:
             rows of the whole batch with at least one loss token.
         optim: the OptimConfig the state's ``tx`` was built from; used only to report the
             learning rate of each update. None omits the ``learning_rate`` metric.
+        tis_cap: C of the importance weight between the sampler's and the learner's
+            log-probs (ASTER: 2.0 with token-level truncated IS); the RL batch then needs
+            ``behaviour_logprobs`` [N, T] (the sampler's) next to ``old_logprobs`` (the
+            learner's recomputed ones) and the loss is ``off_policy_loss``. None = off.
+        off_policy_loss: name in ``rstar_jax.rl.registry`` kind "off_policy_loss" used when
+            ``tis_cap`` is set: "tis" (w = min(rho, C)) or "decoupled_ppo" (AReaL,
+            w = rho * 1[rho <= C]); `rstar_jax.rl.off_policy`.
     """
 
     num_micro_batches: int = 1
@@ -89,6 +106,8 @@ class StepConfig:
     entropy_coef: float = 0.0
     agg: str = "token-mean"
     optim: optim.OptimConfig | None = None
+    tis_cap: float | None = None
+    off_policy_loss: str = "tis"
 
     def __post_init__(self):
         def bad(field, expected):
@@ -109,6 +128,15 @@ class StepConfig:
             bad("dual_clip_c", "None or a float > 1")
         if self.agg not in losses.AGGREGATIONS:
             bad("agg", f"one of {losses.AGGREGATIONS}")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            bad("tis_cap", "None or a float >= 1")
+        if self.off_policy_loss not in registry.names("off_policy_loss"):
+            bad("off_policy_loss", f"one of {registry.names('off_policy_loss')}")
+
+    @property
+    def rl_keys(self) -> tuple[str, ...]:
+        """Batch keys `rl_step` reads (the behaviour log-probs only with an off-policy loss)."""
+        return RL_KEYS + ((BEHAVIOUR_KEY,) if self.tis_cap is not None else ())
 
 
 def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1) -> None:
@@ -117,10 +145,14 @@ def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1)
     if missing:
         raise ValueError(f"batch is missing {missing} (has {sorted(batch)}); expected {list(keys)}")
     n, t = batch["input_ids"].shape
-    for k in keys:
-        want = (n,) if k == "advantages" else (n, t)
-        if tuple(batch[k].shape) != want:
-            raise ValueError(f"batch[{k!r}]: expected shape {want}, got {tuple(batch[k].shape)}")
+    for k in keys + tuple(k for k in PACKING_KEYS if k in batch):
+        want = [(n,), (n, t)] if k == "advantages" else [(n, t)]
+        if tuple(batch[k].shape) not in want:
+            raise ValueError(f"batch[{k!r}]: expected shape {' or '.join(map(str, want))}, got "
+                             f"{tuple(batch[k].shape)}")
+    if ("segment_ids" in batch) != ("positions" in batch):
+        raise ValueError("batch: segment_ids and positions come together (packed rows); got "
+                         f"only {[k for k in PACKING_KEYS if k in batch]}")
     if n % num_micro_batches:
         raise ValueError(f"batch has {n} rows, not a multiple of num_micro_batches="
                          f"{num_micro_batches}")
@@ -150,21 +182,36 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
     return jnp.maximum(count, 1.0)
 
 
+def _apply(apply_fn, params, mb):
+    if "segment_ids" in mb:
+        return apply_fn(params, mb["input_ids"], mb["attention_mask"],
+                        segment_ids=mb["segment_ids"], positions=mb["positions"])
+    return apply_fn(params, mb["input_ids"], mb["attention_mask"])
+
+
+def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
+    return {k: batch[k] for k in keys + PACKING_KEYS if k in batch}
+
+
 def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-    logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+    logits = _apply(apply_fn, params, mb)
     mask = _target_mask(mb["loss_mask"])
     loss_fn = registry.get("sft_loss", cfg.sft_loss)
     return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-    logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+    logits = _apply(apply_fn, params, mb)
     logp, ent = _token_aligned(logits, mb["input_ids"])
+    kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+              entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg, normalizer=normaliser)
+    if cfg.tis_cap is not None:
+        off_fn = registry.get("off_policy_loss", cfg.off_policy_loss)
+        return off_fn(logp, mb["old_logprobs"], mb[BEHAVIOUR_KEY], mb["advantages"],
+                      _target_mask(mb["loss_mask"]), cap=cfg.tis_cap, **kw)
     loss_fn = registry.get("policy_loss", cfg.policy_loss)
     return loss_fn(logp, mb["old_logprobs"], mb["advantages"], _target_mask(mb["loss_mask"]),
-                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
-                   entropy_coef=cfg.entropy_coef, entropy=ent, agg=cfg.agg,
-                   normalizer=normaliser)
+                   **kw)
 
 
 def _split_micro(x: jax.Array, m: int) -> jax.Array:
@@ -226,7 +273,7 @@ def sft_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
         (new state, metrics: loss, entropy, grad_norm, num_tokens[, learning_rate]).
     """
     check_batch(batch, SFT_KEYS, config.num_micro_batches)
-    batch = {k: batch[k] for k in SFT_KEYS}
+    batch = _with_packing(batch, SFT_KEYS)
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, "token-mean")
     loss_fn = lambda p, mb: _sft_micro_loss(apply_fn, p, mb, norm, config)
@@ -243,8 +290,12 @@ def rl_step(state: TrainState, batch: Batch, *, apply_fn: ApplyFn,
 
     Args/returns as `sft_step`, with the RL batch; metrics add the policy-loss statistics.
     """
-    check_batch(batch, RL_KEYS, config.num_micro_batches)
-    batch = {k: batch[k] for k in RL_KEYS}
+    keys = config.rl_keys
+    check_batch(batch, keys, config.num_micro_batches)
+    if "segment_ids" in batch and config.agg != "token-mean":
+        raise ValueError(f"rl_step: agg={config.agg!r} aggregates per row, which is not per "
+                         "trajectory on packed rows; use agg='token-mean' or unpacked rows")
+    batch = _with_packing(batch, keys)
     mask = _target_mask(batch["loss_mask"])
     norm = _normaliser(mask, config.agg)
     loss_fn = lambda p, mb: _rl_micro_loss(apply_fn, p, mb, norm, config)
@@ -263,10 +314,9 @@ def compute_logprobs(params, batch: Batch, *, apply_fn: ApplyFn, num_micro_batch
     check_batch(batch, ("input_ids", "attention_mask"), num_micro_batches)
 
     def one(mb):
-        logits = apply_fn(params, mb["input_ids"], mb["attention_mask"])
-        return _token_aligned(logits, mb["input_ids"])[0]
+        return _token_aligned(_apply(apply_fn, params, mb), mb["input_ids"])[0]
 
-    mb_in = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    mb_in = _with_packing(batch, ("input_ids", "attention_mask"))
     if num_micro_batches == 1:
         return one(mb_in)
     out = jax.lax.map(one, {k: _split_micro(v, num_micro_batches) for k, v in mb_in.items()})
@@ -395,9 +445,9 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
     def rows_sharding(x):
         return NamedSharding(mesh, PartitionSpec(data_axes or None, *([None] * (x.ndim - 1))))
 
-    def batch_sh(keys):
-        return {k: rows_sharding(jax.ShapeDtypeStruct((1,) if k == "advantages" else (1, 1),
-                                                      jnp.int32)) for k in keys}
+    # One sharding for the whole batch dict (a pytree prefix): rows over the data axes, other
+    # dims replicated, whatever the keys (packed batches add some) and ranks.
+    batch_prefix = NamedSharding(mesh, PartitionSpec(data_axes or None))
 
     def traced_under_mesh(jitted):
         # The model's activation constraints (sharding.rules.constrain) apply only when the
@@ -410,12 +460,12 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
     def jit_step(fn, keys):
         step = functools.partial(fn, apply_fn=apply_fn, config=config,
                                  micro_sharding=rows_sharding)
-        jitted = traced_under_mesh(jax.jit(step, in_shardings=(state_sh, batch_sh(keys)),
+        jitted = traced_under_mesh(jax.jit(step, in_shardings=(state_sh, batch_prefix),
                                            out_shardings=(state_sh, replicated),
                                            donate_argnums=(0,)))
         def run(state, batch):
             _check_tx(state, state_sh)
-            return jitted(state, {k: batch[k] for k in keys})
+            return jitted(state, _with_packing(batch, keys))
 
         return run
 
@@ -423,12 +473,13 @@ def make_jitted_steps_for(apply_fn: ApplyFn, params_shardings, abstract_params,
     logprobs = traced_under_mesh(jax.jit(
         functools.partial(compute_logprobs, apply_fn=apply_fn,
                           num_micro_batches=config.num_micro_batches),
-        in_shardings=(params_shardings, batch_sh(lp_keys)),
+        in_shardings=(params_shardings, batch_prefix),
         out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32))))
 
     return JittedSteps(
-        sft_step=jit_step(sft_step, SFT_KEYS), rl_step=jit_step(rl_step, RL_KEYS),
-        compute_logprobs=lambda params, batch: logprobs(params, {k: batch[k] for k in lp_keys}),
+        sft_step=jit_step(sft_step, SFT_KEYS),
+        rl_step=jit_step(rl_step, config.rl_keys),
+        compute_logprobs=lambda params, batch: logprobs(params, _with_packing(batch, lp_keys)),
         state_shardings=state_sh, mesh=mesh, data_axes=data_axes,
         num_micro_batches=config.num_micro_batches)
 
@@ -451,8 +502,9 @@ def make_jitted_steps(model_config, mesh: jax.sharding.Mesh, rules: str | Rules 
                             qwen3.param_shapes(model_config),
                             is_leaf=lambda x: isinstance(x, tuple))
 
-    def apply_fn(params, input_ids, attention_mask):
-        return qwen3.forward(params, model_config, input_ids, attention_mask=attention_mask)
+    def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
+        return qwen3.forward(params, model_config, input_ids, positions=positions,
+                             attention_mask=attention_mask, segment_ids=segment_ids)
 
     return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules,
                                  config=config)

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rstar_jax.models import attention as attention_lib
 from rstar_jax.models.kv_cache import KVCache, cache_logical_axes, cache_shardings, init_cache
 from rstar_jax.models.qwen3_config import (SUPPORTED_MODEL_TYPES, Qwen3Config, param_logical_axes,
                                            param_shapes)
@@ -30,7 +31,7 @@ __all__ = ["Qwen3Config", "KVCache", "init_cache", "cache_logical_axes", "cache_
 
 # Large finite negative instead of -inf: a fully masked row (a padding query) then gets a
 # uniform softmax instead of NaNs, and its output is ignored anyway.
-_MASK_VALUE = -1e30
+_MASK_VALUE = attention_lib.MASK_VALUE
 
 
 def _compute_dtype(config: Qwen3Config):
@@ -121,22 +122,6 @@ def _qkv(x: jax.Array, p: Params, positions: jax.Array, c: Qwen3Config):
     return q, k, v
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, c: Qwen3Config):
-    """GQA attention. q: [B, T, Hq, Dh]; k, v: [B, S, Hkv, Dh]; allowed: [B, T, S] bool.
-
-    Returns [B, T, Hq*Dh]. Scores and softmax in float32.
-    """
-    B, T, Hq, Dh = q.shape
-    Hkv = k.shape[2]
-    qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k.astype(q.dtype),
-                   preferred_element_type=jnp.float32) * (Dh ** -0.5)
-    s = jnp.where(allowed[:, None, None], s, _MASK_VALUE)
-    w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", w, v.astype(q.dtype))
-    return o.reshape(B, T, Hq * Dh)
-
-
 def _mlp(x: jax.Array, p: Params) -> jax.Array:
     h = jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"])
     h = constrain(h, ("batch", "seq", "act_mlp"))
@@ -165,6 +150,14 @@ def _maybe_remat(fn, c: Qwen3Config):
 # ----------------------------------------------------------------------------- forward
 
 
+def _check_static_config(config: Any, fn: str) -> None:
+    # Under jax.jit without static_argnames the config arrives as a pytree of tracers and fails
+    # deep inside with "... has no attribute remat"; say what to do instead.
+    if not isinstance(config, Qwen3Config):
+        raise TypeError(f"qwen3.{fn}: config must be a static Qwen3Config (jit with "
+                        f"static_argnames='config'); got {type(config).__name__}")
+
+
 def default_positions(attention_mask: jax.Array) -> jax.Array:
     """[B, T] mask -> positions cumsum(mask) - 1, clipped at 0 (pads before a row's start)."""
     return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -172,32 +165,43 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
 
 def forward(params: Params, config: Qwen3Config, input_ids: jax.Array,
             positions: jax.Array | None = None,
-            attention_mask: jax.Array | None = None) -> jax.Array:
+            attention_mask: jax.Array | None = None,
+            segment_ids: jax.Array | None = None) -> jax.Array:
     """Full-sequence causal forward (pure; jit with ``static_argnames="config"``).
 
     Args:
       params: the param pytree.
-      config: static.
+      config: static; ``config.attention`` picks the attention implementation.
       input_ids: [B, T] int32.
       positions: [B, T] int; default ``cumsum(attention_mask) - 1`` so left- and right-padded
-        rows give the same logits as unpadded ones.
+        rows give the same logits as unpadded ones. Packed rows pass per-segment positions
+        (restarting at 0 for each trajectory).
       attention_mask: [B, T] (1/True = real token); default all ones. Pad keys are never
         attended; pad queries produce unspecified (finite) logits.
+      segment_ids: [B, T] int or None; packed rows: a token attends only to earlier tokens
+        with the same id (several trajectories share a row without seeing each other).
     Returns:
       logits: [B, T, V] float32.
     """
+    _check_static_config(config, "forward")
     c = config
     B, T = input_ids.shape
     mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
     if positions is None:
         positions = default_positions(mask)
-    idx = jnp.arange(T)
-    allowed = (idx[None, :, None] >= idx[None, None, :]) & mask[:, None, :]   # [B, T(q), T(k)]
+    if c.attention == "xla":
+        # Built once outside the layer scan (as before the other implementations existed).
+        allowed = attention_lib.allowed_mask(mask, segment_ids)            # [B, T(q), T(k)]
+        attend = lambda q, k, v: attention_lib.attend_dense(q, k, v, allowed)
+    else:
+        attend = functools.partial(attention_lib.self_attention, kv_valid=mask,
+                                   segment_ids=segment_ids, implementation=c.attention,
+                                   block_size=c.attention_block_size)
 
     def layer(x, p):
         h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
         q, k, v = _qkv(h, p["self_attn"], positions, c)
-        x = x + _dense(_attend(q, k, v, allowed, c), p["self_attn"]["o_proj"])
+        x = x + _dense(attend(q, k, v), p["self_attn"]["o_proj"])
         h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
         x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
         return x, None
@@ -251,6 +255,7 @@ def forward_cached(params: Params, config: Qwen3Config, input_ids: jax.Array, ca
     writes its new k/v into its buffers, then attends over them, so the buffers are updated in
     place and read once.
     """
+    _check_static_config(config, "forward_cached")
     c = config
     B, T = input_ids.shape
     S = cache.max_len

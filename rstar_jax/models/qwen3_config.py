@@ -27,6 +27,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
 _DTYPES = ("float32", "bfloat16")
+_ATTENTIONS = ("xla", "blockwise", "fused")   # == rstar_jax.models.attention.IMPLEMENTATIONS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,12 @@ class Qwen3Config:
     """Compute dtype ("float32" | "bfloat16"); param dtype is whatever the params hold."""
     remat: bool = False
     """Rematerialise each decoder layer in the backward pass (jax.checkpoint)."""
+    attention: str = "xla"
+    """Learner-forward attention (``rstar_jax.models.attention``): "xla" (dense T x T scores),
+    "blockwise" (online softmax over key blocks, O(T * block) memory) or "fused" (cuDNN flash
+    attention where available). The KV-cache decode path always uses its own kernel."""
+    attention_block_size: int = 512
+    """Query / key block length of the "blockwise" attention."""
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -73,6 +80,12 @@ class Qwen3Config:
                              f"of num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention not in _ATTENTIONS:
+            raise ValueError(f"Qwen3Config.attention must be one of {_ATTENTIONS}, got "
+                             f"{self.attention!r}")
+        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 1:
+            raise ValueError("Qwen3Config.attention_block_size must be an int >= 1, got "
+                             f"{self.attention_block_size!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
 

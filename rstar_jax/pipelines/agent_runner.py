@@ -61,18 +61,22 @@ class AgentRunner:
     max_response_chars: tool response body limit (middle truncation).
     stateful_tools: one interpreter session per trajectory (ASTER) instead of fresh processes.
     max_prompt_tokens: prompts longer than this raise (they would silently eat the budget).
-    answer_mode: reward extraction ("answer_tag" paper, "anywhere" released code).
+    answer_mode: reward mode of `math_reward.score` ("answer_tag" paper, "anywhere",
+      "released" = the released rStar2-Agent reward).
     verify_timeout_s: bound on each math-verify call.
     system_prompt: the chats' system prompt (None = the chat format's default).
     with_tools: put the tool-schema block in the system prompt.
     show_tool_time: tool responses carry the "execution time" line.
+    chat_format: `chat_format.FORMATS` name of the prompt / tool-turn layout.
+    tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
   """
 
   def __init__(self, engine, pool, tokenizer, *, tool_timeout_s: float = 4.0,
                max_response_chars: int = 1024, stateful_tools: bool = False,
                max_prompt_tokens: int = 2048, answer_mode: str = "answer_tag",
                verify_timeout_s: float = 5.0, system_prompt: str | None = None,
-               with_tools: bool = True, show_tool_time: bool = True):
+               with_tools: bool = True, show_tool_time: bool = True,
+               chat_format: str = "rstar2", tool_truncation: str = "project"):
     self.engine = engine
     self.pool = pool
     self.tokenizer = tokenizer
@@ -82,9 +86,11 @@ class AgentRunner:
     self.max_prompt_tokens = max_prompt_tokens
     self.answer_mode = answer_mode
     self.verify_timeout_s = verify_timeout_s
-    from rstar_jax.tokenization import chat_format
-    self._chat = chat_format
-    self.system_prompt = system_prompt or chat_format.SYSTEM_PROMPT
+    self.chat_format = chat_format
+    self.tool_truncation = tool_truncation
+    from rstar_jax.tokenization import chat_format as chat_lib
+    self._chat = chat_lib
+    self.system_prompt = system_prompt or chat_lib.get_format(chat_format).system_prompt
     self.with_tools = with_tools
     self.show_tool_time = show_tool_time
     self._prompt_cache: dict[str, list[int]] = {}
@@ -97,14 +103,23 @@ class AgentRunner:
     return cls(engine, pool, tokenizer, tool_timeout_s=t.timeout_s,
                max_response_chars=t.max_response_chars, stateful_tools=t.stateful,
                max_prompt_tokens=r.max_prompt_tokens, answer_mode=run.rl.answer_mode,
-               system_prompt=r.system_prompt, with_tools=r.with_tools, show_tool_time=t.show_time)
+               system_prompt=r.system_prompt, with_tools=r.with_tools, show_tool_time=t.show_time,
+               chat_format=r.chat_format, tool_truncation=t.truncation)
+
+  def prompt_length(self, problem: Problem) -> int:
+    """Tokens of ``problem``'s prompt as `prompt_ids` renders it (subclasses included);
+    ``max_prompt_tokens + 1`` for a prompt that `prompt_ids` refuses as too long."""
+    try:
+      return len(self.prompt_ids(problem))
+    except ValueError:
+      return self.max_prompt_tokens + 1
 
   def prompt_ids(self, problem: Problem) -> list[int]:
     """The rendered prompt's ids (system prompt, tool block, question, assistant prefill)."""
     ids = self._prompt_cache.get(problem.problem)
     if ids is None:
-      ids = list(self._chat.build_prompt_ids(self.tokenizer, problem.problem,
-                                             self.system_prompt, self.with_tools))
+      ids = list(self._chat.prompt_ids(self.tokenizer, self.chat_format, problem.problem,
+                                       self.system_prompt, self.with_tools))
       if len(ids) > self.max_prompt_tokens:
         raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
                          f"{self.max_prompt_tokens}: {problem.problem[:80]!r}...")
@@ -119,7 +134,8 @@ class AgentRunner:
         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
         max_parallel_calls=settings.max_parallel_calls, max_tool_calls=settings.max_tool_calls,
         tool_timeout_s=self.tool_timeout_s, max_tool_response_chars=self.max_response_chars,
-        stateful_tool=self.stateful_tools, seed=int(seed))
+        stateful_tool=self.stateful_tools, seed=int(seed), chat_format=self.chat_format,
+        tool_truncation=self.tool_truncation)
     return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
                                            problem.problem, cfg,
                                            prompt_ids=self.prompt_ids(problem),
@@ -151,8 +167,10 @@ def rollout_settings(run: RunConfig, stage: StageConfig | None = None) -> Rollou
 
 
 def eval_settings(run: RunConfig) -> RolloutSettings:
-  """Evaluation limits: ``eval`` section, top-k and tool limits from ``rollout``."""
-  e = run.eval
+  """Evaluation limits: ``eval`` section (its named protocol applied, `eval_protocols`), top-k
+  and tool limits from ``rollout``."""
+  from rstar_jax.pipelines import eval_protocols
+  e = eval_protocols.resolve(run.eval)
   return dataclasses.replace(rollout_settings(run), response_budget=e.response_budget,
                              max_turns=e.max_turns, temperature=e.temperature, top_p=e.top_p)
 

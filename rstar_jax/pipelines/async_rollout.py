@@ -177,7 +177,8 @@ class AsyncRollouts:
     self._counters = collections.Counter()
     self._last_take_end: Optional[float] = None
     self._idle_at_last = 0.0
-    self.tis_cap = 0.0   # rl.tis_cap (0 = off): only the truncated-fraction metric reads it here
+    self.tis_cap = 0.0   # rl.tis_cap (0 = off): the truncated-fraction metric; the learner's loss
+                         # reads it from StepConfig (rl.off_policy_loss)
 
   # ------------------------------------------------------------------ checkpoint state
 

@@ -39,7 +39,8 @@ def train_problems(run: RunConfig) -> list[Problem]:
 
 def eval_problems(run: RunConfig) -> list[Problem]:
   if run.eval.path:
-    probs = load_problems(run.eval.path)
+    from rstar_jax.data.eval_sets import load_eval_problems
+    probs = load_eval_problems(run.eval.path)   # MATH-500 / AIME layouts as published
   elif run.data.synthetic is not None:
     probs = _synthetic_splits(run)[1]
   else:

@@ -251,15 +251,21 @@ def _reuse(src: str, dst: str) -> None:
       shutil.copytree(s, d)
 
 
-def run_demo(cfg: RunConfig, workdir: str) -> dict:
+def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> dict:
   """Runs (or resumes) every phase; returns the summary dict (also in summary.json), or {}
-  when RL stopped early (``demo.rl_max_steps``)."""
+  when RL stopped early (``demo.rl_max_steps``). Finished phases are reused only when they
+  ran with the same config (`demo_record`); otherwise this stops with one line naming the
+  changed fields, or with ``discard_stale`` deletes the stale phases and reruns them."""
+  from rstar_jax.pipelines import demo_record
   t0 = time.monotonic()
   os.makedirs(workdir, exist_ok=True)
   state_path = os.path.join(workdir, "demo_state.json")
-  prior = _read_json(state_path)["elapsed_s"] if os.path.isfile(state_path) else 0.0
   if cfg.demo.reuse_sft_from:
     _reuse(cfg.demo.reuse_sft_from, workdir)
+  # --- run record (issue 16): before any work; a stale phase stops here or is deleted.
+  records = demo_record.check_demo(cfg, workdir, discard_stale=discard_stale)
+  # --- end run record
+  prior = _read_json(state_path)["elapsed_s"] if os.path.isfile(state_path) else 0.0
   train, held = problems_for(cfg)
   _say(f"{len(train)} train / {len(held)} held-out problems")
 
@@ -284,6 +290,7 @@ def run_demo(cfg: RunConfig, workdir: str) -> dict:
   mark("eval_rl")
   wall = prior + time.monotonic() - t0
   summary = build_summary(workdir, wall, cfg)
+  summary["resolved_config"] = records["eval_rl"]   # run record: the config of every number
   _write_json(os.path.join(workdir, "summary.json"), summary)
   if cfg.demo.plot:
     from rstar_jax import viz

@@ -1,4 +1,5 @@
-"""avg@k pass@1 evaluation with the agent loop (rStar2-Agent's protocol).
+"""avg@k / pass@k evaluation with the agent loop (rStar2-Agent's protocol; named protocols:
+`eval_protocols`).
 
 Each problem is attempted ``k`` times (independent seeds) with the eval sampling settings
 (temperature 0.6, 30 turns, 30K tokens in the paper); pass@1 is the mean correctness over all
@@ -64,6 +65,7 @@ async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: R
   tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
   metrics = {
       "accuracy": float(r.mean()),                     # avg@k pass@1
+      "avg_at_k": float(r.mean()),
       "pass_at_k": float((r > 0).any(axis=1).mean()),
       "num_problems": len(problems), "k": k,
       "response_length_mean": tm["response_length_mean"],
@@ -111,6 +113,7 @@ def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | Non
 
   from rstar_jax.learner.checkpoint import Checkpointer
   from rstar_jax.pipelines import agent_runner, data_sources, runtime
+  from rstar_jax.pipelines import eval_protocols
   if problems is None:
     problems = data_sources.eval_problems(run)
   if not problems:
@@ -135,11 +138,15 @@ def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | Non
                                         hostdata.local_params(params),   # [multi-process]
                                         tokenizer,
                                         engine=engine) as runner:
-      return await evaluate(runner, problems, agent_runner.eval_settings(run), k=run.eval.k,
-                            seed=run.eval.seed, progress_every_s=run.train.progress_every_s,
+      return await evaluate(runner, problems, agent_runner.eval_settings(run),
+                            k=eval_protocols.resolve(run.eval).k, seed=run.eval.seed, progress_every_s=run.train.progress_every_s,
                             keep_samples=4)
 
   report = _asyncio.run(main())
   report["checkpoint_dir"] = checkpoint_dir
+  report["protocol"] = run.eval.protocol
   write_report(report, out_path)
+  csv_path = run.eval.csv_path or os.path.splitext(out_path)[0] + "_per_problem.csv"
+  eval_protocols.write_csv(report, csv_path)
+  report["csv_path"] = csv_path
   return report

@@ -12,7 +12,8 @@ pure math lives in `rstar_jax.rl` and `rstar_jax.learner`:
                to G (``rl.roc_mode``), advantages (``rl.advantage``); both registry names
                                                                                      -> Selected
   build_batch  a fixed-shape padded batch: ``batch_prompts * G`` rows (empty rows weigh 0),
-               a power-of-two length bucket (one compiled step per bucket)           -> batch
+               a power-of-two length bucket (one compiled step per bucket); packed
+               several trajectories per row by default (``train.pack_rows``)        -> batch
   update       optional old-log-prob recompute, then ``rl.ppo_epochs`` x
                ``rl.ppo_mini_batches`` jitted ``rl_step`` calls                       -> metrics
   push         one `WeightTransfer` call (default: the engine's ``update_weights``; version =
@@ -20,7 +21,11 @@ pure math lives in `rstar_jax.rl` and `rstar_jax.learner`:
   log          held-out evaluation every ``train.eval_every`` steps; metrics.jsonl / TensorBoard
 
 Stages: each stage sets the response budget and turn limit; a stage may reset the optimizer and
-train on the hard subset (problems the policy at the stage start does not solve k of k).
+train on the hard subset (problems the policy at the stage start does not solve k of k) or on
+the "recent" subset (problems not all-correct in the last steps' training rollouts; ASTER).
+The training set is filtered once, before the first step (``data.integer_answers_only``,
+``data.drop_overlong_prompts``; counts logged every step). With ``rl.tis_cap`` the batch keeps
+the sampler's log-probs as ``behaviour_logprobs`` for the off-policy loss.
 Checkpoints hold the TrainState plus the loop position (stage, steps done, data iterator
 state, hard subset, weight version, collapse-monitor history), so a resumed run continues with
 the same step, data position and stage.
@@ -39,15 +44,17 @@ import jax
 import numpy as np
 
 from rstar_jax.config import RunConfig, StageConfig
+from rstar_jax.data import filters as data_filters
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
-from rstar_jax.pipelines import rl_metrics, stages as stages_lib
+from rstar_jax.pipelines import eval_protocols, rl_metrics, stages as stages_lib
 from rstar_jax.pipelines.agent_runner import (AgentRunner, RolloutSettings, eval_settings,
                                               rollout_settings)
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
@@ -177,6 +184,8 @@ class LoopPosition:
   weight_version: int = 0
   collapse: dict | None = None
   hard_subset_stats: dict | None = None
+  # Per RL step [(problem index, all rollouts correct)], newest last, for "recent" stages.
+  recent_outcomes: list | None = None
   async_state: dict | None = None   # rl.max_staleness >= 1: groups issued, not yet trained on
 
   def to_json(self) -> dict:
@@ -212,10 +221,23 @@ class RLLoop:
     self.workdir = os.fspath(workdir)
     self.problems = list(problems) if problems is not None else \
         load_problems(run.data.train_path)
+    # A runner without prompt rendering (a test double) has no prompt to measure or refuse.
+    prompt_length = getattr(runner, "prompt_length", None)
+    self.problems, self.filter_counts = data_filters.filter_problems(
+        self.problems, integer_answers_only=run.data.integer_answers_only,
+        max_prompt_tokens=run.rollout.max_prompt_tokens
+        if run.data.drop_overlong_prompts and prompt_length else 0,
+        prompt_length=prompt_length)
+    if self.filter_counts["filter_kept"] < self.filter_counts["filter_total"]:
+      log.info("training set filters: %s", self.filter_counts)
     if not self.problems:
-      raise ValueError("RL loop: the training problem set is empty")
+      raise ValueError(f"RL loop: the training problem set is empty (filters: "
+                       f"{self.filter_counts})")
     self.eval_problems = list(eval_problems) if eval_problems else []
     self.stages = list(run.stages)
+    self._problem_index = {(p.problem, p.answer): i for i, p in enumerate(self.problems)}
+    self._recent_window = max([s.recent_steps for s in self.stages if s.data == "recent"],
+                              default=0)
     self.G = run.rl.group_size
     self.N = run.rl.oversample * self.G
     self.P = run.train.batch_prompts
@@ -348,8 +370,9 @@ class RLLoop:
     if stage.reset_optimizer and self.pos.rl_step > 0:
       self.learner.state = reset_optimizer(self.learner.state)
       log.info("stage %r: optimizer state reset", stage.name)
-    if stage.data == "hard":
-      kept, stats = await self.hard_subset(stage)
+    if stage.data in ("hard", "recent"):
+      kept, stats = (await self.hard_subset(stage)) if stage.data == "hard" else \
+          self.recent_subset(stage)
       self.pos.hard_indices = kept
       self.pos.hard_subset_stats = stats
       self.pos.data_source = "hard"
@@ -383,6 +406,26 @@ class RLLoop:
              stats["hard_subset_candidates"])
     return kept, stats
 
+  def recent_subset(self, stage: StageConfig) -> tuple[list[int], dict]:
+    """The problems not all-correct at their latest appearance in the last
+    ``stage.recent_steps`` RL steps' training rollouts (`stages.recent_unsolved_subset`)."""
+    history = (self.pos.recent_outcomes or [])[-stage.recent_steps:]
+    kept, stats = stages_lib.recent_unsolved_subset(len(self.problems), history)
+    if not kept:
+      raise RuntimeError(f"stage {stage.name!r}: every problem was all-correct in the recent "
+                         "rollouts; the subset is empty")
+    log.info("recent-rollout subset for %r: dropped %d of %d seen problems", stage.name,
+             stats["recent_dropped"], stats["recent_seen"])
+    return kept, stats
+
+  def record_outcomes(self, ro: Rollouts, scores: Scores) -> None:
+    """Remembers which of the step's problems were all-correct (for "recent" stages)."""
+    if not self._recent_window:
+      return
+    step = [[self._problem_index[(p.problem, p.answer)], bool((scores.rewards[i] > 0).all())]
+            for i, p in enumerate(ro.problems)]
+    self.pos.recent_outcomes = ((self.pos.recent_outcomes or []) + [step])[-self._recent_window:]
+
   def _dataset(self) -> list[Problem]:
     if self.pos.data_source == "hard":
       return [self.problems[i] for i in self.pos.hard_indices]
@@ -403,11 +446,12 @@ class RLLoop:
     ro = await self.rollout(stage)
     scores = await self.score(ro)
     sel = self.select(ro, scores)
+    self.record_outcomes(ro, scores)
     metrics = self.selection_metrics(ro, scores, sel)
     metrics.update(ro.metrics)
     t0 = time.monotonic()
     t_push = 0.0
-    batch = self.build_batch(sel)
+    batch = self.build_batch(sel, metrics)
     if batch is not None:
       if self.async_rl is not None:   # async RL hook: rollouts go on during the update
         metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
@@ -501,6 +545,7 @@ class RLLoop:
         "groups_kept": float(keep.sum()), "groups_total": float(len(ro.problems)),
     }
     metrics.update(rl_metrics.group_outcome_metrics(r))
+    metrics.update({k: float(v) for k, v in self.filter_counts.items()})
     metrics.update(rl_metrics.trajectory_metrics(flat, r.reshape(-1)))
     metrics.update(rl_metrics.trajectory_metrics(sel.trajectories, sel.rewards, prefix="kept_"))
     metrics.update(rl_metrics.tool_latency_metrics(flat))
@@ -508,14 +553,25 @@ class RLLoop:
         else 0.0
     return metrics
 
-  def build_batch(self, sel: Selected) -> dict[str, np.ndarray] | None:
-    """The fixed-shape host batch of the kept trajectories (None when nothing was kept)."""
+  def build_batch(self, sel: Selected, metrics: dict[str, Any] | None = None
+                  ) -> dict[str, np.ndarray] | None:
+    """The fixed-shape host batch of the kept trajectories (None when nothing was kept),
+    packed several per row with ``train.pack_rows`` and ``rl.loss_agg="token-mean"``
+    (`rstar_jax.learner.packing`); the padding fractions before/after go into ``metrics``."""
     if not sel.trajectories:
       return None
     longest = max(len(t.prompt_ids) + len(t.response_ids) for t in sel.trajectories)
     pad_to = length_bucket(longest, self.config.train.length_bucket)
-    return batch_lib.make_rl_batch(sel.trajectories, sel.advantages, pad_to,
-                                   pad_id=self.runner.pad_id, row_multiple=self.rows)
+    batch = batch_lib.make_rl_batch(sel.trajectories, sel.advantages, pad_to,
+                                    pad_id=self.runner.pad_id, row_multiple=self.rows)
+    if self.config.rl.tis_cap:   # off-policy loss: the sampler's log-probs are the behaviour's
+      batch[steps_lib.BEHAVIOUR_KEY] = batch["old_logprobs"].copy()
+    if self.config.train.pack_rows and self.config.rl.loss_agg == "token-mean":
+      batch, pack_metrics = packing.pack_for_step(batch, row_multiple=self.learner.row_multiple,
+                                                  pad_id=self.runner.pad_id)
+      if metrics is not None:
+        metrics.update(pack_metrics)
+    return batch
 
   def update(self, batch: dict[str, np.ndarray], *, seed: int) -> dict[str, float]:
     """Old-log-prob recompute (``rl.recompute_old_logprobs``) and the step's PPO updates:
@@ -538,7 +594,7 @@ class RLLoop:
       updates = [sharded]
     else:
       rm = self.learner.row_multiple
-      per_mb = -(-self.rows // m)
+      per_mb = -(-batch["input_ids"].shape[0] // m)   # packed batches have fewer rows
       rows = -(-per_mb // rm) * rm
       rng = np.random.default_rng(seed)
       updates = [js.shard_batch(mb) for _ in range(epochs)
@@ -577,7 +633,8 @@ class RLLoop:
     if self.eval_problems and every and (self.pos.rl_step + 1) % every == 0:
       from rstar_jax.pipelines.evaluation import evaluate
       rep = await evaluate(self.runner, self.eval_problems, eval_settings(self.config),
-                           k=self.config.eval.k, seed=self.config.eval.seed,
+                           k=eval_protocols.resolve(self.config.eval).k,
+                           seed=self.config.eval.seed,
                            progress_every_s=self.progress_every_s)
       metrics.update({f"eval_{k}": v for k, v in rep["metrics"].items()})
     self.writer.write(self.pos.rl_step + 1, metrics)

@@ -27,6 +27,7 @@ import jax
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.learner import batch as batch_lib
+from rstar_jax.learner import packing
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
 from rstar_jax.config import RunConfig
 from rstar_jax.learner.batch import length_bucket, pad_id_of
@@ -38,11 +39,12 @@ log = logging.getLogger(__name__)
 Sequence_ = tuple[list[int], list[int]]
 
 
-def encode_example(example: Any, tokenizer) -> Sequence_:
-  """(ids, loss_mask) of one SFT item: a ChatExample, a Trajectory or an (ids, mask) pair."""
+def encode_example(example: Any, tokenizer, chat_format_name: str | None = None) -> Sequence_:
+  """(ids, loss_mask) of one SFT item: a ChatExample, a Trajectory or an (ids, mask) pair.
+  ``chat_format_name``: render chats in that format (the RL run's ``rollout.chat_format``)."""
   if isinstance(example, ChatExample):
     from rstar_jax.tokenization import chat_format
-    rc = chat_format.render_chat_ids(tokenizer, list(example.messages))
+    rc = chat_format.render_chat_ids(tokenizer, list(example.messages), fmt=chat_format_name)
     return rc.input_ids, rc.full_loss_mask
   if hasattr(example, "prompt_ids") and hasattr(example, "response_ids"):
     ids = list(example.prompt_ids) + list(example.response_ids)
@@ -55,14 +57,14 @@ def encode_example(example: Any, tokenizer) -> Sequence_:
   return ids, mask
 
 
-def encode_all(examples: Sequence[Any], tokenizer, max_seq_len: int
-               ) -> tuple[list[Sequence_], int]:
+def encode_all(examples: Sequence[Any], tokenizer, max_seq_len: int,
+               chat_format_name: str | None = None) -> tuple[list[Sequence_], int]:
   """Encodes every item; items longer than ``max_seq_len`` or with no trained token are
   dropped (counted and logged, never truncated: a cut trajectory teaches a cut answer)."""
   out, dropped = [], 0
   for i, ex in enumerate(examples):
     try:
-      ids, mask = encode_example(ex, tokenizer)
+      ids, mask = encode_example(ex, tokenizer, chat_format_name)
     except (ValueError, TypeError, KeyError) as e:
       src = getattr(ex, "extra", {}) or {}
       where = f" ({src['source']})" if "source" in src else ""
@@ -120,7 +122,9 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
     tokenizer = data_sources.ensure_tokenizer(
         run, workdir, data_sources.tokenizer_corpus(
             data_sources.train_problems(run) if run.data.synthetic is not None else [], chats))
-  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len)
+  fmt = run.rollout.chat_format
+  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len,
+                             None if fmt == "rstar2" else fmt)
   bs = s.batch_size
   total = sft_total_steps(len(seqs), bs, s.epochs)
   warm = int(round(s.warmup_ratio * total))
@@ -153,8 +157,12 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
       chunk = [seqs[i] for i in idx]
       pad_to = length_bucket(max(len(ids) for ids, _ in chunk))
       b = batch_lib.make_sft_batch(chunk, pad_to, pad_id=pad_id, row_multiple=rows)
+      pack_metrics = {}
+      if run.train.pack_rows:
+        b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple,
+                                                pad_id=pad_id)
       learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
-      m = {k: float(v) for k, v in jax.device_get(m).items()}
+      m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
       step += 1
       done_here += 1
       m.update(epoch=float(it.epoch), batch_len=pad_to, time_step_s=time.monotonic() - t0)

@@ -1,4 +1,4 @@
-"""The multi-stage RL recipe: stage records and the hard subset (rStar2-Agent stage 3, ASTER stage 2).
+"""The multi-stage RL recipe: stage records and the hard subsets (rStar2-Agent stage 3, ASTER stage 2; docs/fidelity.md).
 
 rStar2-Agent stage 3 trains on the problems left after dropping those the policy at the stage
 start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prompts that are
@@ -7,7 +7,7 @@ by sampling k rollouts per problem with the current policy.
 """
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 
 import numpy as np
 
@@ -17,7 +17,10 @@ T = TypeVar("T")
 
 
 # One RL stage: the typed config's `StageConfig` (name, steps, response_budget, max_turns,
-# data "full" | "hard", reset_optimizer, drop_solved_k_of_k).
+# data "full" | "hard" | "recent", reset_optimizer, drop_solved_k_of_k, recent_steps).
+# "hard": the subset built at the stage start by re-sampling k rollouts per problem
+# (rStar2-Agent stage 3); "recent": the problems not all-correct the last time they were
+# trained on within the previous ``recent_steps`` RL steps (ASTER stage 2, no re-sampling).
 Stage = StageConfig
 
 
@@ -66,3 +69,29 @@ def build_hard_subset(problems: Sequence[T], num_correct: Sequence[int], k: int,
            "hard_subset_dropped": n - len(kept),
            "hard_subset_kept_frac": len(kept) / n if n else 0.0}
   return kept, stats
+
+
+def recent_unsolved_subset(num_problems: int, history: Sequence[Sequence[Sequence[Any]]]
+                           ) -> tuple[list[int], dict[str, int]]:
+  """Indices of the problems NOT all-correct at their latest appearance in ``history``.
+
+  ASTER's stage-2 filter: the training rollouts of the last stage-1 steps decide; a problem
+  whose group was all correct the last time it was sampled is dropped, every other problem
+  (including ones not sampled in the window) is kept.
+
+  Args:
+    num_problems: size of the training set (indices 0..num_problems-1).
+    history: oldest first, one entry per RL step: [(problem_index, all_correct), ...].
+  Returns:
+    (kept indices in order, stats: recent_window_steps, recent_seen, recent_dropped).
+  """
+  latest: dict[int, bool] = {}
+  for step in history:
+    for i, all_correct in step:
+      if not 0 <= int(i) < num_problems:
+        raise ValueError(f"recent_unsolved_subset: problem index {i} outside [0, {num_problems})")
+      latest[int(i)] = bool(all_correct)
+  dropped = {i for i, ok in latest.items() if ok}
+  kept = [i for i in range(num_problems) if i not in dropped]
+  return kept, {"recent_window_steps": len(history), "recent_seen": len(latest),
+                "recent_dropped": len(dropped)}

@@ -84,18 +84,24 @@ class StepShape:
                 raise ValueError(f"StepShape.{f}: expected an int >= 1, got {getattr(self, f)!r}")
 
 
+def _attention_fields(m) -> dict:
+    return {"attention": m.attention, "attention_block_size": m.attention_block_size}
+
+
 def model_config_for_plan(cfg: RunConfig) -> qwen3.Qwen3Config:
     """The policy's Qwen3Config: the HF dir when readable here, else ``plan.model_preset``,
     else the tiny dims of ``cfg.model``."""
     m = cfg.model
     if m.hf_dir and os.path.isfile(os.path.join(m.hf_dir, "config.json")):
-        return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat)
+        return qwen3.Qwen3Config.from_hf(m.hf_dir, dtype=m.dtype, remat=m.remat,
+                                         **_attention_fields(m))
     preset = cfg.plan.model_preset
     if preset:
         if preset not in PRESETS:
             raise ValueError(f"plan.model_preset: expected one of {sorted(PRESETS)}, "
                              f"got {preset!r}")
-        return qwen3.Qwen3Config(**PRESETS[preset], dtype=m.dtype, remat=m.remat)
+        return qwen3.Qwen3Config(**PRESETS[preset], dtype=m.dtype, remat=m.remat,
+                                 **_attention_fields(m))
     if m.hf_dir:
         raise ValueError(f"model.hf_dir={m.hf_dir!r} has no config.json here and the config "
                          f"has no plan.model_preset (one of {sorted(PRESETS)})")
@@ -144,13 +150,20 @@ def param_count(config: qwen3.Qwen3Config) -> int:
 def forward_flops_per_row(c: qwen3.Qwen3Config, seq_len: int) -> dict[str, float]:
     """Matmul + attention FLOPs of one forward over one row of T tokens, as this model code
     computes them: dense layers 2*in*out per token; attention scores and weighted sum over the
-    full T x T block (the code materialises it; causality is a mask, not skipped work); logits
-    2*D*V per token. Returns {"layers", "logits"} so remat (which recomputes only the layers)
-    can be counted."""
+    full T x T block for ``attention="xla"`` (it materialises it; causality is a mask, not
+    skipped work), over the causal key blocks only for "blockwise" (nb (nb + 1) / 2 of nb^2
+    blocks of ``attention_block_size``) and the causal triangle for "fused"; logits 2*D*V per
+    token. Returns {"layers", "logits"} so remat (which recomputes only the layers) can be
+    counted."""
     t, d, f, dh = seq_len, c.hidden_size, c.intermediate_size, c.head_dim
     hq, hkv = c.num_attention_heads, c.num_key_value_heads
     proj = 2 * t * d * (hq * dh + 2 * hkv * dh) + 2 * t * hq * dh * d
     attn = 2 * 2 * t * t * hq * dh
+    if c.attention == "blockwise":
+        nb = -(-t // min(c.attention_block_size, t))
+        attn = attn * (nb + 1) / (2 * nb)
+    elif c.attention == "fused":
+        attn = attn * (t + 1) / (2 * t)
     mlp = 2 * t * 3 * d * f
     layers = c.num_hidden_layers * (proj + attn + mlp)
     logits = 2 * t * d * c.vocab_size
@@ -206,29 +219,38 @@ def _with_shardings(abstract, shardings):
                         abstract, shardings)
 
 
-def abstract_batch(shape: StepShape, js: steps.JittedSteps) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(shape: StepShape, js: steps.JittedSteps,
+                   packed: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+    """The step's batch as ShapeDtypeStructs; ``packed`` adds segment_ids / positions and
+    per-token advantages (learner/packing.py)."""
     keys = steps.RL_KEYS if shape.kind == "rl" else steps.SFT_KEYS
+    if packed:
+        keys = keys + steps.PACKING_KEYS
     dtypes = {"input_ids": jnp.int32, "attention_mask": jnp.int32, "loss_mask": jnp.float32,
-              "old_logprobs": jnp.float32, "advantages": jnp.float32}
+              "old_logprobs": jnp.float32, "advantages": jnp.float32,
+              "segment_ids": jnp.int32, "positions": jnp.int32}
     out = {}
     for k in keys:
-        dims = (shape.rows,) if k == "advantages" else (shape.rows, shape.seq_len)
+        dims = (shape.rows,) if k == "advantages" and not packed else (shape.rows, shape.seq_len)
         sds = jax.ShapeDtypeStruct(dims, dtypes[k])
         out[k] = jax.ShapeDtypeStruct(dims, dtypes[k], sharding=js.batch_sharding(sds))
     return out
 
 
 def compile_step(shape: StepShape, model_config: qwen3.Qwen3Config, mesh, tx,
-                 step_config: steps.StepConfig, param_dtype) -> dict[str, Any]:
-    """Lowers and compiles the project's jitted step for ``shape``; returns the raw analyses."""
+                 step_config: steps.StepConfig, param_dtype, packed: bool = False
+                 ) -> dict[str, Any]:
+    """Lowers and compiles the project's jitted step for ``shape`` (``packed``: with packed-row
+    inputs); returns the raw analyses."""
     js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
     state = _with_shardings(abstract_state(model_config, tx, param_dtype), js.state_shardings)
-    batch = abstract_batch(shape, js)
+    batch = abstract_batch(shape, js, packed)
     fn = steps.rl_step if shape.kind == "rl" else steps.sft_step
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    def apply_fn(params, input_ids, attention_mask):
-        return qwen3.forward(params, model_config, input_ids, attention_mask=attention_mask)
+    def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
+        return qwen3.forward(params, model_config, input_ids, positions=positions,
+                             attention_mask=attention_mask, segment_ids=segment_ids)
 
     # The same jit as `steps.make_jitted_steps_for` builds (its jitted callables enter the mesh
     # context themselves, which cannot happen inside an outer jit, so we jit the pure step with
@@ -279,8 +301,13 @@ class Hardware:
     mem_fraction: float = 0.93
     peak_tflops: float = 1307.0
     mfu: float = 0.35
+    packed_fill: float | None = None
+    """Mean trajectory length / T assumed for the packed-rows FLOPs (None: not reported)."""
 
     def __post_init__(self):
+        if self.packed_fill is not None and not 0 < self.packed_fill <= 1:
+            raise ValueError(f"Hardware.packed_fill: expected None or in (0, 1], got "
+                             f"{self.packed_fill!r}")
         if not self.hbm_gib > 0:
             raise ValueError(f"Hardware.hbm_gib: expected > 0, got {self.hbm_gib!r}")
         if not 0 < self.mem_fraction <= 1:
@@ -293,11 +320,29 @@ class Hardware:
 def plan_step(shape: StepShape, model_config: qwen3.Qwen3Config, mesh, tx,
               step_config: steps.StepConfig, param_dtype, hw: Hardware) -> dict[str, Any]:
     """Compiles one step and derives the fit, FLOPs and implied step time."""
-    r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype)
+    packed = hw.packed_fill is not None and (shape.kind == "sft"
+                                             or step_config.agg == "token-mean")
+    r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed)
     n = mesh.devices.size
     usable = hw.hbm_gib * GIB * hw.mem_fraction
     fl = step_flops(model_config, shape)
     step_s = fl["model"] / (n * hw.mfu * hw.peak_tflops * 1e12)
+    if packed:
+        # Packed rows (learner/packing.py): the same trajectories in ~fill x rows rows of T
+        # (first-fit-decreasing wastes little when most trajectories are short). A micro-batch
+        # keeps its rows per device (so the memory above holds) and there are fewer of them:
+        # train.micro_batches = the "micro_batches" below. Per-row cost is unchanged (a packed
+        # row is a full T row), so the FLOPs scale with the row count.
+        per_micro = shape.rows // shape.num_micro_batches          # rows of one micro-batch
+        rows_p = min(shape.rows, _round_up(math.ceil(shape.rows * hw.packed_fill), per_micro))
+        flp = step_flops(model_config, dataclasses.replace(shape, rows=rows_p))
+        r["packed"] = {
+            "assumed_fill": hw.packed_fill, "rows": rows_p,
+            "micro_batches": rows_p // per_micro,
+            "flops_per_step": flp["hardware"], "model_flops_per_step": flp["model"],
+            "implied_step_s": flp["model"] / (n * hw.mfu * hw.peak_tflops * 1e12),
+            "note": "assumed_fill = mean trajectory length / T of the step's rows (an input, "
+                    "plan.packed_fill); FLOPs of the packed rows as computed"}
     r.update({
         "shape": dataclasses.asdict(shape),
         "per_device_bytes": r["peak_bytes"],
@@ -340,6 +385,8 @@ def make_plan(cfg: RunConfig, mesh, hw: Hardware,
         "headroom_bytes": worst["headroom_bytes"],
         "fits": all(r["fits"] for r in results.values()),
         "flops_per_step": results[shapes[0].kind]["flops_per_step"],
+        "flops_per_step_packed": results[shapes[0].kind].get("packed", {}).get(
+            "flops_per_step"),
         "notes": ("memory: CPU XLA buffer assignment of the partitioned program, an estimate "
                   "for GPU; flops_per_step: analytic count incl. remat (XLA cost analysis "
                   "counts a scanned loop body once; raw value in xla_flops_raw); collectives: "
@@ -413,6 +460,16 @@ def format_table(plan: dict[str, Any]) -> str:
     for kind, r in plan["steps"].items():
         lines.append(f"{kind} collectives (static ops): " +
                      ", ".join(f"{k} {v}" for k, v in r["collectives"].items()))
+    for kind, r in plan["steps"].items():
+        if "packed" in r:
+            pk = r["packed"]
+            lines.append(f"{kind} packed rows (assumed fill {pk['assumed_fill']}): {pk['rows']} "
+                         f"rows, {pk['micro_batches']} micro-batches, "
+                         f"{pk['flops_per_step'] / 1e15:.1f} PFLOP/step, "
+                         f"{pk['implied_step_s']:.1f} s @ MFU")
+    lines.append(f"fits: {str(plan['fits']).lower()} (per-device peak "
+                 f"{plan['per_device_bytes'] / GIB:.2f} GiB, headroom "
+                 f"{plan['headroom_bytes'] / GIB:.2f} GiB)")
     lines.append("(GiB per device; peak = args + outputs - aliased + temp; step_s at MFU "
                  f"{plan['hardware']['mfu']} of {plan['hardware']['peak_tflops']} TFLOP/s)")
     return "\n".join(lines)

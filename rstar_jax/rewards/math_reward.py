@@ -1,8 +1,15 @@
 """Answer-only outcome reward: extract the final \\boxed{} answer and check it against the gold.
 
     extract_answer(text, mode="answer_tag")  # last \\boxed{} inside the last <answer>...</answer>
+    extract_released(text)                   # prime_math-style rules of the released reward
     is_equivalent(pred, gold)                # integer fast path, else math-verify out of process
-    score(response_text, gold)               # 1.0 or 0.0
+    score(response_text, gold, mode=...)     # 1.0 or 0.0
+
+Score modes: "answer_tag" (paper: last \\boxed{} in the last <answer>), "anywhere" (last
+\\boxed{} anywhere) and "released": the released rStar2-Agent reward (microsoft/rStar,
+fused_compute_score/__init__.py), which pays when EITHER the prime_math-style extraction over
+the whole decoded response (tool outputs included) is equivalent to the gold, OR math-verify
+reading the whole response finds the gold (`verify_worker.verify_text`). See docs/fidelity.md.
 
 Equivalence never runs math-verify in the caller's process: sympy can hang on inputs such as a
 power tower, and math-verify's own timeouts use signal.alarm (main thread only). A small
@@ -27,6 +34,7 @@ from typing import Any, Awaitable, Callable
 from rstar_jax.rewards import verify_worker
 
 EXTRACT_MODES = ("answer_tag", "anywhere")
+SCORE_MODES = ("answer_tag", "anywhere", "released")
 DEFAULT_TIMEOUT_S = 5.0
 MAX_ANSWER_CHARS = 4096   # longer "answers" are not answers; refuse before parsing
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -91,6 +99,93 @@ def extract_answer(text: str, mode: str = "answer_tag") -> str | None:
     return _last_boxed(text)
 
 
+# The released reward decodes with skip_special_tokens=True; our trajectories keep ChatML
+# specials in response_text, so "released" drops them first (an "<|im_end|>" glued to the
+# answer would otherwise end up inside the extracted string).
+_CHATML_SPECIAL = re.compile(r"<\|[A-Za-z_]+\|>")
+# Markers of the released (PRIME / PRM800K-style) extraction, in the order they apply.
+_LEAD_MARKERS = ("answer:", "answer is", "answers are")                 # keep what follows
+_TRAIL_MARKERS = ("is answer", "is the answer", "are answers", "are the answers")  # keep before
+_TAIL_MARKERS = ("be ", "is ", "are ", "=", ": ", "get ",
+                 "be\n", "is\n", "are\n", ":\n", "get\n")                 # keep what follows
+
+
+def _released_boxed(text: str) -> str | None:
+    """Body of the last \\boxed (else last \\fbox): the first '{' after it, brace-balanced.
+
+    Unlike `_last_boxed`, escaped braces count as braces and "\\boxed 5" gives None: this is
+    the released rule, kept as is so the reward matches it."""
+    idx = text.rfind("\\boxed")
+    if idx < 0:
+        idx = text.rfind("\\fbox")
+        if idx < 0:
+            return None
+    start = text.find("{", idx)
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i].strip()
+    return None
+
+
+def extract_released(text: str) -> tuple[bool, str]:
+    """The released reward's answer extraction: (matched, candidate).
+
+    Rules, applied in order to the running candidate (initially the whole text), each marker
+    searched case-insensitively at its LAST occurrence:
+      1. after "answer:", "answer is", "answers are" (each in turn);
+      2. before "is answer", "is the answer", "are answers", "are the answers";
+      3. the body of the last \\boxed{...} (else \\fbox{...}), when non-empty;
+      4. up to the last ". " (drops a trailing sentence);
+      5. after "be ", "is ", "are ", "=", ": ", "get " (and the newline variants), each in turn;
+    a marker or box found sets ``matched``, and a candidate without any digit is unmatched.
+    The released grader scores the candidate whether or not it matched; so does `score`.
+    """
+    matched = False
+    cand = text
+    for m in _LEAD_MARKERS:
+        i = cand.lower().rfind(m)
+        if i != -1:
+            matched, cand = True, cand[i + len(m):].strip()
+    for m in _TRAIL_MARKERS:
+        i = cand.lower().rfind(m)
+        if i != -1:
+            matched, cand = True, cand[:i].strip()
+    boxed = _released_boxed(cand)
+    if boxed:
+        matched, cand = True, boxed
+    i = cand.rfind(". ")
+    if i != -1:
+        cand = cand[:i].strip()
+    for m in _TAIL_MARKERS:
+        i = cand.lower().rfind(m)
+        if i != -1:
+            matched, cand = True, cand[i + len(m):].strip()
+    return matched and any(c.isdigit() for c in cand), cand
+
+
+# "\boxed" / "\frac" / "\fbox" typed into a non-raw Python string arrive as a backspace or
+# form-feed followed by "oxed" / "rac" / "box". Neither control character occurs in decoded
+# model text, so putting the backslash back changes no real score (a project addition, not
+# released behaviour: see docs/fidelity.md).
+_MANGLED_ESCAPES = ((re.compile("\x08(?=oxed)"), "\\b"), (re.compile("\x0c(?=rac|box)"), "\\f"))
+
+
+def released_text(response_text: str) -> str:
+    """The text the released reward reads: the response without ChatML special tokens (and
+    with escape-mangled \\boxed / \\frac / \\fbox repaired)."""
+    text = _CHATML_SPECIAL.sub("", response_text)
+    for pat, rep in _MANGLED_ESCAPES:
+        text = pat.sub(lambda _: rep, text)  # a function: re would read "\\b" as a backspace
+    return text
+
+
 # ----------------------------------------------------------------------------- integers
 _INT_RE = re.compile(r"[+-]?(\d+|\d{1,3}(,\d{3})+)")
 
@@ -134,12 +229,13 @@ class _Worker:
         line = self._proc.stdout.readline()
         return json.loads(line) if line else None
 
-    def verify(self, pred: str, gold: str, timeout_s: float) -> bool | None:
+    def verify(self, pred: str, gold: str, timeout_s: float, kind: str = "answer"
+               ) -> bool | None:
         """True/False, or None on timeout or crash (the process is then killed)."""
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         try:
-            self._proc.stdin.write(json.dumps({"pred": pred, "gold": gold}) + "\n")
+            self._proc.stdin.write(json.dumps({"pred": pred, "gold": gold, "kind": kind}) + "\n")
             self._proc.stdin.flush()
             reply = self._read(timeout_s)
         except (BrokenPipeError, OSError, ValueError):
@@ -182,10 +278,13 @@ class Verifier:
         for w in self._all:
             self._idle.put(w)
 
-    def verify(self, pred: str, gold: str, timeout_s: float | None = None) -> bool:
+    def verify(self, pred: str, gold: str, timeout_s: float | None = None, *,
+               kind: str = "answer") -> bool:
+        """kind "answer": ``pred`` is an answer body; "text": a whole response searched by
+        math-verify (`verify_worker.verify_text`)."""
         w = self._idle.get()
         try:
-            ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s)
+            ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s, kind)
         finally:
             self._idle.put(w)
         if ok is None:
@@ -245,11 +344,32 @@ def is_equivalent(pred: str | None, gold: str, timeout_s: float = DEFAULT_TIMEOU
     return (verifier or default_verifier()).verify(pred, gold, timeout_s)
 
 
+def _check_score_mode(fn: str, mode: str) -> None:
+    if mode not in SCORE_MODES:
+        raise ValueError(f"{fn}: mode must be one of {SCORE_MODES}, got {mode!r}")
+
+
 def score(response_text: str, gold: str, *, mode: str = "answer_tag",
           timeout_s: float = DEFAULT_TIMEOUT_S, verifier: Verifier | None = None) -> float:
-    """1.0 if the extracted final answer is equivalent to ``gold``, else 0.0."""
-    pred = extract_answer(response_text, mode)
-    return 1.0 if is_equivalent(pred, gold, timeout_s, verifier=verifier) else 0.0
+    """1.0 if the response's final answer is equivalent to ``gold``, else 0.0.
+
+    answer_tag / anywhere: `extract_answer` then `is_equivalent`.
+    released: the released rStar2-Agent reward: `extract_released` over the whole response
+        (specials dropped) judged by `is_equivalent`, OR math-verify over the whole response
+        (`verify_worker.verify_text`); either one pays. The released code grades the extracted
+        candidate with PRM800K normalisation + sympy; here the project's `is_equivalent`
+        (integer fast path + math-verify) judges it.
+    """
+    _check_score_mode("score", mode)
+    if mode != "released":
+        pred = extract_answer(response_text, mode)
+        return 1.0 if is_equivalent(pred, gold, timeout_s, verifier=verifier) else 0.0
+    text = released_text(response_text)
+    _, cand = extract_released(text)
+    if is_equivalent(cand, gold, timeout_s, verifier=verifier):
+        return 1.0
+    v = verifier or default_verifier()
+    return 1.0 if v.verify(text, gold, timeout_s, kind="text") else 0.0
 
 
 async def score_async(response_text: str, gold: str, runner: Runner | None = None, *,
@@ -258,20 +378,39 @@ async def score_async(response_text: str, gold: str, runner: Runner | None = Non
     """`score` for asyncio code.
 
     With ``runner`` (e.g. ``CodePool.run_function``) math-verify runs as
-    ``await runner(verify_worker.verify_strings, pred, gold, timeout_s=timeout_s)``; any
-    exception the runner raises (timeout, memory limit, ...) scores 0. Without it the
-    `Verifier` is used from a thread so the event loop never blocks.
+    ``await runner(verify_worker.verify_strings, pred, gold, timeout_s=timeout_s)`` (and
+    ``verify_worker.verify_text`` for the released whole-text check); any exception the runner
+    raises (timeout, memory limit, ...) scores 0. Without it the `Verifier` is used from a
+    thread so the event loop never blocks.
     """
+    _check_score_mode("score_async", mode)
+    if runner is None:
+        v = verifier or default_verifier()
+        if mode == "released":
+            return await asyncio.to_thread(score, response_text, gold, mode=mode,
+                                           timeout_s=timeout_s, verifier=v)
+        pred = extract_answer(response_text, mode)
+        decided = _precheck(pred, gold, MAX_ANSWER_CHARS)
+        if decided is not None:
+            return float(decided)
+        ok = await asyncio.to_thread(v.verify, pred, gold, timeout_s)
+        return float(ok)
+
+    async def run(fn, a, b) -> bool:
+        try:
+            return (await runner(fn, a, b, timeout_s=timeout_s)) is True
+        except Exception:
+            return False
+
+    if mode == "released":
+        text = released_text(response_text)
+        _, cand = extract_released(text)
+        decided = _precheck(cand, gold, MAX_ANSWER_CHARS)
+        if decided or (decided is None and await run(verify_worker.verify_strings, cand, gold)):
+            return 1.0
+        return 1.0 if await run(verify_worker.verify_text, text, gold) else 0.0
     pred = extract_answer(response_text, mode)
     decided = _precheck(pred, gold, MAX_ANSWER_CHARS)
     if decided is not None:
         return float(decided)
-    if runner is None:
-        v = verifier or default_verifier()
-        ok = await asyncio.to_thread(v.verify, pred, gold, timeout_s)
-        return float(ok)
-    try:
-        ok = await runner(verify_worker.verify_strings, pred, gold, timeout_s=timeout_s)
-    except Exception:
-        return 0.0
-    return 1.0 if ok is True else 0.0
+    return 1.0 if await run(verify_worker.verify_strings, pred, gold) else 0.0

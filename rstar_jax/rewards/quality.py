@@ -1,7 +1,7 @@
 """Trajectory quality signals for RoC: p_err (tool failures) and p_format (answer tags).
 
 p_total = p_err + p_format is the penalty `rstar_jax.rl.roc.roc_downsample` uses to rank
-correct rollouts (rStar2-Agent §2.2.3; SPEC §1.1 paper, §1.2 released code).
+correct rollouts (rStar2-Agent §2.2.3; released code: microsoft/rStar rstar2_agent/down_sample/roc.py; docs/fidelity.md).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def p_format(response_text: str, num_turns: int, mode: str = "paper") -> float:
         from the number of closed pairs; else min(1, (#pairs - 1) / turns) where turns = the
         regex matches of ``<|im_start|>assistant.*?<|im_end|>`` in the response text, so the
         text must keep special tokens. The first turn's header sits in the prompt, hence a
-        single-turn trajectory has turns = 0 and gets 1.0 (SPEC §1.2). ``num_turns`` is not
+        single-turn trajectory has turns = 0 and gets 1.0 (released roc.py behaviour). ``num_turns`` is not
         used in this mode.
     """
     _check_mode("p_format", mode)

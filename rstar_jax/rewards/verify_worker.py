@@ -3,7 +3,8 @@
 `verify_strings` is the module-level function a function runner (e.g. the code pool's
 ``run_function``) calls. Run as a script, this file is the persistent worker of
 `rstar_jax.rewards.math_reward.Verifier`: one JSON request per stdin line
-``{"pred": ..., "gold": ...}``, one JSON reply per stdout line ``{"ok": bool}``.
+``{"pred": ..., "gold": ..., "kind": "answer" | "text"}``, one JSON reply per stdout line
+``{"ok": bool}`` (kind "answer": `verify_strings`, the default; "text": `verify_text`).
 
 It imports nothing from rstar_jax (starts fast, never touches jax) and calls math-verify with
 its own signal-based timeouts disabled: the parent enforces the time bound by killing the
@@ -38,6 +39,31 @@ def verify_strings(pred: str, gold: str) -> bool:
         return False
 
 
+def verify_text(response: str, gold: str) -> bool:
+    """True when math-verify, reading the whole ``response``, finds an answer equal to ``gold``.
+
+    The released rStar2-Agent reward's second check: gold parsed as ``\\boxed{gold}`` with
+    LaTeX extraction; the response searched with expression and LaTeX extraction (math-verify
+    takes the last boxed / dollar-delimited / bare expression it finds).
+    """
+    import math_verify
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+    try:
+        g = math_verify.parse("\\boxed{" + gold + "}", extraction_config=[LatexExtractionConfig()],
+                              parsing_timeout=None)
+        p = math_verify.parse(response, extraction_config=[ExprExtractionConfig(),
+                                                           LatexExtractionConfig()],
+                              parsing_timeout=None)
+        if not g or not p:
+            return False
+        return bool(math_verify.verify(g, p, timeout_seconds=None))
+    except Exception:  # any parser/sympy failure means "not shown equal"
+        return False
+
+
+_KINDS = {"answer": verify_strings, "text": verify_text}
+
+
 def _serve() -> None:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
@@ -46,7 +72,8 @@ def _serve() -> None:
     out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         req = json.loads(line)
-        out.write(json.dumps({"ok": verify_strings(req["pred"], req["gold"])}) + "\n")
+        fn = _KINDS[req.get("kind", "answer")]
+        out.write(json.dumps({"ok": fn(req["pred"], req["gold"])}) + "\n")
 
 
 if __name__ == "__main__":

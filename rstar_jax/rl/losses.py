@@ -69,8 +69,13 @@ def add_metric_sums(acc: Metrics | None, new: Mapping[str, tuple[jax.Array, jax.
 
 
 def reduce_metrics(sums: Mapping[str, tuple[jax.Array, jax.Array]]) -> dict[str, jax.Array]:
-    """{name: (num, den)} -> {name: num / den} (0 where den == 0). Jittable."""
-    return {k: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+    """{name: (num, den)} -> {name: num / den}. Jittable.
+
+    A metric with nothing to average over (den == 0, e.g. a batch whose loss mask is all
+    zeros) is NaN, not 0.0: a 0.0 clip fraction or loss would read as a real measurement.
+    The metrics logger writes NaN as JSON ``null``; use ``jnp.nan_to_num`` to get zeros.
+    """
+    return {k: jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), jnp.nan)
             for k, (num, den) in sums.items()}
 
 
@@ -103,7 +108,8 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, loss_mask:
                 kl_estimator: str = "k3", entropy_coef: float = 0.0,
                 entropy: jax.Array | None = None, logits: jax.Array | None = None,
                 agg: str = "token-mean", normalizer: jax.Array | float | None = None,
-                log_ratio_clamp: float = 20.0) -> tuple[jax.Array, Metrics]:
+                log_ratio_clamp: float = 20.0, is_weights: jax.Array | None = None
+                ) -> tuple[jax.Array, Metrics]:
     """PPO-clip surrogate with Clip-Higher (rStar2-Agent Eq. 6), token-mean by default.
 
         r_t   = exp(clamp(logp_t - old_logp_t, ±log_ratio_clamp))
@@ -127,6 +133,9 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, loss_mask:
         agg: "token-mean" (paper), "seq-mean-token-mean" or "seq-mean-token-sum".
         normalizer: divide the summed loss by this instead of this batch's own denominator,
             e.g. the whole batch's mask-token count under gradient accumulation.
+        is_weights: [N, T] per-token weights w_t multiplying the clipped surrogate
+            (ℓ_t -> w_t ℓ_t, no gradient), e.g. the behaviour-policy correction of
+            `rstar_jax.rl.off_policy`; None = all ones.
     Returns:
         loss: float32 scalar.
         metrics: {name: (numerator, denominator)}: ``loss``, ``pg_loss``, ``clip_frac`` (any
@@ -169,6 +178,11 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, loss_mask:
         per_token = jnp.where(a < 0, jnp.minimum(per_token, -a * dual_clip_c), per_token)
     else:
         dual = jnp.zeros_like(mask, dtype=bool)
+    if is_weights is not None:
+        if is_weights.shape != logp.shape:
+            raise ValueError(f"policy_loss: is_weights must be [N, T]={logp.shape}, got "
+                             f"{is_weights.shape}")
+        per_token = jnp.where(mask > 0, _sg(is_weights.astype(jnp.float32)), 0.0) * per_token
 
     total = per_token
     extras: Metrics = {}

@@ -7,6 +7,8 @@ Kinds used by the library (the config field that names each):
     downsample    rl.roc_mode        (key, rewards [B, N], penalties [B, N], *, group_size,
                                       min_pos, min_neg, eps) -> kept indices [B, G] int32
     sft_loss      sft.loss           (logits, targets, loss_mask, *, normalizer) -> (loss, metrics)
+    off_policy_loss rl.off_policy_loss (logp, prox_logp, behav_logp, adv, loss_mask, *, cap,
+                                      **policy_loss kw) -> (loss, metrics); used when rl.tis_cap > 0
 
 A user registers their own and selects it from a recipe (``--config.rl.policy_loss=my_loss``):
 
@@ -63,4 +65,4 @@ def names(kind: str) -> list[str]:
 def _load_builtins() -> None:
     # The built-in pieces register on import; make them visible to a config check that runs
     # before anything imported rstar_jax.rl.losses / advantages / roc.
-    from rstar_jax.rl import advantages, losses, roc  # noqa: F401
+    from rstar_jax.rl import advantages, losses, off_policy, roc  # noqa: F401

@@ -3,7 +3,7 @@
 All functions are pure, jittable and vmappable with static shapes. A rollout is *positive*
 when its reward is > 0 (binary rewards: 1 = correct), *negative* otherwise.
 
-Counts (both modes, SPEC decisions table): with N rollouts in a group, n_neg negatives and
+Counts (both modes; rStar2-Agent paper and rstar2_agent/down_sample/roc.py in microsoft/rStar): with N rollouts in a group, n_neg negatives and
 n_pos positives,
 
     k_neg = round_half_even(n_neg * G / N),   k_pos = G - k_neg,

@@ -1,4 +1,4 @@
-"""The async multi-turn agent loop (rStar2-Agent SPEC §3.4, §5): one coroutine per trajectory.
+"""The async multi-turn agent loop (rStar2-Agent §2.3; docs/fidelity.md): one coroutine per trajectory.
 
 Each trajectory generates until `<|im_end|>`, parses `<tool_call>` JSON, awaits the code pool and
 appends the tool turn as template ids with loss mask 0, then generates again. Trajectories never
@@ -26,20 +26,41 @@ from rstar_jax.rollout.types import (GenerateRequest, SamplingParams, ToolCallRe
 from rstar_jax.tokenization import chat_format
 
 _TRAJ_COUNTER = itertools.count()
+TRUNCATIONS = ("project", "released")
+RELEASED_TRUNCATION_MARKER = "...(truncated)..."
+
+
+def truncate_middle_released(text: str, max_chars: int) -> str:
+    """verl's ``tool_response_truncate_side="middle"``: a text longer than ``max_chars`` becomes
+    its first and last ``max_chars // 2`` characters joined by "...(truncated)..." (so the
+    result is max_chars + 17 characters for an even limit); shorter texts are unchanged."""
+    if max_chars < 1:
+        raise ValueError(f"truncate_middle_released: max_chars must be >= 1, got {max_chars}")
+    if len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return text[:half] + RELEASED_TRUNCATION_MARKER + (text[-half:] if half else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentLoopConfig:
-    """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, SPEC §3.4, §6.3).
+    """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, paper; the released
+    values are in docs/fidelity.md).
 
-    max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval).
+    max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval; released code 5).
     response_budget: max response tokens, generated + tool (8192 stage 1, 12288 later).
     temperature / top_p / top_k: sampling (top_k -1 = off).
     max_parallel_calls: calls executed per turn; 0 = all (paper), 1 = released verl behaviour.
     max_tool_calls: tool-call budget per trajectory (ASTER); 0 = unlimited. A turn's calls are
         cut to the remaining budget; once spent, a further call ends the trajectory.
     tool_timeout_s: per-call execution limit passed to the pool (rStar README: 4 s).
-    max_tool_response_chars: middle-truncation limit of each rendered tool response.
+    max_tool_response_chars: middle-truncation limit of each rendered tool response (released
+        code: 256).
+    tool_truncation: "project" (the renderer keeps the whole body within the limit, marker
+        included) | "released" (verl's middle truncation: the first and last limit // 2
+        characters around "...(truncated)...", see `truncate_middle_released`).
+    chat_format: `rstar_jax.tokenization.chat_format` format name ("rstar2",
+        "rstar2_released", "qwen3_thinking"): prompt, tool name and tool-turn joining.
     stateful_tool: pass a per-trajectory session_id to the pool (ASTER); False = stateless.
     seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
     max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
@@ -53,6 +74,8 @@ class AgentLoopConfig:
     max_tool_calls: int = 0
     tool_timeout_s: float = 4.0
     max_tool_response_chars: int = 2048
+    tool_truncation: str = "project"
+    chat_format: str = "rstar2"
     stateful_tool: bool = False
     seed: Optional[int] = None
     max_concurrent: int = 0
@@ -72,6 +95,12 @@ class AgentLoopConfig:
         need("tool_timeout_s", self.tool_timeout_s > 0, "> 0")
         need("max_tool_response_chars", self.max_tool_response_chars >= 1, ">= 1")
         need("max_concurrent", self.max_concurrent >= 0, ">= 0 (0 = all)")
+        need("tool_truncation", self.tool_truncation in TRUNCATIONS, f"one of {TRUNCATIONS}")
+        need("chat_format", self.chat_format in chat_format.FORMATS,
+             f"one of {sorted(chat_format.FORMATS)}")
+
+
+_NO_LIMIT = 1 << 62
 
 
 def _turn_seed(seed: Optional[int], *keys: Any) -> Optional[int]:
@@ -119,8 +148,12 @@ async def _execute(pool, call: chat_format.ToolCall, cfg: AgentLoopConfig, sessi
     except Exception as e:  # noqa: BLE001 - the pool failing is an outcome, not a crash
         return ToolCallRecord("internal_error", time.perf_counter() - t0, call.code,
                               f"Error when executing tool: {type(e).__name__}: {e}"), True
-    return (ToolCallRecord(res.status, float(res.duration_s), call.code,
-                           render(res, cfg.max_tool_response_chars)), False)
+    if cfg.tool_truncation == "released":
+        # The released loop cuts the tool's whole text after rendering, at its own rule.
+        text = truncate_middle_released(render(res, _NO_LIMIT), cfg.max_tool_response_chars)
+    else:
+        text = render(res, cfg.max_tool_response_chars)
+    return ToolCallRecord(res.status, float(res.duration_s), call.code, text), False
 
 
 async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLoopConfig, *,
@@ -135,8 +168,9 @@ async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLo
         KV-capacity scheduler) the trajectory holds a lease for its whole life.
     pool: `await pool.execute(code, stdin, timeout_s, session_id) -> ExecResult`.
     """
+    fmt = chat_format.get_format(config.chat_format)
     prompt = list(prompt_ids) if prompt_ids is not None else \
-        chat_format.build_prompt_ids(tokenizer, question)
+        chat_format.prompt_ids(tokenizer, fmt, question)
     stop_id = chat_format.stop_token_id(tokenizer)
     tid = trajectory_id or f"traj{next(_TRAJ_COUNTER)}-p{problem_index}-s{sample_index}"
     session_id = tid if config.stateful_tool else None
@@ -172,7 +206,7 @@ async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLo
                     break
                 # Decoded only to find tool calls; the ids above are what the trajectory keeps.
                 parsed = chat_format.parse_tool_calls(
-                    tokenizer.decode(out, skip_special_tokens=False))
+                    tokenizer.decode(out, skip_special_tokens=False), fmt.tool_name)
                 if not parsed:
                     finish = "stop"
                     break
@@ -194,7 +228,8 @@ async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLo
                 if any(raised for _, raised in outcomes):
                     finish = "tool_error"
                     break
-                tool_ids = chat_format.tool_turn_ids(tokenizer, [r.output_text for r in records])
+                tool_ids = chat_format.format_tool_turn_ids(tokenizer, fmt,
+                                                            [r.output_text for r in records])
                 if len(b.ids) + len(tool_ids) >= config.response_budget:
                     finish = "tool_overflow"
                     break
@@ -234,7 +269,7 @@ async def run_agent_loop(engine, tokenizer, pool, problems: Sequence[Any], n_sam
     if n_samples < 1:
         raise ValueError(f"run_agent_loop: n_samples must be >= 1, got {n_samples}")
     questions = [_question(p) for p in problems]
-    prompts = [chat_format.build_prompt_ids(tokenizer, q) for q in questions]
+    prompts = [chat_format.prompt_ids(tokenizer, config.chat_format, q) for q in questions]
     total = len(questions) * n_samples
     sem = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
     done = 0

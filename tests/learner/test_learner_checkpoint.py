@@ -1,4 +1,6 @@
 """Checkpointer: bit-exact round trip onto live shardings, metadata, keep-last-N, errors."""
+import os
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -102,3 +104,61 @@ def test_errors(tmp_path):
     ck.close()
     with pytest.raises(ValueError, match="max_to_keep"):
         Checkpointer(tmp_path, max_to_keep=0)
+
+
+_SAVE_AND_EXIT = """
+import sys
+import jax.numpy as jnp
+from rstar_jax.learner import optim
+from rstar_jax.learner.checkpoint import Checkpointer
+from rstar_jax.learner.train_state import TrainState
+tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+state = TrainState.create({"w": jnp.ones((256, 256))}, tx, 0)
+ck = Checkpointer(sys.argv[1], max_to_keep=2)
+ck.save(state, {"k": 7})
+print("saved", flush=True)
+"""  # no close(), no wait: the script just ends while the async save runs
+
+
+def test_async_save_completes_at_interpreter_exit(tmp_path):
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _SAVE_AND_EXIT, str(tmp_path / "ck")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and "saved" in proc.stdout, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    # Without the exit hook the step is left as a half-written "0.orbax-checkpoint-tmp".
+    assert os.listdir(tmp_path / "ck") == ["0"]
+    tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+    with Checkpointer(tmp_path / "ck") as ck:
+        restored, meta = ck.restore(TrainState.create({"w": jnp.zeros((256, 256))}, tx, 1))
+    assert meta == {"k": 7, "step": 0}
+    np.testing.assert_array_equal(np.asarray(restored.params["w"]), np.ones((256, 256)))
+
+
+def test_close_waits_and_is_idempotent(tmp_path):
+    state = _state(_mesh())
+    ck = Checkpointer(tmp_path)
+    ck.save(state)
+    ck.close()      # returns only once the async save is committed
+    assert sorted(os.listdir(tmp_path)) == ["0"]
+    ck.close()
+
+
+def test_restore_into_another_model_is_a_one_line_user_error(tmp_path):
+    from rstar_jax.errors import UserError
+    from rstar_jax.learner.checkpoint import CheckpointMismatchError
+    tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+    with Checkpointer(tmp_path) as ck:
+        ck.save(TrainState.create({"w": jnp.ones((4, 4))}, tx, 0))
+    for other, why in (({"w": jnp.ones((8, 4))}, "stored shape: (4, 4)"),
+                       ({"w": jnp.ones((4, 4)), "b": jnp.ones(3)}, ".b:")):
+        with Checkpointer(tmp_path) as ck, pytest.raises(CheckpointMismatchError) as e:
+            ck.restore(TrainState.create(other, tx, 0))
+        msg = str(e.value)
+        assert isinstance(e.value, UserError) and "\n" not in msg
+        assert msg.startswith(f"checkpoint {tmp_path} step 0 does not fit this run's model")
+        assert why in msg, msg

@@ -44,3 +44,22 @@ class BlocksTest(chex.TestCase):
         changed = f(params, ids.at[0, 3].set(9))
         np.testing.assert_allclose(changed[:, :3], out[:, :3], atol=1e-6)   # past unaffected
         assert float(jnp.abs(changed[:, 3:] - out[:, 3:]).max()) > 1e-6
+
+
+def test_jit_without_static_config_says_what_to_do():
+    import pytest
+    config = qwen3.Qwen3Config(vocab_size=40, hidden_size=16, intermediate_size=24,
+                               num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=8)
+    params = qwen3.init_params(config, jax.random.key(0))
+    ids = jnp.ones((1, 3), jnp.int32)
+    hint = r"config must be a static Qwen3Config \(jit with static_argnames='config'\)"
+    with pytest.raises(TypeError, match=hint):
+        jax.jit(qwen3.forward)(params, config, ids)
+    cache = qwen3.init_cache(config, 1, 8)
+    with pytest.raises(TypeError, match=hint):
+        jax.jit(qwen3.forward_cached)(params, config, ids, cache)
+    with pytest.raises(TypeError, match=hint + "; got dict"):
+        qwen3.forward(params, {"vocab_size": 40}, ids)
+    # The documented form works.
+    assert jax.jit(qwen3.forward, static_argnames="config")(params, config, ids).shape == (1, 3, 40)

@@ -13,6 +13,7 @@ from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import load_sft_jsonl
 from rstar_jax.config import from_config_dict
+from rstar_jax.errors import UserError
 from rstar_jax.pipelines import agent_runner, demo
 from rstar_jax.tokenization import bpe, chat_format, domain
 
@@ -28,7 +29,7 @@ def test_demo_config_derives_valid_sft_and_rl_configs():
     from_config_dict(sft)      # still satisfies the SFT inputs check
   full = demo_config.get_config()
   assert full.eval.max_problems >= 200 and full.data.synthetic.n_eval >= 200
-  with pytest.raises(ValueError, match="variant"):
+  with pytest.raises(UserError, match="unknown variant 'huge'; expected one of '', 'smoke'"):
     demo_config.get_config("huge")
 
 
@@ -73,6 +74,7 @@ def _launch(*args, timeout=300):
   return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_demo_smoke_run_artifacts_and_resume(tmp_path):
   w = str(tmp_path / "run")
   base = [f"--workdir={w}", "--config=configs/demo.py:smoke", "--rl.roc_mode=random"]

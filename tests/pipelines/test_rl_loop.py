@@ -7,6 +7,7 @@ That makes groups informative (real updates) and fixes the hard subset exactly, 
 loop, engine, agent loop and pool are the real ones.
 """
 import asyncio
+import dataclasses
 
 import jax
 import numpy as np
@@ -26,6 +27,7 @@ def _config():
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 2          # 2-way FSDP: sharded batches and row padding, kept cheap
   cfg.train.batch_prompts = 2
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # 4 rollouts per prompt (counts below)
   cfg.rollout.response_budget = 16
   cfg.rollout.max_turns = 1
   cfg.optim.warmup_steps = 2
@@ -194,6 +196,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.train.batch_prompts = 2
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # groups of 4 below, RoC keeps 2
   cfg.rl.roc_mode = "released"
   run = from_config_dict(cfg)
   learner = runtime.build_learner(run)
@@ -225,10 +228,26 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   assert sel.trajectories == [groups[0][1], groups[0][2]] or \
       sel.trajectories == [groups[0][1], groups[0][3]]
   assert sel.advantages[0] > 0 > sel.advantages[1]
-  batch = loop.build_batch(sel)
-  assert batch["input_ids"].shape == (loop.rows, 64) and loop.rows == 2 * 2
-  np.testing.assert_allclose(batch["advantages"][:2], sel.advantages)
-  assert (batch["advantages"][2:] == 0).all() and batch["loss_mask"][2:].sum() == 0
+  # train.pack_rows (default): both 4-token trajectories share one row, segment by segment,
+  # with per-token advantages; the padding fractions before/after land in the metrics.
+  metrics = {}
+  packed = loop.build_batch(sel, metrics)
+  assert packed["input_ids"].shape == (loop.learner.row_multiple, 64)
+  np.testing.assert_array_equal(packed["segment_ids"][0, :9], [1, 1, 1, 1, 2, 2, 2, 2, 0])
+  np.testing.assert_array_equal(packed["positions"][0, :8], [0, 1, 2, 3, 0, 1, 2, 3])
+  np.testing.assert_allclose(packed["advantages"][0, :8], np.repeat(sel.advantages, 4))
+  assert metrics["batch/rows_packed"] == loop.learner.row_multiple
+  assert metrics["batch/pad_fraction_unpacked"] == pytest.approx(1 - 8 / (loop.rows * 64))
+  assert metrics["batch/pad_fraction_packed"] < metrics["batch/pad_fraction_unpacked"]
+  # Unpacked (train.pack_rows=False, or a per-row loss_agg): the fixed row count.
+  for train, rl in [(dataclasses.replace(run.train, pack_rows=False), run.rl),
+                    (run.train, dataclasses.replace(run.rl, loss_agg="seq-mean-token-mean"))]:
+    loop.config = dataclasses.replace(run, train=train, rl=rl)
+    batch = loop.build_batch(sel)
+    assert batch["input_ids"].shape == (loop.rows, 64) and loop.rows == 2 * 2
+    assert "segment_ids" not in batch
+    np.testing.assert_allclose(batch["advantages"][:2], sel.advantages)
+    assert (batch["advantages"][2:] == 0).all() and batch["loss_mask"][2:].sum() == 0
   loop.ckpt.close()
 
 
@@ -261,6 +280,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   last, server = asyncio.run(main())
   assert len(server.requests) == 2 and last["num_trajectories"] == 2
   assert last["optimizer_step"] == 1 and last["weight_version"] == 1
+  assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]   # packed
   assert len(server.weight_updates) == 1 and str(server.weight_version) == "1"
 
 

@@ -15,6 +15,7 @@ from rstar_jax.tokenization import chat_format
 def setup(tmp_path_factory):
   cfg = rstar2_tiny_cpu.get_config("sft")
   cfg.data.synthetic.n_train = 6
+  cfg.sft.epochs = 1                # 3 steps (the config's own 30 epochs are for the README)
   cfg.sft.batch_size = 2
   cfg.sft.max_seq_len = 1024
   cfg.train.checkpoint_every = 1

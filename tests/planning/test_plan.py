@@ -207,3 +207,30 @@ def test_plan_launcher_writes_json(tmp_path):
   assert plan["param_count"] == 256 * 64 + 64 + 1 * (64 * 64 + 2 * 64 * 32 + 64 * 64 +
                                                     3 * 64 * 128 + 2 * 64 + 2 * 16)
   assert "fits" in r.stdout and "sft" in r.stdout
+
+
+def test_blockwise_attention_flops_count_only_causal_blocks():
+  c = plan_lib.qwen3.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256,
+                                 num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=32)
+  t = 1024
+  dense = plan_lib.forward_flops_per_row(c, t)["layers"]
+  blk = plan_lib.forward_flops_per_row(c.replace(attention="blockwise",
+                                                 attention_block_size=256), t)["layers"]
+  attn = 2 * 2 * t * t * 4 * 32 * 2          # full T x T, 2 layers
+  assert dense - blk == pytest.approx(attn * (1 - 5 / 8))   # 4 blocks: 10 of 16 visited
+
+
+def test_packed_plan_compiles_packed_inputs_and_scales_flops():
+  cfg = tiny_cfg()
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+      cfg.model, attention="blockwise", attention_block_size=16))
+  p = run_plan(cfg, {"fsdp": 8}, hw=plan_lib.Hardware(packed_fill=0.5))
+  r = p["steps"]["rl"]
+  # 16 rows in 2 micro-batches of 8; half as many rows packed = 1 micro-batch of 8.
+  assert r["packed"]["rows"] == 8 and r["packed"]["micro_batches"] == 1
+  assert r["packed"]["flops_per_step"] == pytest.approx(r["flops_per_step"] / 2)
+  assert p["flops_per_step_packed"] == r["packed"]["flops_per_step"]
+  assert r["batch_bytes"] > 0 and p["fits"]
+  with pytest.raises(ValueError, match="packed_fill"):
+    plan_lib.Hardware(packed_fill=1.5)

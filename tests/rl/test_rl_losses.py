@@ -163,3 +163,16 @@ class SftLossTest(chex.TestCase):
         np.testing.assert_allclose(lp, np.take_along_axis(logsm, targets[..., None], -1)[..., 0],
                                    rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(ent, -(np.exp(logsm) * logsm).sum(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_reduce_metrics_empty_denominator_is_nan(jit):
+    sums = {"loss": (jnp.float32(0.0), jnp.float32(0.0)),
+            "clip_frac": (jnp.float32(3.0), jnp.float32(4.0))}
+    out = (jax.jit(losses.reduce_metrics) if jit else losses.reduce_metrics)(sums)
+    assert np.isnan(out["loss"])       # nothing to average: not a measured 0.0
+    np.testing.assert_allclose(out["clip_frac"], 0.75)
+    # A fully masked batch: every token metric is NaN, the loss itself stays 0 (no gradient).
+    loss, m = losses.policy_loss(jnp.zeros((2, 3)), jnp.zeros((2, 3)), jnp.ones((2,)),
+                                 jnp.zeros((2, 3)))
+    assert float(loss) == 0.0 and all(np.isnan(v) for v in losses.reduce_metrics(m).values())

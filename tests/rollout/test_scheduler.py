@@ -30,7 +30,10 @@ def test_admission_waits_for_capacity_fifo_and_sticky():
             order.append((tid, url))
         w3 = asyncio.create_task(want("t3", 500))
         w4 = asyncio.create_task(want("t4", 100))          # fits now, but t3 is first in line
-        await asyncio.sleep(0.05)
+        while s.max_waiting_seen < 2:                       # both have queued (no clock)
+            await asyncio.sleep(0)
+        for _ in range(10):                                 # let them run: they must keep waiting
+            await asyncio.sleep(0)
         assert order == [] and s.max_waiting_seen == 2
         await s.release("t2")
         await asyncio.gather(w3, w4)

@@ -1,0 +1,49 @@
+"""Named evaluation protocols and the per-problem CSV.
+
+  released        the released rStar2-Agent AIME / MATH-500 scripts (microsoft/rStar
+                  examples/aime_eval.sh): val_kwargs.n = 16, verl's validation sampling left at
+                  its default (do_sample False, temperature 0: greedy), 5 assistant turns
+                  (max_assistant_turns), 30,720 response tokens (data.max_response_length).
+  paper_avg_at_k  the rStar2-Agent paper's avg@k: k = 16 samples at temperature 0.6, top-p 0.95,
+                  up to 30 turns and 30,720 tokens; pass@1 averaged over the k samples.
+Both report avg@k (mean correctness over all k samples of all problems) and pass@k (share of
+problems solved at least once); `write_csv` writes one row per problem. Selected with
+``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from typing import Any, Mapping
+
+from rstar_jax.config import EvalConfig
+
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "released": dict(k=16, temperature=0.0, top_p=1.0, max_turns=5, response_budget=30720),
+    "paper_avg_at_k": dict(k=16, temperature=0.6, top_p=0.95, max_turns=30,
+                           response_budget=30720),
+}
+
+
+def resolve(eval_cfg: EvalConfig) -> EvalConfig:
+    """The effective eval settings: ``eval_cfg`` with its protocol's k / sampling / turns /
+    budget when ``eval.protocol`` is set, else ``eval_cfg`` itself."""
+    name = eval_cfg.protocol
+    if not name:
+        return eval_cfg
+    if name not in PROTOCOLS:
+        raise ValueError(f"config.eval.protocol: expected one of {['', *PROTOCOLS]}, got {name!r}")
+    return dataclasses.replace(eval_cfg, **PROTOCOLS[name])
+
+
+def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
+    k = int(report["metrics"]["k"])
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
+        for i, row in enumerate(report["per_problem"]):
+            n = int(row["num_correct"])
+            w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])
