@@ -5,6 +5,7 @@ Only the `rstar_jax` package is installed. `launchers/` and `configs/` are run f
 on sys.path); installing them would add top-level packages named `configs` and `launchers` that
 collide with a user's own.
 """
+
 import os
 import re
 
@@ -14,48 +15,48 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _version() -> str:
-    # Read, not imported: importing the package at build time would need its dependencies.
-    with open(os.path.join(_HERE, "rstar_jax", "__init__.py")) as f:
-        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+  # Read, not imported: importing the package at build time would need its dependencies.
+  with open(os.path.join(_HERE, "rstar_jax", "__init__.py")) as f:
+    return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
 
 
 setup(
-    name="rstar_jax",
-    version=_version(),
-    description="rStar2-Agent / ASTER agentic RL with a Python code tool, in JAX",
-    license="Apache-2.0",
-    license_files=["LICENSE"],
-    packages=find_packages(include=["rstar_jax", "rstar_jax.*"]),
-    package_data={"rstar_jax": ["py.typed"]},
-    # jax / jaxlib 0.10, flax 0.12, orbax-checkpoint 0.12 and chex 0.1.92 all require >= 3.11.
-    python_requires=">=3.11",
-    install_requires=[
-        "jax>=0.10",
-        "flax>=0.12",
-        "optax>=0.2.8",
-        "orbax-checkpoint>=0.12",
-        "chex>=0.1.92",
-        "transformers>=5.0",
-        "safetensors>=0.8",
-        "tokenizers>=0.23",
-        "sympy>=1.14",
-        "numpy>=2.0",
-        "absl-py>=2.0",
-        "ml-collections>=1.1",
-        "math-verify==0.9.0",
-        "aiohttp>=3.9",
-        "tensorboardX>=2.6",
-        "matplotlib>=3.8",
+  name="rstar_jax",
+  version=_version(),
+  description="rStar2-Agent / ASTER agentic RL with a Python code tool, in JAX",
+  license="Apache-2.0",
+  license_files=["LICENSE"],
+  packages=find_packages(include=["rstar_jax", "rstar_jax.*"]),
+  package_data={"rstar_jax": ["py.typed"]},
+  # jax / jaxlib 0.10, flax 0.12, orbax-checkpoint 0.12 and chex 0.1.92 all require >= 3.11.
+  python_requires=">=3.11",
+  install_requires=[
+    "jax>=0.10",
+    "flax>=0.12",
+    "optax>=0.2.8",
+    "orbax-checkpoint>=0.12",
+    "chex>=0.1.92",
+    "transformers>=5.0",
+    "safetensors>=0.8",
+    "tokenizers>=0.23",
+    "sympy>=1.14",
+    "numpy>=2.0",
+    "absl-py>=2.0",
+    "ml-collections>=1.1",
+    "math-verify==0.9.0",
+    "aiohttp>=3.9",
+    "tensorboardX>=2.6",
+    "matplotlib>=3.8",
+  ],
+  extras_require={
+    "test": [
+      "pytest>=8",
+      "pytest-timeout>=2.3",
+      "torch==2.13.0",
+      "reasoning-gym==0.1.25",
+      "ray>=2.50",
+      "ruff>=0.6",
     ],
-    extras_require={
-        "test": [
-            "pytest>=8",
-            "pytest-timeout>=2.3",
-            "torch==2.13.0",
-            "reasoning-gym==0.1.25",
-            "ray>=2.50",
-            "ruff>=0.6",
-        ],
-        "ray": ["ray>=2.50"],
-    },
+    "ray": ["ray>=2.50"],
+  },
 )

@@ -15,6 +15,7 @@ over the whole ``run()`` wall time (pipeline fill and drain included).
 
     python benchmarks/async_rl.py [--steps 8] [--prompts 8] [--json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,11 +76,12 @@ class SimEngine:
     prompt_key = hashlib.blake2b(repr(list(r.input_ids[:64])).encode(), digest_size=8).hexdigest()
     n_calls = 1 + int(_u(prompt_key, "calls") * self.sim.max_calls)
     if turn < n_calls:
-      ids = self.tok.encode(cf.format_tool_call(f"print({seed % 97}+{turn})", "x"),
-                            add_special_tokens=False)
+      ids = self.tok.encode(
+        cf.format_tool_call(f"print({seed % 97}+{turn})", "x"), add_special_tokens=False
+      )
     else:
       ids = list(self.final)
-    ids = (ids + [self.im_end])[:r.sampling.max_new_tokens]
+    ids = (ids + [self.im_end])[: r.sampling.max_new_tokens]
     return GenerateResult(ids, [-1.0] * len(ids), "stop", version, [version] * len(ids))
 
 
@@ -106,14 +108,23 @@ def _config(args, k: int):
   c.train.batch_prompts = args.prompts
   c.train.eval_every = 0
   c.train.checkpoint_every = 0
-  c.train.length_bucket = 256            # one batch shape: no recompiles inside the timing
+  c.train.length_bucket = 256  # one batch shape: no recompiles inside the timing
   c.train.progress_every_s = 1e9
   c.rl.group_size, c.rl.oversample = 2, 2
   c.rl.max_staleness = k
   c.rl.partial_rollout = "continue"
   c.rollout.max_prompt_tokens = 2048
-  c.stages = [dict(name="bench", steps=args.steps, response_budget=200, max_turns=10,
-                   data="full", reset_optimizer=False, drop_solved_k_of_k=0)]
+  c.stages = [
+    dict(
+      name="bench",
+      steps=args.steps,
+      response_budget=200,
+      max_turns=10,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   return from_config_dict(c, "rl")
 
 
@@ -139,6 +150,7 @@ def run_once(args, k, learner, init_state, tok, problems, sim, update_s):
   cfg = _config(args, k)
   learner.state = jax.tree.map(lambda x: x.copy(), init_state)
   with tempfile.TemporaryDirectory() as wd:
+
     async def main():
       runner = ShortPromptRunner(SimEngine(tok, sim, args.slots), SimPool(sim), tok)
       runner.rewards = _alternating
@@ -148,6 +160,7 @@ def run_once(args, k, learner, init_state, tok, problems, sim, update_s):
       wall = time.perf_counter() - t0
       loop.ckpt.close()
       return wall
+
     wall = asyncio.run(main())
     recs = read_jsonl_metrics(os.path.join(wd, "metrics.jsonl"))
   trained = sum(r.get("kept_num_trajectories", 0.0) for r in recs)
@@ -159,64 +172,99 @@ def main():
   ap.add_argument("--steps", type=int, default=8)
   ap.add_argument("--prompts", type=int, default=8)
   ap.add_argument("--slots", type=int, default=32)
-  ap.add_argument("--update_s", type=float, default=0.0,
-                  help="simulated update time per step (0 = the measured sync rollout time)")
+  ap.add_argument(
+    "--update_s",
+    type=float,
+    default=0.0,
+    help="simulated update time per step (0 = the measured sync rollout time)",
+  )
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
   logging.disable(logging.WARNING)
   sim = Sim(gen_mean_s=0.08, gen_sigma=0.6, tool_mean_s=0.15, tool_sigma=1.0, max_calls=4)
-  tok = train_bpe_tokenizer([cf.SYSTEM_PROMPT, cf.TOOLS_BLOCK, cf.USER_PREFIX,
-                             cf.format_tool_call("print(1+2)", "x"), "done</reason><answer>"
-                             "\\boxed{1}</answer>"] * 4, 512)
-  problems = [Problem(problem=f"Problem {i}.", answer="1")
-              for i in range(64)]
+  tok = train_bpe_tokenizer(
+    [
+      cf.SYSTEM_PROMPT,
+      cf.TOOLS_BLOCK,
+      cf.USER_PREFIX,
+      cf.format_tool_call("print(1+2)", "x"),
+      "done</reason><answer>\\boxed{1}</answer>",
+    ]
+    * 4,
+    512,
+  )
+  problems = [Problem(problem=f"Problem {i}.", answer="1") for i in range(64)]
   learner = runtime.build_learner(_config(args, 0))
   init_state = jax.tree.map(lambda x: x.copy(), learner.state)
   update_s = [0.0]
   _slow_updates(learner, update_s)
 
   # Warm-up (compiles) and the reference rollout time: the synchronous loop, no added update.
-  _, recs, _ = run_once(argparse.Namespace(**{**vars(args), "steps": 3}), 0, learner,
-                        init_state, tok, problems, sim, update_s)
+  _, recs, _ = run_once(
+    argparse.Namespace(**{**vars(args), "steps": 3}),
+    0,
+    learner,
+    init_state,
+    tok,
+    problems,
+    sim,
+    update_s,
+  )
   rollout_s = sum(r["time_rollout_s"] for r in recs) / len(recs)
   update_s[0] = args.update_s or rollout_s
 
   rows = {}
   for name, k in (("sync", 0), ("async", 1), ("async2", 2)):
     wall, recs, trained = run_once(args, k, learner, init_state, tok, problems, sim, update_s)
-    rows[name] = dict(wall_s=wall, steps_per_s=args.steps / wall, trained=trained,
-                      dropped=sum(r.get("async/dropped_stale_trajectories", 0.0) for r in recs),
-                      lag1=sum(r.get("async/lag_1_tokens", 0.0) for r in recs),
-                      lag2=sum(r.get("async/lag_2_tokens", 0.0) for r in recs),
-                      learner_idle=sum(r.get("async/learner_idle_frac", 0.0) for r in recs)
-                      / len(recs))
+    rows[name] = dict(
+      wall_s=wall,
+      steps_per_s=args.steps / wall,
+      trained=trained,
+      dropped=sum(r.get("async/dropped_stale_trajectories", 0.0) for r in recs),
+      lag1=sum(r.get("async/lag_1_tokens", 0.0) for r in recs),
+      lag2=sum(r.get("async/lag_2_tokens", 0.0) for r in recs),
+      learner_idle=sum(r.get("async/learner_idle_frac", 0.0) for r in recs) / len(recs),
+    )
   if len({r["trained"] for r in rows.values()}) != 1:
-    raise RuntimeError(f"trained trajectories differ between loops: "
-                       f"{ {k: r['trained'] for k, r in rows.items()} }")
+    raise RuntimeError(
+      f"trained trajectories differ between loops: { {k: r['trained'] for k, r in rows.items()} }"
+    )
   ref = rows["sync"]["steps_per_s"]
-  print(f"simulated: gen lognormal(mean {sim.gen_mean_s}s, sigma {sim.gen_sigma}) x "
-        f"{args.slots} slots; tool lognormal(mean {sim.tool_mean_s}s, sigma {sim.tool_sigma}); "
-        f"1-{sim.max_calls} tool calls per trajectory; {args.prompts} prompts x 4 rollouts "
-        f"(G=2 kept) per step; {args.steps} steps; update {update_s[0]:.2f}s/step "
-        f"(sync rollout {rollout_s:.2f}s/step)")
-  print(f"{'loop':<16} {'wall s':>7} {'steps/s':>8} {'vs sync':>8} {'trained':>8} "
-        f"{'lag1 tok':>9} {'lag2 tok':>9} {'dropped':>8}")
+  print(
+    f"simulated: gen lognormal(mean {sim.gen_mean_s}s, sigma {sim.gen_sigma}) x "
+    f"{args.slots} slots; tool lognormal(mean {sim.tool_mean_s}s, sigma {sim.tool_sigma}); "
+    f"1-{sim.max_calls} tool calls per trajectory; {args.prompts} prompts x 4 rollouts "
+    f"(G=2 kept) per step; {args.steps} steps; update {update_s[0]:.2f}s/step "
+    f"(sync rollout {rollout_s:.2f}s/step)"
+  )
+  print(
+    f"{'loop':<16} {'wall s':>7} {'steps/s':>8} {'vs sync':>8} {'trained':>8} "
+    f"{'lag1 tok':>9} {'lag2 tok':>9} {'dropped':>8}"
+  )
   for name, r in rows.items():
     label = {"sync": "sync (k=0)", "async": "async k=1", "async2": "async k=2"}[name]
-    print(f"{label:<16} {r['wall_s']:7.2f} {r['steps_per_s']:8.3f} "
-          f"{r['steps_per_s'] / ref:7.2f}x {int(r['trained']):8d} {int(r['lag1']):9d} "
-          f"{int(r['lag2']):9d} {int(r['dropped']):8d}")
+    print(
+      f"{label:<16} {r['wall_s']:7.2f} {r['steps_per_s']:8.3f} "
+      f"{r['steps_per_s'] / ref:7.2f}x {int(r['trained']):8d} {int(r['lag1']):9d} "
+      f"{int(r['lag2']):9d} {int(r['dropped']):8d}"
+    )
   if args.json:
-    print(json.dumps({
-        "sync_steps_per_s": rows["sync"]["steps_per_s"],
-        "async_steps_per_s": rows["async"]["steps_per_s"],
-        "async2_steps_per_s": rows["async2"]["steps_per_s"],
-        "async_speedup": rows["async"]["steps_per_s"] / ref,
-        "async2_speedup": rows["async2"]["steps_per_s"] / ref,
-        "trained_trajectories": rows["sync"]["trained"],
-        "steps": args.steps, "update_s": update_s[0], "sync_rollout_s": rollout_s,
-        "dropped_stale_trajectories": {k: r["dropped"] for k, r in rows.items()},
-    }))
+    print(
+      json.dumps(
+        {
+          "sync_steps_per_s": rows["sync"]["steps_per_s"],
+          "async_steps_per_s": rows["async"]["steps_per_s"],
+          "async2_steps_per_s": rows["async2"]["steps_per_s"],
+          "async_speedup": rows["async"]["steps_per_s"] / ref,
+          "async2_speedup": rows["async2"]["steps_per_s"] / ref,
+          "trained_trajectories": rows["sync"]["trained"],
+          "steps": args.steps,
+          "update_s": update_s[0],
+          "sync_rollout_s": rollout_s,
+          "dropped_stale_trajectories": {k: r["dropped"] for k, r in rows.items()},
+        }
+      )
+    )
 
 
 if __name__ == "__main__":

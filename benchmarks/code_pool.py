@@ -9,6 +9,7 @@ that imports sympy+numpy and solves a quadratic, through
 and the machine's fork limit: one loop per core of fork + _exit + waitpid in a process that
 holds the same preloaded modules (an upper bound for any fork-per-call design).
 """
+
 import argparse
 import asyncio
 import gc
@@ -23,8 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rstar_jax.tools.code_pool import CodePool  # noqa: E402
 
 TRIVIAL = "print(sum(range(1000)))"
-SYMPY = ("import sympy, numpy as np\nx = sympy.Symbol('x')\n"
-         "print(sympy.solve(x**2 - 5*x + 6, x), float(np.linalg.det(np.eye(3) * 2)))")
+SYMPY = (
+  "import sympy, numpy as np\nx = sympy.Symbol('x')\n"
+  "print(sympy.solve(x**2 - 5*x + 6, x), float(np.linalg.det(np.eye(3) * 2)))"
+)
 
 
 def pct(xs, q):
@@ -49,11 +52,14 @@ async def drive(call, n, conc):
 
 
 async def python_c(code):
-  p = await asyncio.create_subprocess_exec(sys.executable, "-c", code,
-                                           stdout=asyncio.subprocess.PIPE,
-                                           stderr=asyncio.subprocess.PIPE,
-                                           env={"PATH": "/usr/bin:/bin",
-                                                "OPENBLAS_NUM_THREADS": "1"})
+  p = await asyncio.create_subprocess_exec(
+    sys.executable,
+    "-c",
+    code,
+    stdout=asyncio.subprocess.PIPE,
+    stderr=asyncio.subprocess.PIPE,
+    env={"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1"},
+  )
   out, _ = await p.communicate()
   assert p.returncode == 0, out
 
@@ -62,6 +68,7 @@ def _fork_loop(seconds, q):
   os.environ["OPENBLAS_NUM_THREADS"] = "1"
   import numpy  # noqa: F401
   import sympy  # noqa: F401
+
   gc.collect()
   gc.freeze()
   n, end = 0, time.perf_counter() + seconds
@@ -89,12 +96,12 @@ def fork_limit(seconds=3.0):
 async def main(quick, json_path=None):
   scale = 0.3 if quick else 1.0
   counts = {  # (snippet, concurrency) -> calls for pool / python -c
-      ("trivial", 1): (int(200 * scale), int(30 * scale)),
-      ("trivial", 8): (int(800 * scale), int(80 * scale)),
-      ("trivial", 64): (int(1600 * scale), int(128 * scale)),
-      ("sympy", 1): (int(30 * scale), max(3, int(6 * scale))),
-      ("sympy", 8): (int(120 * scale), max(8, int(16 * scale))),
-      ("sympy", 64): (int(256 * scale), max(16, int(32 * scale))),
+    ("trivial", 1): (int(200 * scale), int(30 * scale)),
+    ("trivial", 8): (int(800 * scale), int(80 * scale)),
+    ("trivial", 64): (int(1600 * scale), int(128 * scale)),
+    ("sympy", 1): (int(30 * scale), max(3, int(6 * scale))),
+    ("sympy", 8): (int(120 * scale), max(8, int(16 * scale))),
+    ("sympy", 64): (int(256 * scale), max(16, int(32 * scale))),
   }
   rows = []
   flimit = fork_limit()
@@ -119,29 +126,43 @@ async def main(quick, json_path=None):
   # Measured again after the rows and the higher figure kept: on shared cores the load moves
   # during a run, and the higher limit keeps the pool/fork ratio conservative.
   flimit_end = fork_limit()
-  print(f"\nfork limit (fork+exit+wait, {os.cpu_count()} loops, numpy+sympy loaded): "
-        f"{max(flimit, flimit_end):.0f} forks/s (before the rows {flimit:.0f}, after "
-        f"{flimit_end:.0f})\n")
+  print(
+    f"\nfork limit (fork+exit+wait, {os.cpu_count()} loops, numpy+sympy loaded): "
+    f"{max(flimit, flimit_end):.0f} forks/s (before the rows {flimit:.0f}, after "
+    f"{flimit_end:.0f})\n"
+  )
   flimit = max(flimit, flimit_end)
-  hdr = (f"{'snippet':8} {'conc':>4} | {'pool calls/s':>12} {'p50 ms':>7} {'p99 ms':>7} | "
-         f"{'python -c/s':>11} {'p50 ms':>7} {'p99 ms':>8} | {'pool/py-c':>9} {'pool/fork':>9}")
+  hdr = (
+    f"{'snippet':8} {'conc':>4} | {'pool calls/s':>12} {'p50 ms':>7} {'p99 ms':>7} | "
+    f"{'python -c/s':>11} {'p50 ms':>7} {'p99 ms':>8} | {'pool/py-c':>9} {'pool/fork':>9}"
+  )
   print(hdr)
   print("-" * len(hdr))
   for name, conc, pr, br in rows:
-    print(f"{name:8} {conc:4d} | {pr[0]:12.1f} {pr[1]:7.1f} {pr[2]:7.1f} | {br[0]:11.1f} "
-          f"{br[1]:7.1f} {br[2]:8.1f} | {pr[0] / br[0]:8.1f}x {pr[0] / flimit:8.0%}")
+    print(
+      f"{name:8} {conc:4d} | {pr[0]:12.1f} {pr[1]:7.1f} {pr[2]:7.1f} | {br[0]:11.1f} "
+      f"{br[1]:7.1f} {br[2]:8.1f} | {pr[0] / br[0]:8.1f}x {pr[0] / flimit:8.0%}"
+    )
   by = {(n, c): (pr, br) for n, c, pr, br in rows}
   trivial = by[("trivial", 8)][0][0] / flimit
   sympy = by[("sympy", 8)][0][0] / by[("sympy", 8)][1][0]
   targets = {"trivial_c8_vs_fork_limit": trivial, "sympy_c8_vs_python_c": sympy}
-  print(f"\ntargets (same run): trivial@8 = {trivial:.0%} of the fork limit (>= 50%: "
-        f"{'met' if trivial >= 0.5 else 'MISSED'}); sympy@8 = {sympy:.1f}x python -c (>= 50x: "
-        f"{'met' if sympy >= 50 else 'MISSED'})")
+  print(
+    f"\ntargets (same run): trivial@8 = {trivial:.0%} of the fork limit (>= 50%: "
+    f"{'met' if trivial >= 0.5 else 'MISSED'}); sympy@8 = {sympy:.1f}x python -c (>= 50x: "
+    f"{'met' if sympy >= 50 else 'MISSED'})"
+  )
   if json_path:
     with open(json_path, "w") as f:
-      json.dump({"fork_limit": flimit, "targets": targets,
-                 "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br}
-                          for n, c, pr, br in rows]}, f, indent=1)
+      json.dump(
+        {
+          "fork_limit": flimit,
+          "targets": targets,
+          "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
+        },
+        f,
+        indent=1,
+      )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ hang loses only that section; the JSON report is rewritten after every section. 
   rl_loop      2 RL steps of the tiny recipe (configs/rstar2_tiny_cpu.py: embedded JaxSampler,
                real code pool at whatever isolation the machine allows) on the default device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,366 +41,475 @@ BUDGET = {"env": 40, "learner": 170, "sampler": 130, "dlpack": 30, "rl_loop": 10
 SMOKE_BUDGET = {"env": 60, "learner": 240, "sampler": 240, "dlpack": 60, "rl_loop": 300}
 
 # Dense bf16 peak TFLOP/s per device kind (vendor datasheets, no sparsity).
-PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "h800": 989.0, "gh200": 989.0, "a100": 312.0,
-               "mi300x": 1307.0, "b200": 2250.0}
+PEAK_TFLOPS = {
+  "h100": 989.0,
+  "h200": 989.0,
+  "h800": 989.0,
+  "gh200": 989.0,
+  "a100": 312.0,
+  "mi300x": 1307.0,
+  "b200": 2250.0,
+}
 
 # Qwen3-1.7B's shape (28 layers, d 2048, 16/8 heads of 128, FFN 6144, tied 151936 vocab).
-QWEN3_1P7B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, tie_word_embeddings=True)
+QWEN3_1P7B = dict(
+  vocab_size=151936,
+  hidden_size=2048,
+  intermediate_size=6144,
+  num_hidden_layers=28,
+  num_attention_heads=16,
+  num_key_value_heads=8,
+  head_dim=128,
+  tie_word_embeddings=True,
+)
 # Qwen3-0.6B's shape, for the decode comparison (fits transformers' eager generate quickly).
-QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, tie_word_embeddings=True)
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+QWEN3_0P6B = dict(
+  vocab_size=151936,
+  hidden_size=1024,
+  intermediate_size=3072,
+  num_hidden_layers=28,
+  num_attention_heads=16,
+  num_key_value_heads=8,
+  head_dim=128,
+  tie_word_embeddings=True,
+)
+TINY = dict(
+  vocab_size=512,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
+  head_dim=16,
+  tie_word_embeddings=True,
+)
 
 
 def peak_tflops(device_kind: str) -> float | None:
-    kind = device_kind.lower().replace(" ", "")
-    for k, v in PEAK_TFLOPS.items():
-        if k in kind:
-            return v
-    return None
+  kind = device_kind.lower().replace(" ", "")
+  for k, v in PEAK_TFLOPS.items():
+    if k in kind:
+      return v
+  return None
 
 
 def train_flops(dims: dict, rows: int, seq: int) -> float:
-    """Model FLOPs of one forward + backward: 6 x matmul params x tokens + causal attention
-    (QK^T and PV over the lower triangle, x3 for the backward)."""
-    d, f, dh = dims["hidden_size"], dims["intermediate_size"], dims["head_dim"]
-    hq, hkv, L, v = (dims["num_attention_heads"], dims["num_key_value_heads"],
-                     dims["num_hidden_layers"], dims["vocab_size"])
-    matmul = L * (d * (hq + 2 * hkv) * dh + hq * dh * d + 3 * d * f) + d * v
-    attn = L * 2 * 2 * (seq * seq / 2) * hq * dh
-    return 3.0 * rows * (2.0 * seq * matmul + attn)
+  """Model FLOPs of one forward + backward: 6 x matmul params x tokens + causal attention
+  (QK^T and PV over the lower triangle, x3 for the backward)."""
+  d, f, dh = dims["hidden_size"], dims["intermediate_size"], dims["head_dim"]
+  hq, hkv, L, v = (
+    dims["num_attention_heads"],
+    dims["num_key_value_heads"],
+    dims["num_hidden_layers"],
+    dims["vocab_size"],
+  )
+  matmul = L * (d * (hq + 2 * hkv) * dh + hq * dh * d + 3 * d * f) + d * v
+  attn = L * 2 * 2 * (seq * seq / 2) * hq * dh
+  return 3.0 * rows * (2.0 * seq * matmul + attn)
 
 
 # ----------------------------------------------------------------------------- sections
 
 
 def section_env(args) -> dict:
-    import jax
-    out = {"jax": jax.__version__, "backend": jax.default_backend(),
-           "devices": [d.device_kind for d in jax.devices()], "python": sys.version.split()[0]}
-    out["peak_bf16_tflops"] = peak_tflops(jax.devices()[0].device_kind)
-    for mod in ("torch", "transformers", "flax", "optax"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:   # noqa: BLE001 (report, do not fail)
-            out[mod] = f"unavailable: {type(e).__name__}: {e}"
+  import jax
+
+  out = {
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": [d.device_kind for d in jax.devices()],
+    "python": sys.version.split()[0],
+  }
+  out["peak_bf16_tflops"] = peak_tflops(jax.devices()[0].device_kind)
+  for mod in ("torch", "transformers", "flax", "optax"):
     try:
-        import torch
-        out["torch_cuda"] = torch.cuda.is_available()
-        if torch.cuda.is_available():
-            out["torch_device"] = torch.cuda.get_device_name(0)
-    except Exception:   # noqa: BLE001
-        pass
-    return out
+      out[mod] = __import__(mod).__version__
+    except Exception as e:  # noqa: BLE001 (report, do not fail)
+      out[mod] = f"unavailable: {type(e).__name__}: {e}"
+  try:
+    import torch
+
+    out["torch_cuda"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+      out["torch_device"] = torch.cuda.get_device_name(0)
+  except Exception:  # noqa: BLE001
+    pass
+  return out
 
 
 def section_learner(args) -> dict:
-    import functools
+  import functools
 
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
 
-    from rstar_jax.learner import optim, steps
-    from rstar_jax.learner.train_state import TrainState
-    from rstar_jax.models import qwen3
+  from rstar_jax.learner import optim, steps
+  from rstar_jax.learner.train_state import TrainState
+  from rstar_jax.models import qwen3
 
-    dims = TINY if args.smoke else QWEN3_1P7B
-    rows, seq = (2, 64) if args.smoke else (args.rows, args.seq)
-    dtype = "float32" if args.smoke else "bfloat16"
-    peak = peak_tflops(jax.devices()[0].device_kind)
-    rng = np.random.default_rng(0)
-    batch = {"input_ids": jnp.asarray(rng.integers(0, dims["vocab_size"], (rows, seq)), jnp.int32),
-             "attention_mask": jnp.ones((rows, seq), jnp.int32),
-             "loss_mask": jnp.ones((rows, seq), jnp.float32)}
-    flops = train_flops(dims, rows, seq)
-    out = {"model": "tiny" if args.smoke else "qwen3-1.7b-shape", "rows": rows, "seq_len": seq,
-           "compute_dtype": dtype, "param_dtype": "float32", "remat": True,
-           "model_flops_per_step": flops, "peak_bf16_tflops": peak, "results": {}}
-    opt = optim.OptimConfig(learning_rate=1e-5, warmup_steps=0)
-    tx = optim.make_optimizer(opt)
-    base = qwen3.Qwen3Config(**dims, dtype=dtype, remat=True)
-    out["params"] = sum(int(np.prod(s)) for s in jax.tree.leaves(
-        qwen3.param_shapes(base), is_leaf=lambda x: isinstance(x, tuple)))
-    params = qwen3.init_params(base, jax.random.key(0))
-    deadline = time.monotonic() + args.budget - 20
-    for impl in ("xla", "blockwise", "fused"):
+  dims = TINY if args.smoke else QWEN3_1P7B
+  rows, seq = (2, 64) if args.smoke else (args.rows, args.seq)
+  dtype = "float32" if args.smoke else "bfloat16"
+  peak = peak_tflops(jax.devices()[0].device_kind)
+  rng = np.random.default_rng(0)
+  batch = {
+    "input_ids": jnp.asarray(rng.integers(0, dims["vocab_size"], (rows, seq)), jnp.int32),
+    "attention_mask": jnp.ones((rows, seq), jnp.int32),
+    "loss_mask": jnp.ones((rows, seq), jnp.float32),
+  }
+  flops = train_flops(dims, rows, seq)
+  out = {
+    "model": "tiny" if args.smoke else "qwen3-1.7b-shape",
+    "rows": rows,
+    "seq_len": seq,
+    "compute_dtype": dtype,
+    "param_dtype": "float32",
+    "remat": True,
+    "model_flops_per_step": flops,
+    "peak_bf16_tflops": peak,
+    "results": {},
+  }
+  opt = optim.OptimConfig(learning_rate=1e-5, warmup_steps=0)
+  tx = optim.make_optimizer(opt)
+  base = qwen3.Qwen3Config(**dims, dtype=dtype, remat=True)
+  out["params"] = sum(
+    int(np.prod(s))
+    for s in jax.tree.leaves(qwen3.param_shapes(base), is_leaf=lambda x: isinstance(x, tuple))
+  )
+  params = qwen3.init_params(base, jax.random.key(0))
+  deadline = time.monotonic() + args.budget - 20
+  for impl in ("xla", "blockwise", "fused"):
+    if time.monotonic() > deadline:
+      out["results"][impl] = {"skipped": "section time budget spent"}
+      continue
+    try:
+      cfg = base.replace(attention=impl)
+      apply_fn = lambda p, ids, m, cfg=cfg: qwen3.forward(p, cfg, ids, attention_mask=m)
+      step = jax.jit(
+        functools.partial(steps.sft_step, apply_fn=apply_fn, config=steps.StepConfig()),
+        donate_argnums=(0,),
+      )
+      state = TrainState.create(jax.tree.map(jnp.copy, params), tx, 0)
+      t0 = time.perf_counter()
+      state, m = step(state, batch)
+      jax.block_until_ready(m)
+      compile_s = time.perf_counter() - t0
+      times = []
+      for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - t0)
         if time.monotonic() > deadline:
-            out["results"][impl] = {"skipped": "section time budget spent"}
-            continue
-        try:
-            cfg = base.replace(attention=impl)
-            apply_fn = lambda p, ids, m, cfg=cfg: qwen3.forward(p, cfg, ids, attention_mask=m)
-            step = jax.jit(functools.partial(steps.sft_step, apply_fn=apply_fn,
-                                             config=steps.StepConfig()), donate_argnums=(0,))
-            state = TrainState.create(jax.tree.map(jnp.copy, params), tx, 0)
-            t0 = time.perf_counter()
-            state, m = step(state, batch)
-            jax.block_until_ready(m)
-            compile_s = time.perf_counter() - t0
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                state, m = step(state, batch)
-                jax.block_until_ready(m)
-                times.append(time.perf_counter() - t0)
-                if time.monotonic() > deadline:
-                    break
-            t = float(np.median(times))
-            r = {"compile_plus_first_step_s": round(compile_s, 2), "step_s": t,
-                 "tokens_per_s": rows * seq / t, "loss": float(m["loss"]),
-                 "steps_timed": len(times)}
-            if peak:
-                r["mfu"] = flops / t / (peak * 1e12)
-            if impl == "fused":   # did cuDNN run, or the logged XLA fallback?
-                from rstar_jax.models import attention
-                r["fallback"] = sorted(attention._logged) or None
-            out["results"][impl] = r
-            del state
-        except Exception as e:   # noqa: BLE001 (one implementation failing keeps the others)
-            out["results"][impl] = {"error": f"{type(e).__name__}: {e}"[:2000]}
-    return out
+          break
+      t = float(np.median(times))
+      r = {
+        "compile_plus_first_step_s": round(compile_s, 2),
+        "step_s": t,
+        "tokens_per_s": rows * seq / t,
+        "loss": float(m["loss"]),
+        "steps_timed": len(times),
+      }
+      if peak:
+        r["mfu"] = flops / t / (peak * 1e12)
+      if impl == "fused":  # did cuDNN run, or the logged XLA fallback?
+        from rstar_jax.models import attention
+
+        r["fallback"] = sorted(attention._logged) or None
+      out["results"][impl] = r
+      del state
+    except Exception as e:  # noqa: BLE001 (one implementation failing keeps the others)
+      out["results"][impl] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+  return out
 
 
 def _hf_model(dims, dtype, device):
-    import torch
-    import transformers
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(
-        vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"],
-        intermediate_size=dims["intermediate_size"],
-        num_hidden_layers=dims["num_hidden_layers"],
-        num_attention_heads=dims["num_attention_heads"],
-        num_key_value_heads=dims["num_key_value_heads"], head_dim=dims["head_dim"],
-        max_position_embeddings=4096, tie_word_embeddings=True)
-    model = transformers.Qwen3ForCausalLM(cfg).to(dtype=dtype).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model.to(device)
+  import torch
+  import transformers
+
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3Config(
+    vocab_size=dims["vocab_size"],
+    hidden_size=dims["hidden_size"],
+    intermediate_size=dims["intermediate_size"],
+    num_hidden_layers=dims["num_hidden_layers"],
+    num_attention_heads=dims["num_attention_heads"],
+    num_key_value_heads=dims["num_key_value_heads"],
+    head_dim=dims["head_dim"],
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+  )
+  model = transformers.Qwen3ForCausalLM(cfg).to(dtype=dtype).eval()
+  model.generation_config.eos_token_id = None
+  model.generation_config.pad_token_id = 0
+  return model.to(device)
 
 
 def section_sampler(args) -> dict:
-    import asyncio
+  import asyncio
 
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import torch
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import torch
 
-    from rstar_jax.models import qwen3
-    from rstar_jax.rollout.jax_sampler import JaxSampler
-    from rstar_jax.rollout.types import GenerateRequest, SamplingParams
+  from rstar_jax.models import qwen3
+  from rstar_jax.rollout.jax_sampler import JaxSampler
+  from rstar_jax.rollout.types import GenerateRequest, SamplingParams
 
-    dims = TINY if args.smoke else QWEN3_0P6B
-    gpu = torch.cuda.is_available() and not args.smoke
-    device = "cuda" if gpu else "cpu"
-    tdtype = torch.bfloat16 if gpu else torch.float32
-    jdtype = "bfloat16" if gpu else "float32"
-    prompt_len, new = (16, 16) if args.smoke else (64, 128)
-    batches = (1, 4) if args.smoke else (1, 64)
-    out = {"model": "tiny" if args.smoke else "qwen3-0.6b-shape", "torch_device": device,
-           "dtype": jdtype, "prompt_len": prompt_len, "new_tokens": new, "greedy": True,
-           "results": {}}
-    model = _hf_model(dims, tdtype, device)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        config = qwen3.Qwen3Config.from_hf(tmp, dtype=jdtype)
-        params = qwen3.load_hf_params(tmp, config, dtype=jnp.dtype(jdtype))
-    params = qwen3.inference_params(params, config)
-    rng = np.random.default_rng(0)
-    deadline = time.monotonic() + args.budget - 15
-    for b in batches:
-        if time.monotonic() > deadline:
-            out["results"][f"batch{b}"] = {"skipped": "section time budget spent"}
-            continue
-        r = {}
-        try:
-            prompts = rng.integers(1, dims["vocab_size"], (b, prompt_len)).tolist()
-            ids = torch.tensor(prompts, device=device)
+  dims = TINY if args.smoke else QWEN3_0P6B
+  gpu = torch.cuda.is_available() and not args.smoke
+  device = "cuda" if gpu else "cpu"
+  tdtype = torch.bfloat16 if gpu else torch.float32
+  jdtype = "bfloat16" if gpu else "float32"
+  prompt_len, new = (16, 16) if args.smoke else (64, 128)
+  batches = (1, 4) if args.smoke else (1, 64)
+  out = {
+    "model": "tiny" if args.smoke else "qwen3-0.6b-shape",
+    "torch_device": device,
+    "dtype": jdtype,
+    "prompt_len": prompt_len,
+    "new_tokens": new,
+    "greedy": True,
+    "results": {},
+  }
+  model = _hf_model(dims, tdtype, device)
+  with tempfile.TemporaryDirectory() as tmp:
+    model.save_pretrained(tmp)
+    config = qwen3.Qwen3Config.from_hf(tmp, dtype=jdtype)
+    params = qwen3.load_hf_params(tmp, config, dtype=jnp.dtype(jdtype))
+  params = qwen3.inference_params(params, config)
+  rng = np.random.default_rng(0)
+  deadline = time.monotonic() + args.budget - 15
+  for b in batches:
+    if time.monotonic() > deadline:
+      out["results"][f"batch{b}"] = {"skipped": "section time budget spent"}
+      continue
+    r = {}
+    try:
+      prompts = rng.integers(1, dims["vocab_size"], (b, prompt_len)).tolist()
+      ids = torch.tensor(prompts, device=device)
 
-            def hf_run():
-                with torch.no_grad():
-                    o = model.generate(ids, max_new_tokens=new, min_new_tokens=new,
-                                       do_sample=False)
-                if gpu:
-                    torch.cuda.synchronize()
-                return o[:, prompt_len:].tolist()
+      def hf_run():
+        with torch.no_grad():
+          o = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)  # noqa: B023
+        if gpu:
+          torch.cuda.synchronize()
+        return o[:, prompt_len:].tolist()
 
-            sampler = JaxSampler(config, params, max_batch=b, max_len=prompt_len + new,
-                                 decode_chunk=32)
+      sampler = JaxSampler(config, params, max_batch=b, max_len=prompt_len + new, decode_chunk=32)
 
-            def jax_run():
-                reqs = [GenerateRequest(p, SamplingParams(new, temperature=0.0)) for p in prompts]
-                return [x.output_ids for x in asyncio.run(sampler.generate(reqs))]
+      def jax_run():
+        reqs = [GenerateRequest(p, SamplingParams(new, temperature=0.0)) for p in prompts]  # noqa: B023
+        return [x.output_ids for x in asyncio.run(sampler.generate(reqs))]  # noqa: B023
 
-            outs = {}
-            for name, fn in (("transformers", hf_run), ("jax_sampler", jax_run)):
-                t0 = time.perf_counter()
-                fn()                                    # warm-up / compile
-                warm = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                outs[name] = fn()
-                dt = time.perf_counter() - t0
-                r[name] = {"warmup_s": round(warm, 2), "time_s": dt,
-                           "tokens_per_s": b * new / dt}
-            r["jax_over_torch"] = r["jax_sampler"]["tokens_per_s"] / r["transformers"]["tokens_per_s"]
-            same = [a == c for a, c in zip(outs["transformers"], outs["jax_sampler"])]
-            r["greedy_rows_identical"] = float(np.mean(same))
-        except Exception as e:   # noqa: BLE001
-            r["error"] = f"{type(e).__name__}: {e}"[:2000]
-        out["results"][f"batch{b}"] = r
-    del jax
-    return out
+      outs = {}
+      for name, fn in (("transformers", hf_run), ("jax_sampler", jax_run)):
+        t0 = time.perf_counter()
+        fn()  # warm-up / compile
+        warm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        outs[name] = fn()
+        dt = time.perf_counter() - t0
+        r[name] = {"warmup_s": round(warm, 2), "time_s": dt, "tokens_per_s": b * new / dt}
+      r["jax_over_torch"] = r["jax_sampler"]["tokens_per_s"] / r["transformers"]["tokens_per_s"]
+      same = [a == c for a, c in zip(outs["transformers"], outs["jax_sampler"])]
+      r["greedy_rows_identical"] = float(np.mean(same))
+    except Exception as e:  # noqa: BLE001
+      r["error"] = f"{type(e).__name__}: {e}"[:2000]
+    out["results"][f"batch{b}"] = r
+  del jax
+  return out
 
 
 def section_dlpack(args) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import torch
+  import jax
+  import jax.numpy as jnp
+  import torch
 
-    n_bytes = (16 << 20) if args.smoke else (1 << 30)
-    x = jnp.ones((n_bytes // 2,), jnp.bfloat16) * 3
-    x.block_until_ready()
-    out = {"bytes": n_bytes, "jax_device": str(x.devices())}
-    times = []
-    t_obj = None
-    for _ in range(5):
-        t0 = time.perf_counter()
-        t_obj = torch.from_dlpack(x)
-        if t_obj.is_cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    jptr = x.unsafe_buffer_pointer()
-    out.update({"torch_device": str(t_obj.device), "seconds": best, "gb_per_s": n_bytes / best / 1e9,
-                "zero_copy": int(t_obj.data_ptr()) == int(jptr),
-                "values_ok": bool(float(t_obj[:8].float().sum()) == 24.0)})
-    # And back: torch -> JAX.
+  n_bytes = (16 << 20) if args.smoke else (1 << 30)
+  x = jnp.ones((n_bytes // 2,), jnp.bfloat16) * 3
+  x.block_until_ready()
+  out = {"bytes": n_bytes, "jax_device": str(x.devices())}
+  times = []
+  t_obj = None
+  for _ in range(5):
     t0 = time.perf_counter()
-    back = jax.dlpack.from_dlpack(t_obj)
-    back.block_until_ready()
-    dt = time.perf_counter() - t0
-    out["torch_to_jax"] = {"seconds": dt, "gb_per_s": n_bytes / dt / 1e9,
-                           "zero_copy": int(back.unsafe_buffer_pointer()) == int(t_obj.data_ptr())}
-    return out
+    t_obj = torch.from_dlpack(x)
+    if t_obj.is_cuda:
+      torch.cuda.synchronize()
+    times.append(time.perf_counter() - t0)
+  best = min(times)
+  jptr = x.unsafe_buffer_pointer()
+  out.update(
+    {
+      "torch_device": str(t_obj.device),
+      "seconds": best,
+      "gb_per_s": n_bytes / best / 1e9,
+      "zero_copy": int(t_obj.data_ptr()) == int(jptr),
+      "values_ok": bool(float(t_obj[:8].float().sum()) == 24.0),
+    }
+  )
+  # And back: torch -> JAX.
+  t0 = time.perf_counter()
+  back = jax.dlpack.from_dlpack(t_obj)
+  back.block_until_ready()
+  dt = time.perf_counter() - t0
+  out["torch_to_jax"] = {
+    "seconds": dt,
+    "gb_per_s": n_bytes / dt / 1e9,
+    "zero_copy": int(back.unsafe_buffer_pointer()) == int(t_obj.data_ptr()),
+  }
+  return out
 
 
 def section_rl_loop(args) -> dict:
-    from configs import rstar2_tiny_cpu
-    from rstar_jax.config import from_config_dict
-    from rstar_jax.pipelines import rl_loop
+  from configs import rstar2_tiny_cpu
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import rl_loop
 
-    cfg = rstar2_tiny_cpu.get_config("rl")
-    cfg.train.eval_every = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        summary = rl_loop.run_rl(from_config_dict(cfg, "rl"), tmp, max_steps=2)
-        dt = time.perf_counter() - t0
-        metrics = []
-        path = os.path.join(tmp, "metrics.jsonl")
-        if os.path.exists(path):
-            with open(path) as f:
-                metrics = [json.loads(line) for line in f if line.strip()]
-    import jax
-    last = summary.get("last_metrics") or {}
-    return {"seconds": dt, "device": jax.devices()[0].device_kind,
-            "rl_step": summary.get("rl_step"),
-            "steps_logged": len([m for m in metrics if "rl_step" in m]),
-            # Every numeric metric of the last step (an update happens only when RoC keeps a
-            # group: a random tiny policy often solves nothing, then no batch/* metrics).
-            "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
+  cfg = rstar2_tiny_cpu.get_config("rl")
+  cfg.train.eval_every = 0
+  with tempfile.TemporaryDirectory() as tmp:
+    t0 = time.perf_counter()
+    summary = rl_loop.run_rl(from_config_dict(cfg, "rl"), tmp, max_steps=2)
+    dt = time.perf_counter() - t0
+    metrics = []
+    path = os.path.join(tmp, "metrics.jsonl")
+    if os.path.exists(path):
+      with open(path) as f:
+        metrics = [json.loads(line) for line in f if line.strip()]
+  import jax
+
+  last = summary.get("last_metrics") or {}
+  return {
+    "seconds": dt,
+    "device": jax.devices()[0].device_kind,
+    "rl_step": summary.get("rl_step"),
+    "steps_logged": len([m for m in metrics if "rl_step" in m]),
+    # Every numeric metric of the last step (an update happens only when RoC keeps a
+    # group: a random tiny policy often solves nothing, then no batch/* metrics).
+    "last_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))},
+  }
 
 
 # ----------------------------------------------------------------------------- driver
 
 
 def run_section(name: str, args) -> dict:
-    t0 = time.perf_counter()
-    try:
-        res = globals()[f"section_{name}"](args)
-        res = {"ok": True, **res}
-    except Exception as e:   # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000],
-               "traceback": traceback.format_exc()[-4000:]}
-    res["section_seconds"] = round(time.perf_counter() - t0, 2)
-    return res
+  t0 = time.perf_counter()
+  try:
+    res = globals()[f"section_{name}"](args)
+    res = {"ok": True, **res}
+  except Exception as e:  # noqa: BLE001
+    res = {
+      "ok": False,
+      "error": f"{type(e).__name__}: {e}"[:4000],
+      "traceback": traceback.format_exc()[-4000:],
+    }
+  res["section_seconds"] = round(time.perf_counter() - t0, 2)
+  return res
 
 
 def _child_env(name: str, smoke: bool) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    # JAX must not take the whole GPU: torch shares it in the sampler / dlpack sections.
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    if name in ("sampler", "dlpack"):
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = env.get("GPU_CHECK_JAX_MEM_FRACTION", "0.45")
-    if smoke:
-        env["JAX_PLATFORMS"] = "cpu"
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+  env = dict(os.environ)
+  env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+  env.setdefault("HF_HUB_OFFLINE", "1")
+  env.setdefault("TRANSFORMERS_OFFLINE", "1")
+  # JAX must not take the whole GPU: torch shares it in the sampler / dlpack sections.
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if name in ("sampler", "dlpack"):
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = env.get("GPU_CHECK_JAX_MEM_FRACTION", "0.45")
+  if smoke:
+    env["JAX_PLATFORMS"] = "cpu"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+  return env
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="JSON report path (default $OUT/gpu_check.json)")
-    ap.add_argument("--smoke", action="store_true", help="CPU, small sizes (CI)")
-    ap.add_argument("--sections", default=",".join(SECTIONS))
-    ap.add_argument("--rows", type=int, default=8, help="learner batch rows")
-    ap.add_argument("--seq", type=int, default=2048, help="learner row length")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--section", default=None, help=argparse.SUPPRESS)   # child mode
-    ap.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.section:   # child: run one section, print its JSON as the last line
-        print("GPU_CHECK_RESULT " + json.dumps(run_section(args.section, args)), flush=True)
-        return 0
-    out = args.out or os.path.join(os.environ.get("OUT", "."), "gpu_check.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    budgets = SMOKE_BUDGET if args.smoke else BUDGET
-    report = {"smoke": args.smoke, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "budgets_s": budgets, "sections": {}}
-    names = [s for s in args.sections.split(",") if s]
-    for name in names:
-        if name not in SECTIONS:
-            raise SystemExit(f"--sections: unknown section {name!r}; choose from {SECTIONS}")
-    t_all = time.perf_counter()
-    for name in names:
-        cmd = [sys.executable, os.path.abspath(__file__), "--section", name,
-               "--budget", str(budgets[name]), "--rows", str(args.rows), "--seq", str(args.seq),
-               "--repeats", str(args.repeats)] + (["--smoke"] if args.smoke else [])
-        t0 = time.perf_counter()
-        print(f"[gpu_check] {name} (limit {budgets[name]} s) ...", flush=True)
-        try:
-            p = subprocess.run(cmd, cwd=ROOT, env=_child_env(name, args.smoke),
-                               capture_output=True, text=True, timeout=budgets[name])
-            line = next((l for l in reversed(p.stdout.splitlines())
-                         if l.startswith("GPU_CHECK_RESULT ")), None)
-            if line is None:
-                res = {"ok": False, "error": f"section process exited {p.returncode} without a "
-                       "result", "stderr_tail": p.stderr[-4000:]}
-            else:
-                res = json.loads(line[len("GPU_CHECK_RESULT "):])
-                if not res.get("ok"):
-                    res["stderr_tail"] = p.stderr[-3000:]
-        except subprocess.TimeoutExpired as e:
-            err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-            res = {"ok": False, "error": f"timed out after {budgets[name]} s",
-                   "stderr_tail": err[-3000:]}
-        res["wall_s"] = round(time.perf_counter() - t0, 2)
-        report["sections"][name] = res
-        report["total_s"] = round(time.perf_counter() - t_all, 2)
-        with open(out, "w") as f:   # after every section: a later crash keeps what ran
-            json.dump(report, f, indent=2)
-        print(f"[gpu_check] {name}: {'ok' if res.get('ok') else 'FAILED: ' + res['error'][:200]}"
-              f" ({res['wall_s']} s)", flush=True)
-    print(f"[gpu_check] report: {out}")
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--out", default=None, help="JSON report path (default $OUT/gpu_check.json)")
+  ap.add_argument("--smoke", action="store_true", help="CPU, small sizes (CI)")
+  ap.add_argument("--sections", default=",".join(SECTIONS))
+  ap.add_argument("--rows", type=int, default=8, help="learner batch rows")
+  ap.add_argument("--seq", type=int, default=2048, help="learner row length")
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--section", default=None, help=argparse.SUPPRESS)  # child mode
+  ap.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.section:  # child: run one section, print its JSON as the last line
+    print("GPU_CHECK_RESULT " + json.dumps(run_section(args.section, args)), flush=True)
     return 0
+  out = args.out or os.path.join(os.environ.get("OUT", "."), "gpu_check.json")
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  budgets = SMOKE_BUDGET if args.smoke else BUDGET
+  report = {
+    "smoke": args.smoke,
+    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "budgets_s": budgets,
+    "sections": {},
+  }
+  names = [s for s in args.sections.split(",") if s]
+  for name in names:
+    if name not in SECTIONS:
+      raise SystemExit(f"--sections: unknown section {name!r}; choose from {SECTIONS}")
+  t_all = time.perf_counter()
+  for name in names:
+    cmd = [
+      sys.executable,
+      os.path.abspath(__file__),
+      "--section",
+      name,
+      "--budget",
+      str(budgets[name]),
+      "--rows",
+      str(args.rows),
+      "--seq",
+      str(args.seq),
+      "--repeats",
+      str(args.repeats),
+    ] + (["--smoke"] if args.smoke else [])
+    t0 = time.perf_counter()
+    print(f"[gpu_check] {name} (limit {budgets[name]} s) ...", flush=True)
+    try:
+      p = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=_child_env(name, args.smoke),
+        capture_output=True,
+        text=True,
+        timeout=budgets[name],
+      )
+      line = next(
+        (l for l in reversed(p.stdout.splitlines()) if l.startswith("GPU_CHECK_RESULT ")), None
+      )
+      if line is None:
+        res = {
+          "ok": False,
+          "error": f"section process exited {p.returncode} without a result",
+          "stderr_tail": p.stderr[-4000:],
+        }
+      else:
+        res = json.loads(line[len("GPU_CHECK_RESULT ") :])
+        if not res.get("ok"):
+          res["stderr_tail"] = p.stderr[-3000:]
+    except subprocess.TimeoutExpired as e:
+      err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+      res = {"ok": False, "error": f"timed out after {budgets[name]} s", "stderr_tail": err[-3000:]}
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    report["sections"][name] = res
+    report["total_s"] = round(time.perf_counter() - t_all, 2)
+    with open(out, "w") as f:  # after every section: a later crash keeps what ran
+      json.dump(report, f, indent=2)
+    print(
+      f"[gpu_check] {name}: {'ok' if res.get('ok') else 'FAILED: ' + res['error'][:200]}"
+      f" ({res['wall_s']} s)",
+      flush=True,
+    )
+  print(f"[gpu_check] report: {out}")
+  return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

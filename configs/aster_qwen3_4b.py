@@ -11,6 +11,7 @@ last stage-1 steps' rollouts, evaluation at T = 1, top-p 1.
 Usage: --config=configs/aster_qwen3_4b.py        (RL)
        --config=configs/aster_qwen3_4b.py:sft    (cold-start SFT on dense trajectories)
 """
+
 import ml_collections
 
 from configs import common
@@ -27,21 +28,21 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   # (T, T) attention scores need the heads split 8 ways (plan: third_party/rocm/README.md).
   c.mesh = common.mesh_config(data=1, fsdp=8, tensor=8)
   c.rl = common.rl_config()
-  c.rl.group_size = 8          # [REPRO] n = 8
-  c.rl.oversample = 1          # ASTER is plain GRPO: no oversampling
+  c.rl.group_size = 8  # [REPRO] n = 8
+  c.rl.oversample = 1  # ASTER is plain GRPO: no oversampling
   c.rl.roc_mode = "random"
   c.rl.dual_clip_c = 10.0
-  c.rl.drop_zero_variance = False   # plain GRPO groups, all-correct / all-wrong included
-  c.rl.ppo_mini_batches = 2         # 2 optimizer updates per step: 64 of the 128 prompts each
-  c.rl.tis_cap = 2.0                # truncated IS, sampler (behaviour) vs learner log-probs
-  c.rl.answer_mode = "anywhere"     # Qwen3 thinking models box the answer; no <answer> tags
+  c.rl.drop_zero_variance = False  # plain GRPO groups, all-correct / all-wrong included
+  c.rl.ppo_mini_batches = 2  # 2 optimizer updates per step: 64 of the 128 prompts each
+  c.rl.tis_cap = 2.0  # truncated IS, sampler (behaviour) vs learner log-probs
+  c.rl.answer_mode = "anywhere"  # Qwen3 thinking models box the answer; no <answer> tags
   c.rollout = common.rollout_config(engine="sglang")
   c.rollout.sglang_urls = [f"http://rstar-node{i}:30000" for i in range(8)]  # every worker
   c.rollout.staging_dir = "/shared/rstar_jax/weights"
   c.rollout.max_turns = 50
   c.rollout.max_tool_calls = 50
   c.rollout.response_budget = 16384
-  c.rollout.chat_format = "qwen3_thinking"   # Qwen3 thinking template, `code_interpreter` tool
+  c.rollout.chat_format = "qwen3_thinking"  # Qwen3 thinking template, `code_interpreter` tool
   c.tool = common.tool_config()
   c.tool.stateful = True
   c.tool.timeout_s = 30.0
@@ -56,13 +57,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval.temperature, c.eval.top_p = 1.0, 1.0
   # Ahead-of-time planning (launchers/plan.py): architecture used when hf_dir is not readable
   # on the planning machine, and the accelerator assumptions.
-  c.plan = common.plan_config(model_preset="qwen3-4b", hbm_gib=192.0, mem_fraction=0.55,
-                              mfu=0.35)
-  c.data = common.data_config(train_path="/data/dapo17k.jsonl",
-                              sft_path="/data/aster_dense_4k.jsonl")
+  c.plan = common.plan_config(model_preset="qwen3-4b", hbm_gib=192.0, mem_fraction=0.55, mfu=0.35)
+  c.data = common.data_config(
+    train_path="/data/dapo17k.jsonl", sft_path="/data/aster_dense_4k.jsonl"
+  )
   # Cold-start selection (ASTER §3.1): correct answer, every tool call succeeded, > 9 calls.
-  c.coldstart = common.coldstart_config(min_tool_calls=10, max_trajectories=4000,
-                                       require_all_calls_ok=True)
+  c.coldstart = common.coldstart_config(
+    min_tool_calls=10, max_trajectories=4000, require_all_calls_ok=True
+  )
   if mode == "sft":
     c.optim = common.optim_config(lr=3e-5, warmup_steps=0, schedule="constant")
     c.sft = common.sft_config(epochs=6.0, warmup_ratio=0.06, batch_size=16, max_seq_len=32768)
@@ -73,8 +75,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
     # sampled in the final stage-1 steps (no re-sampling). The window is not given in the
     # paper: ~one pass over DAPO-Math-17k at 128 prompts per step (docs/fidelity.md).
     c.stages = [
-        common.stage("stage1_16k", steps=405, response_budget=16384, max_turns=50),
-        common.stage("stage2_30k", steps=200, response_budget=30720, max_turns=50,
-                     data="recent", recent_steps=135),
+      common.stage("stage1_16k", steps=405, response_budget=16384, max_turns=50),
+      common.stage(
+        "stage2_30k",
+        steps=200,
+        response_budget=30720,
+        max_turns=50,
+        data="recent",
+        recent_steps=135,
+      ),
     ]
   return c

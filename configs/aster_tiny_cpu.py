@@ -5,6 +5,7 @@ Usage: --config=configs/aster_tiny_cpu.py        (RL)
        --config=configs/aster_tiny_cpu.py:sft    (cold-start SFT on scripted tool chats)
        --config=configs/aster_tiny_cpu.py:eval
 """
+
 import ml_collections
 
 from configs import common
@@ -18,14 +19,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.model = tiny_model()
   c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
   c.rl = common.rl_config()
-  c.rl.group_size = 8          # 8 rollouts per prompt: with the tiny SFT model, often mixed
-  c.rl.oversample = 1          # ASTER: no oversampling
+  c.rl.group_size = 8  # 8 rollouts per prompt: with the tiny SFT model, often mixed
+  c.rl.oversample = 1  # ASTER: no oversampling
   c.rl.roc_mode = "random"
   c.rl.min_pos, c.rl.min_neg = 1, 1
   c.rl.dual_clip_c = 10.0
   c.rollout = common.rollout_config(engine="jax")
   c.rollout.max_prompt_tokens = 1536
-  c.rollout.response_budget = 128   # the scripted trajectory is ~95 tokens (tool tokens count)
+  c.rollout.response_budget = 128  # the scripted trajectory is ~95 tokens (tool tokens count)
   c.rollout.max_turns = 4
   c.rollout.max_tool_calls = 3
   c.rollout.max_batch = 16
@@ -45,8 +46,9 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.eval.response_budget = 128
   c.eval.max_problems = 4
   c.data = synthetic_data()
-  c.coldstart = common.coldstart_config(min_tool_calls=1, max_trajectories=64,
-                                       require_all_calls_ok=True)
+  c.coldstart = common.coldstart_config(
+    min_tool_calls=1, max_trajectories=64, require_all_calls_ok=True
+  )
   if mode == "sft":
     # As rstar2_tiny_cpu: enough SFT steps that RL's groups are mixed (see its docstring).
     c.optim = common.optim_config(lr=1e-2, warmup_steps=0, schedule="cosine")
@@ -55,8 +57,9 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2)
     c.stages = [
-        common.stage("stage1", steps=2, response_budget=128, max_turns=4),
-        common.stage("stage2", steps=1, response_budget=160, max_turns=4, data="hard",
-                     drop_solved_k_of_k=2),
+      common.stage("stage1", steps=2, response_budget=128, max_turns=4),
+      common.stage(
+        "stage2", steps=1, response_budget=160, max_turns=4, data="hard", drop_solved_k_of_k=2
+      ),
     ]
   return c

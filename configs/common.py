@@ -9,6 +9,7 @@ dicts), and optionally sft, sft_optim, coldstart, demo, plan. A new setting is o
 section's dataclass; nothing here changes. Where each recipe value comes from (paper,
 released code) and the test that checks it: docs/fidelity.md.
 """
+
 import ml_collections
 
 from rstar_jax.config import schema
@@ -19,8 +20,10 @@ def check_variant(variant: str, recipe: str, variants=schema.MODES) -> str:
   """``variant`` (the ``:name`` after a recipe path) if it is one of ``variants``; else a
   one-line `UserError` listing them (a typo such as ``:sfT`` must not run the default job)."""
   if variant not in variants:
-    raise UserError(f"{recipe}: unknown variant {variant!r}; expected one of "
-                    + ", ".join(repr(v) for v in variants))
+    raise UserError(
+      f"{recipe}: unknown variant {variant!r}; expected one of "
+      + ", ".join(repr(v) for v in variants)
+    )
   return variant
 
 
@@ -98,6 +101,7 @@ def stage(name: str, steps: int, response_budget: int, max_turns: int, **overrid
   the problems whose training rollouts were all correct at their latest appearance in the last
   ``recent_steps`` RL steps (ASTER stage 2; no re-sampling)."""
   d = schema.defaults_dict(schema.StageConfig)
-  d.update(name=name, steps=steps, response_budget=response_budget, max_turns=max_turns,
-           **overrides)
+  d.update(
+    name=name, steps=steps, response_budget=response_budget, max_turns=max_turns, **overrides
+  )
   return d

@@ -25,6 +25,7 @@ temperature 0.6 (0.905 vs 0.385 in the README run). RL raises the sampled accura
 metric; 0.385 -> 0.550) and ends tool errors and truncations, but lowers the greedy one
 (0.905 -> 0.755).
 """
+
 import ml_collections
 
 from configs import common
@@ -36,25 +37,38 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   common.check_variant(variant, "configs/demo.py", ("", "smoke"))
   c = ml_collections.ConfigDict()
   c.mode = "rl"
-  c.model = common.model_config(vocab_size=1536, hidden_size=128, intermediate_size=384,
-                                num_hidden_layers=3, num_attention_heads=4,
-                                num_key_value_heads=2, head_dim=32,
-                                max_position_embeddings=1024)
+  c.model = common.model_config(
+    vocab_size=1536,
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+  )
   c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
   c.mesh.num_devices = 1
   c.data = common.synthetic_data(
-      seed=0, n_train=1000, n_eval=200,
-      families=["mulmod", "powmod", "ncr_mod", "power_sum", "count_primes"],
-      # Two-digit numbers: every number the model copies is a frequent token, so 10 SFT
-      # epochs teach the copies (with "easy"'s 3-digit operands they stay near chance).
-      difficulty=ml_collections.ConfigDict(dict(
-          operand_digits=2, modulus_digits=2, exponent_digits=2, range_max=100, n_max=40,
-          index_max=99)))
+    seed=0,
+    n_train=1000,
+    n_eval=200,
+    families=["mulmod", "powmod", "ncr_mod", "power_sum", "count_primes"],
+    # Two-digit numbers: every number the model copies is a frequent token, so 10 SFT
+    # epochs teach the copies (with "easy"'s 3-digit operands they stay near chance).
+    difficulty=ml_collections.ConfigDict(
+      dict(
+        operand_digits=2, modulus_digits=2, exponent_digits=2, range_max=100, n_max=40, index_max=99
+      )
+    ),
+  )
   # Scripted interaction-dense cold start (rstar_jax.data.coldstart) + ASTER selection.
-  c.coldstart = common.coldstart_config(explore_prob=0.8, bug_prob=0.3, min_tool_calls=2,
-                                        max_trajectories=0, max_calls=3, seed=0)
-  c.sft = common.sft_config(epochs=10.0, warmup_ratio=0.05, batch_size=16, max_seq_len=256,
-                            log_every_s=15.0)
+  c.coldstart = common.coldstart_config(
+    explore_prob=0.8, bug_prob=0.3, min_tool_calls=2, max_trajectories=0, max_calls=3, seed=0
+  )
+  c.sft = common.sft_config(
+    epochs=10.0, warmup_ratio=0.05, batch_size=16, max_seq_len=256, log_every_s=15.0
+  )
   c.sft_optim = common.optim_config(lr=3e-3, warmup_steps=0, schedule="cosine")
   c.optim = common.optim_config(lr=3e-4, warmup_steps=2, schedule="constant")
   c.rl = common.rl_config()
@@ -76,7 +90,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.tool = common.tool_config()
   c.tool.num_workers = 2
   c.tool.max_response_chars = 128
-  c.tool.show_time = False      # no "execution time" line in tool responses (fewer tokens)
+  c.tool.show_time = False  # no "execution time" line in tool responses (fewer tokens)
   c.train = common.train_config()
   c.train.batch_prompts = 32
   c.train.checkpoint_every = 5
@@ -91,8 +105,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval.max_turns = 5
   c.eval.response_budget = 200
   c.eval.max_problems = 200
-  c.demo = common.section(schema.DemoConfig, split_digits=True, domain_tokens=True,
-                          number_tokens=1000, curve_eval_problems=48)
+  c.demo = common.section(
+    schema.DemoConfig,
+    split_digits=True,
+    domain_tokens=True,
+    number_tokens=1000,
+    curve_eval_problems=48,
+  )
   if variant == "smoke":
     _smoke(c)
   return c

@@ -16,25 +16,43 @@ Usage: --config=configs/rstar2_tiny_cpu.py          (RL)
        --config=configs/rstar2_tiny_cpu.py:sft      (SFT on scripted tool chats)
        --config=configs/rstar2_tiny_cpu.py:eval     (avg@k evaluation)
 """
+
 import ml_collections
 
 from configs import common
 
 
 def tiny_model() -> ml_collections.ConfigDict:
-  return common.model_config(vocab_size=1024, hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=16, max_position_embeddings=2048)
+  return common.model_config(
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+  )
 
 
 def synthetic_data() -> ml_collections.ConfigDict:
   # The paths stay empty: seeded synthetic tasks, disjoint train / held-out. One-digit operands:
   # a ~70k-parameter model copies them into the code after a few dozen SFT steps (3-digit
   # "easy" operands stay at chance: no RL signal).
-  return common.synthetic_data(seed=0, n_train=4, n_eval=8, families=["mul"],
-                               difficulty=dict(operand_digits=1, modulus_digits=2,
-                                               exponent_digits=2, range_max=1_000, n_max=40,
-                                               index_max=500))
+  return common.synthetic_data(
+    seed=0,
+    n_train=4,
+    n_eval=8,
+    families=["mul"],
+    difficulty=dict(
+      operand_digits=1,
+      modulus_digits=2,
+      exponent_digits=2,
+      range_max=1_000,
+      n_max=40,
+      index_max=500,
+    ),
+  )
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
@@ -45,14 +63,14 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   c.mesh = common.mesh_config(data=1, fsdp=-1, tensor=1)
   c.rl = common.rl_config()
   c.rl.group_size = 4
-  c.rl.oversample = 2          # 8 rollouts per prompt, RoC keeps 4
+  c.rl.oversample = 2  # 8 rollouts per prompt, RoC keeps 4
   c.rl.min_pos, c.rl.min_neg = 1, 1
   c.rollout = common.rollout_config(engine="jax")
   c.rollout.max_prompt_tokens = 1536
   c.rollout.response_budget = 128
   c.rollout.max_turns = 2
   c.rollout.max_batch = 16
-  c.rollout.temperature = 0.8   # the tiny SFT model keeps the tool-call JSON intact more often
+  c.rollout.temperature = 0.8  # the tiny SFT model keeps the tool-call JSON intact more often
   c.tool = common.tool_config()
   c.tool.num_workers = 2
   c.tool.max_response_chars = 256
@@ -74,9 +92,16 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
   else:
     c.optim = common.optim_config(lr=1e-4, warmup_steps=2, schedule="constant")
     c.stages = [
-        common.stage("stage1", steps=2, response_budget=128, max_turns=2),
-        common.stage("stage2", steps=1, response_budget=128, max_turns=2),
-        common.stage("stage3_hard", steps=1, response_budget=160, max_turns=3, data="hard",
-                     reset_optimizer=True, drop_solved_k_of_k=2),
+      common.stage("stage1", steps=2, response_budget=128, max_turns=2),
+      common.stage("stage2", steps=1, response_budget=128, max_turns=2),
+      common.stage(
+        "stage3_hard",
+        steps=1,
+        response_budget=160,
+        max_turns=3,
+        data="hard",
+        reset_optimizer=True,
+        drop_solved_k_of_k=2,
+      ),
     ]
   return c

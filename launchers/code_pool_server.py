@@ -1,7 +1,8 @@
 """Serves the sandboxed code pool over HTTP (rstar_jax.tools.server). No logic here.
 
-  python -m launchers.code_pool_server --port=8088 --num_workers=64
+python -m launchers.code_pool_server --port=8088 --num_workers=64
 """
+
 import asyncio
 import logging
 
@@ -18,18 +19,24 @@ _TIMEOUT = flags.DEFINE_float("timeout_s", 4.0, "Default wall-clock limit per ca
 _MEMORY = flags.DEFINE_integer("memory_limit_mb", 1024, "Address space a call may add.")
 _OUTPUT = flags.DEFINE_integer("max_output_bytes", 1 << 20, "Cap on stdout and on stderr.")
 _PROCS = flags.DEFINE_integer("max_procs", 64, "RLIMIT_NPROC per call.")
-_ISOLATION = flags.DEFINE_enum("isolation", "auto", ["auto", "namespaces", "pidns", "uid",
-                                                     "rlimits"], "Minimum isolation level.")
+_ISOLATION = flags.DEFINE_enum(
+  "isolation", "auto", ["auto", "namespaces", "pidns", "uid", "rlimits"], "Minimum isolation level."
+)
 _QUEUE_TIMEOUT = flags.DEFINE_float("queue_timeout_s", None, "Max wait for a free worker.")
 
 
 def main(argv):
   del argv
   logging.basicConfig(level=logging.INFO)
-  config = PoolConfig(num_workers=_WORKERS.value, num_templates=_TEMPLATES.value,
-                      timeout_s=_TIMEOUT.value, memory_limit_mb=_MEMORY.value,
-                      max_output_bytes=_OUTPUT.value, max_procs=_PROCS.value,
-                      isolation=_ISOLATION.value)
+  config = PoolConfig(
+    num_workers=_WORKERS.value,
+    num_templates=_TEMPLATES.value,
+    timeout_s=_TIMEOUT.value,
+    memory_limit_mb=_MEMORY.value,
+    max_output_bytes=_OUTPUT.value,
+    max_procs=_PROCS.value,
+    isolation=_ISOLATION.value,
+  )
   asyncio.run(serve_forever(config, _HOST.value, _PORT.value, _QUEUE_TIMEOUT.value))
 
 

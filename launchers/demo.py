@@ -8,6 +8,7 @@ Any config field can be overridden (--config.rl.group_size=4, ...). Rerunning wi
 --workdir skips finished phases and resumes the unfinished one, if they ran with the same
 config; otherwise it stops and names the changed fields (--discard_stale reruns those phases).
 """
+
 import os
 
 from absl import flags
@@ -17,13 +18,23 @@ from rstar_jax import cli
 from rstar_jax.pipelines import demo, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "configs", "demo.py"), "Demo config file.", lock_config=False)
+  "config",
+  os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py"),
+  "Demo config file.",
+  lock_config=False,
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (summary.json, plot, ckpts).")
-_ROC_MODE = flags.DEFINE_enum("rl.roc_mode", None, ["paper", "released", "random"],
-                              "Shorthand for --config.rl.roc_mode (random = plain GRPO).")
-_DISCARD = flags.DEFINE_bool("discard_stale", False, "Delete the outputs of phases that ran "
-                             "with a different config and rerun them (default: stop).")
+_ROC_MODE = flags.DEFINE_enum(
+  "rl.roc_mode",
+  None,
+  ["paper", "released", "random"],
+  "Shorthand for --config.rl.roc_mode (random = plain GRPO).",
+)
+_DISCARD = flags.DEFINE_bool(
+  "discard_stale",
+  False,
+  "Delete the outputs of phases that ran with a different config and rerun them (default: stop).",
+)
 
 
 def main(argv):

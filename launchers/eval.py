@@ -5,6 +5,7 @@
   python -m launchers.eval --config=configs/rstar2_tiny_cpu.py:eval \
       --checkpoint_dir=/tmp/rl/ckpt --out=/tmp/eval.json --workdir=/tmp/rl
 """
+
 import os
 
 from absl import flags
@@ -13,13 +14,20 @@ from ml_collections import config_flags
 from rstar_jax import cli
 from rstar_jax.pipelines import evaluation, runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode eval).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Run config file (mode eval).", lock_config=True
+)
 _OUT = flags.DEFINE_string("out", None, "Path of the JSON report.")
-_CKPT = flags.DEFINE_string("checkpoint_dir", "", "Evaluate the latest orbax checkpoint here "
-                            "(an SFT/RL run's ckpt/) instead of config.model.")
-_WORKDIR = flags.DEFINE_string("workdir", "", "Run directory holding the tokenizer of a "
-                               "from-scratch model (<workdir>/tokenizer).")
+_CKPT = flags.DEFINE_string(
+  "checkpoint_dir",
+  "",
+  "Evaluate the latest orbax checkpoint here (an SFT/RL run's ckpt/) instead of config.model.",
+)
+_WORKDIR = flags.DEFINE_string(
+  "workdir",
+  "",
+  "Run directory holding the tokenizer of a from-scratch model (<workdir>/tokenizer).",
+)
 
 
 def main(argv):
@@ -31,8 +39,7 @@ def main(argv):
   cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
   cli.check_model_dirs(run)
   runtime.maybe_initialize_distributed()
-  report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value,
-                               workdir=_WORKDIR.value)
+  report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value, workdir=_WORKDIR.value)
   print(runtime.summary_json(report["metrics"]))
 
 

@@ -4,6 +4,7 @@
       --checkpoint_dir=/tmp/rl/ckpt --tokenizer_dir=/tmp/rl/tokenizer --out_dir=/tmp/rl/hf
 The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`.
 """
+
 import os
 
 from absl import flags
@@ -14,12 +15,16 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.errors import UserError
 from rstar_jax.pipelines import runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config (model shape).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "The run's config (model shape).", lock_config=True
+)
 _CKPT = flags.DEFINE_string("checkpoint_dir", None, "An SFT/RL run's ckpt/ directory.")
 _OUT = flags.DEFINE_string("out_dir", None, "Where to write the HF directory.")
-_TOK = flags.DEFINE_string("tokenizer_dir", "", "Tokenizer to copy (default: the config's, "
-                           "else <checkpoint_dir>/../tokenizer).")
+_TOK = flags.DEFINE_string(
+  "tokenizer_dir",
+  "",
+  "Tokenizer to copy (default: the config's, else <checkpoint_dir>/../tokenizer).",
+)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 
 
@@ -36,13 +41,19 @@ def main(argv):
   # The tokenizer: the flag, else the config's (model.tokenizer_dir / hf_dir), else the one a
   # from-scratch run saved next to its ckpt/. A model directory without one is not loadable.
   run_tok = os.path.join(os.path.dirname(os.path.abspath(_CKPT.value)), "tokenizer")
-  tok = _TOK.value or run.tokenizer_dir() or (
-      run_tok if os.path.isfile(os.path.join(run_tok, "tokenizer.json")) else "")
+  tok = (
+    _TOK.value
+    or run.tokenizer_dir()
+    or (run_tok if os.path.isfile(os.path.join(run_tok, "tokenizer.json")) else "")
+  )
   if not tok:
-    raise UserError("export_hf: no tokenizer to copy: pass --tokenizer_dir, or the run's "
-                    "--config.model.hf_dir / --config.model.tokenizer_dir")
-  step = runtime.export_checkpoint(run, _CKPT.value, _OUT.value,
-                                   tokenizer_path=tok, step=_STEP.value)
+    raise UserError(
+      "export_hf: no tokenizer to copy: pass --tokenizer_dir, or the run's "
+      "--config.model.hf_dir / --config.model.tokenizer_dir"
+    )
+  step = runtime.export_checkpoint(
+    run, _CKPT.value, _OUT.value, tokenizer_path=tok, step=_STEP.value
+  )
   print(f"exported step {step} to {_OUT.value}")
 
 

@@ -10,6 +10,7 @@ Compiles the real rl_step (the config's first stage by default) and sft_step (th
 ":sft" variant, on this config's mesh and model) for --num_devices CPU devices, prints a table
 and writes plan.json. Logic: rstar_jax/planning/plan.py; runbook: third_party/rocm/README.md.
 """
+
 import os
 import sys
 
@@ -26,8 +27,10 @@ def _early_num_devices(argv) -> int:
 
 
 if __name__ == "__main__":
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                             f"device_count={_early_num_devices(sys.argv)}").strip()
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+    f"device_count={_early_num_devices(sys.argv)}"
+  ).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
@@ -38,14 +41,18 @@ from ml_collections import config_flags  # noqa: E402
 from rstar_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (RL or SFT mode).")
-_NUM_DEVICES = flags.DEFINE_integer("num_devices", 64, "Fake devices to plan for (applied "
-                                    "before jax starts).")
-_HBM = flags.DEFINE_float("hbm_gib", None, "HBM per device in GiB (default: plan.hbm_gib, "
-                          "else 192 = MI300X).")
-_MEM_FRACTION = flags.DEFINE_float("mem_fraction", None, "Usable HBM fraction (default: "
-                                   "plan.mem_fraction, else 0.93).")
-_MFU = flags.DEFINE_float("mfu", None, "Assumed MFU for the implied step time (default: "
-                          "plan.mfu, else 0.35).")
+_NUM_DEVICES = flags.DEFINE_integer(
+  "num_devices", 64, "Fake devices to plan for (applied before jax starts)."
+)
+_HBM = flags.DEFINE_float(
+  "hbm_gib", None, "HBM per device in GiB (default: plan.hbm_gib, else 192 = MI300X)."
+)
+_MEM_FRACTION = flags.DEFINE_float(
+  "mem_fraction", None, "Usable HBM fraction (default: plan.mem_fraction, else 0.93)."
+)
+_MFU = flags.DEFINE_float(
+  "mfu", None, "Assumed MFU for the implied step time (default: plan.mfu, else 0.35)."
+)
 _PEAK = flags.DEFINE_float("peak_tflops", 1307.0, "Dense bf16 peak per device (MI300X 1307).")
 _STEPS = flags.DEFINE_list("steps", ["rl", "sft"], "Steps to compile: rl, sft.")
 _STAGE = flags.DEFINE_integer("stage", 0, "RL stage (0-based) whose response budget sets T.")
@@ -54,20 +61,26 @@ _OUT = flags.DEFINE_string("out", None, "Write the plan here as JSON.")
 
 def main(argv):
   del argv
-  from rstar_jax.planning import plan as plan_lib
-
   from rstar_jax.config import from_config_dict
+  from rstar_jax.planning import plan as plan_lib
 
   run = from_config_dict(_CONFIG.value, check_inputs=False)
   p = run.plan
-  hw = plan_lib.Hardware(hbm_gib=_HBM.value or p.hbm_gib,
-                         mem_fraction=_MEM_FRACTION.value or p.mem_fraction,
-                         peak_tflops=_PEAK.value, mfu=_MFU.value or p.mfu,
-                         packed_fill=(p.packed_fill or None) if run.train.pack_rows else None)
+  hw = plan_lib.Hardware(
+    hbm_gib=_HBM.value or p.hbm_gib,
+    mem_fraction=_MEM_FRACTION.value or p.mem_fraction,
+    peak_tflops=_PEAK.value,
+    mfu=_MFU.value or p.mfu,
+    packed_fill=(p.packed_fill or None) if run.train.pack_rows else None,
+  )
   result = plan_lib.plan_config(
-      run, num_devices=_NUM_DEVICES.value, hw=hw, steps_to_plan=tuple(_STEPS.value),
-      stage_index=_STAGE.value,
-      config_path=config_flags.get_config_filename(flags.FLAGS["config"]))
+    run,
+    num_devices=_NUM_DEVICES.value,
+    hw=hw,
+    steps_to_plan=tuple(_STEPS.value),
+    stage_index=_STAGE.value,
+    config_path=config_flags.get_config_filename(flags.FLAGS["config"]),
+  )
   print(plan_lib.format_table(result))
   if _OUT.value:
     with open(_OUT.value, "w") as f:

@@ -5,17 +5,23 @@
 Resumes from <workdir>/ckpt when present, if the config is the one it ran with
 (<workdir>/resolved_config/; --discard_stale starts over); writes <workdir>/hf (HF model + tokenizer) at the end.
 """
+
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
 from rstar_jax.pipelines import runtime, sft_loop
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode sft).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Run config file (mode sft).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the exported model.")
-_DISCARD = flags.DEFINE_bool("discard_stale", False, "When --workdir holds a run made with a "
-                             "different config: delete its outputs and start over (default: stop).")
+_DISCARD = flags.DEFINE_bool(
+  "discard_stale",
+  False,
+  "When --workdir holds a run made with a "
+  "different config: delete its outputs and start over (default: stop).",
+)
 _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many steps (resumable).")
 
 
@@ -27,9 +33,13 @@ def main(argv):
   cli.check_model_dirs(run)
   # A resume must continue the same run: a changed config stops here (one line naming the
   # changed fields) instead of mixing two runs' checkpoints and metrics.
-  run_record.record_or_check(_WORKDIR.value, "sft", run,
-                             outputs=("ckpt", "hf", "tokenizer", "sft_metrics.jsonl"),
-                             discard_stale=_DISCARD.value)
+  run_record.record_or_check(
+    _WORKDIR.value,
+    "sft",
+    run,
+    outputs=("ckpt", "hf", "tokenizer", "sft_metrics.jsonl"),
+    discard_stale=_DISCARD.value,
+  )
   runtime.maybe_initialize_distributed()
   out = sft_loop.run_sft(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))

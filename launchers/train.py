@@ -6,19 +6,24 @@
 Resumes from <workdir>/ckpt when present (same step, data position, stage), if the config is
 the one it ran with (<workdir>/resolved_config/; --discard_stale starts over).
 """
+
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
 from rstar_jax.pipelines import rl_loop, runtime
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (mode rl).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Run config file (mode rl).", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl, TensorBoard.")
-_DISCARD = flags.DEFINE_bool("discard_stale", False, "When --workdir holds a run made with a "
-                             "different config: delete its outputs and start over (default: stop).")
-_MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL steps "
-                                  "(resumable).")
+_DISCARD = flags.DEFINE_bool(
+  "discard_stale",
+  False,
+  "When --workdir holds a run made with a "
+  "different config: delete its outputs and start over (default: stop).",
+)
+_MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL steps (resumable).")
 
 
 def main(argv):
@@ -29,9 +34,13 @@ def main(argv):
   cli.check_model_dirs(run)
   # A resume must continue the same run: a changed config stops here (one line naming the
   # changed fields) instead of mixing two runs' checkpoints and metrics.
-  run_record.record_or_check(_WORKDIR.value, "rl", run,
-                             outputs=("ckpt", "hf", "tokenizer", "metrics.jsonl"),
-                             discard_stale=_DISCARD.value)
+  run_record.record_or_check(
+    _WORKDIR.value,
+    "rl",
+    run,
+    outputs=("ckpt", "hf", "tokenizer", "metrics.jsonl"),
+    discard_stale=_DISCARD.value,
+  )
   runtime.maybe_initialize_distributed()
   out = rl_loop.run_rl(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))

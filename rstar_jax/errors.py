@@ -5,8 +5,9 @@ other exception is a bug and keeps its traceback. Raise a `UserError` (or a subc
 message alone tells the user what to change: name the config field or path, what was expected
 and what was found.
 """
+
 from __future__ import annotations
 
 
 class UserError(Exception):
-    """A problem with the user's input (config, paths, run directory); the message is the fix."""
+  """A problem with the user's input (config, paths, run directory); the message is the fix."""

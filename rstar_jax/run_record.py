@@ -16,6 +16,7 @@ discard option, which deletes the stale phases' outputs so they rerun. A phase w
 (never run, or discarded) just records the current config. Give a downstream phase the
 sections of the phases it consumes, so a change upstream makes it stale too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,8 @@ import fnmatch
 import json
 import os
 import shutil
-from typing import Any
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from rstar_jax.errors import UserError
 
@@ -32,169 +33,200 @@ RECORD_DIR = "resolved_config"
 
 # Fields that never change a phase's results: logging / progress intervals, checkpoint cadence
 # and retention, output paths, worker counts. Glob patterns over dotted field names.
-DEFAULT_IGNORE = ("*progress_every*", "*log_every*", "*checkpoint_every", "*keep_checkpoints",
-                  "*workdir*", "*num_workers", "*eval_workers")
+DEFAULT_IGNORE = (
+  "*progress_every*",
+  "*log_every*",
+  "*checkpoint_every",
+  "*keep_checkpoints",
+  "*workdir*",
+  "*num_workers",
+  "*eval_workers",
+)
 
 
 class StaleRunError(UserError):
-    """A run directory holds outputs made with a different config than this run's."""
+  """A run directory holds outputs made with a different config than this run's."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """One phase of a run.
+  """One phase of a run.
 
-    Attributes:
-        name: the record's file name (``<workdir>/resolved_config/<name>.json``).
-        sections: dotted config prefixes whose values the phase's results depend on
-            (``"model"`` covers ``model.*``; ``"rl.roc_mode"`` one field; ``""`` all fields).
-        outputs: paths under the workdir the phase writes (files or folders); the phase counts
-            as run when any exists, and discarding it deletes them.
-    """
-    name: str
-    sections: tuple[str, ...]
-    outputs: tuple[str, ...]
+  Attributes:
+      name: the record's file name (``<workdir>/resolved_config/<name>.json``).
+      sections: dotted config prefixes whose values the phase's results depend on
+          (``"model"`` covers ``model.*``; ``"rl.roc_mode"`` one field; ``""`` all fields).
+      outputs: paths under the workdir the phase writes (files or folders); the phase counts
+          as run when any exists, and discarding it deletes them.
+  """
+
+  name: str
+  sections: tuple[str, ...]
+  outputs: tuple[str, ...]
 
 
 def plain(config: Any) -> Any:
-    """A JSON-comparable copy of ``config``: ConfigDicts / dataclasses / mappings become dicts,
-    tuples lists; other leaves go through JSON (``repr`` for what JSON cannot hold)."""
-    return json.loads(json.dumps(_jsonable(config), sort_keys=True, default=_jsonable))
+  """A JSON-comparable copy of ``config``: ConfigDicts / dataclasses / mappings become dicts,
+  tuples lists; other leaves go through JSON (``repr`` for what JSON cannot hold)."""
+  return json.loads(json.dumps(_jsonable(config), sort_keys=True, default=_jsonable))
 
 
 def _jsonable(x: Any) -> Any:
-    if hasattr(x, "to_dict") and callable(x.to_dict):
-        return x.to_dict()
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.asdict(x)
-    if isinstance(x, (set, frozenset)):
-        return sorted(x, key=repr)
-    if isinstance(x, Mapping) and not isinstance(x, dict):
-        return dict(x)
-    if isinstance(x, (dict, list, tuple, str, int, float, bool)) or x is None:
-        return x
-    return repr(x)
+  if hasattr(x, "to_dict") and callable(x.to_dict):
+    return x.to_dict()
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    return dataclasses.asdict(x)
+  if isinstance(x, (set, frozenset)):
+    return sorted(x, key=repr)
+  if isinstance(x, Mapping) and not isinstance(x, dict):
+    return dict(x)
+  if isinstance(x, (dict, list, tuple, str, int, float, bool)) or x is None:
+    return x
+  return repr(x)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{dotted.name: leaf}; lists of dicts are indexed (``stages[1].steps``), other lists are
-    leaves."""
-    out: dict[str, Any] = {}
-    if isinstance(tree, Mapping):
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(tree, list) and tree and all(isinstance(v, Mapping) for v in tree):
-        for i, v in enumerate(tree):
-            out.update(flatten(v, f"{prefix}[{i}]"))
-    else:
-        out[prefix] = tree
-    return out
+  """{dotted.name: leaf}; lists of dicts are indexed (``stages[1].steps``), other lists are
+  leaves."""
+  out: dict[str, Any] = {}
+  if isinstance(tree, Mapping):
+    for k, v in tree.items():
+      out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+  elif isinstance(tree, list) and tree and all(isinstance(v, Mapping) for v in tree):
+    for i, v in enumerate(tree):
+      out.update(flatten(v, f"{prefix}[{i}]"))
+  else:
+    out[prefix] = tree
+  return out
 
 
 def _covered(name: str, sections: Iterable[str]) -> bool:
-    for s in sections:
-        if s == "" or name == s or name.startswith(s + ".") or name.startswith(s + "["):
-            return True
-    return False
+  for s in sections:
+    if s == "" or name == s or name.startswith(s + ".") or name.startswith(s + "["):
+      return True
+  return False
 
 
-def phase_view(config: Any, sections: Sequence[str],
-               ignore: Sequence[str] = DEFAULT_IGNORE) -> dict[str, Any]:
-    """The flat {field: value} a phase's results depend on."""
-    flat = flatten(plain(config))
-    return {k: v for k, v in sorted(flat.items())
-            if _covered(k, sections) and not any(fnmatch.fnmatchcase(k, p) for p in ignore)}
+def phase_view(
+  config: Any, sections: Sequence[str], ignore: Sequence[str] = DEFAULT_IGNORE
+) -> dict[str, Any]:
+  """The flat {field: value} a phase's results depend on."""
+  flat = flatten(plain(config))
+  return {
+    k: v
+    for k, v in sorted(flat.items())
+    if _covered(k, sections) and not any(fnmatch.fnmatchcase(k, p) for p in ignore)
+  }
 
 
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """[(field, old, new)] for fields that differ; a missing side is ``<absent>``."""
-    missing = "<absent>"
-    return [(k, old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
-            if old.get(k, missing) != new.get(k, missing)]
+  """[(field, old, new)] for fields that differ; a missing side is ``<absent>``."""
+  missing = "<absent>"
+  return [
+    (k, old.get(k, missing), new.get(k, missing))
+    for k in sorted(set(old) | set(new))
+    if old.get(k, missing) != new.get(k, missing)
+  ]
 
 
 def _fmt(v: Any) -> str:
-    return v if v == "<absent>" else json.dumps(v)
+  return v if v == "<absent>" else json.dumps(v)
 
 
 def record_path(workdir: str, phase: str) -> str:
-    return os.path.join(workdir, RECORD_DIR, f"{phase}.json")
+  return os.path.join(workdir, RECORD_DIR, f"{phase}.json")
 
 
 def read_record(workdir: str, phase: str) -> dict[str, Any] | None:
-    path = record_path(workdir, phase)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+  path = record_path(workdir, phase)
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
 def _write_record(workdir: str, phase: str, view: Mapping[str, Any]) -> None:
-    path = record_path(workdir, phase)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(dict(view), f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+  path = record_path(workdir, phase)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(dict(view), f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path)
+  elif os.path.lexists(path):
+    os.remove(path)
 
 
-def check_phases(workdir: str, phases: Sequence[Phase], config: Any, *,
-                 ignore: Sequence[str] = DEFAULT_IGNORE, discard_stale: bool = False,
-                 discard_hint: str = "--discard_stale") -> dict[str, dict[str, Any]]:
-    """Checks every phase against its record before any work starts; see the module docstring.
+def check_phases(
+  workdir: str,
+  phases: Sequence[Phase],
+  config: Any,
+  *,
+  ignore: Sequence[str] = DEFAULT_IGNORE,
+  discard_stale: bool = False,
+  discard_hint: str = "--discard_stale",
+) -> dict[str, dict[str, Any]]:
+  """Checks every phase against its record before any work starts; see the module docstring.
 
-    Returns {phase: the recorded (now current) config view}. Raises StaleRunError (one line)
-    when a phase with outputs was run with a different config, or recorded none, unless
-    ``discard_stale``: then those phases' outputs are deleted and they rerun.
-    ``discard_hint`` is how the caller's user asks for the discard (named in the error).
-    """
-    views = {p.name: phase_view(config, p.sections, ignore) for p in phases}
-    stale: dict[str, list[tuple[str, Any, Any]] | None] = {}
-    for p in phases:
-        if not any(os.path.lexists(os.path.join(workdir, o)) for o in p.outputs):
-            continue
-        old = read_record(workdir, p.name)
-        if old is None:
-            stale[p.name] = None
-        elif old != views[p.name]:
-            stale[p.name] = diff(old, views[p.name])
-    if stale and not discard_stale:
-        changes: dict[str, tuple[Any, Any]] = {}
-        for d in stale.values():
-            for k, a, b in d or ():
-                changes[k] = (a, b)
-        what = (", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in changes.items())
-                if changes else "")
-        unrecorded = [n for n, d in stale.items() if d is None]
-        parts = []
-        if what:
-            parts.append(f"config changed since they ran: {what}")
-        if unrecorded:
-            parts.append(f"no recorded config for {', '.join(unrecorded)} (an older run)")
-        raise StaleRunError(
-            f"{workdir}: phases {', '.join(stale)} hold results of a different run ("
-            f"{'; '.join(parts)}); use a new --workdir, or {discard_hint} to delete those "
-            "phases' outputs and rerun them")
-    for p in phases:
-        if p.name in stale:
-            for o in p.outputs:
-                _remove(os.path.join(workdir, o))
-        _write_record(workdir, p.name, views[p.name])
-    return views
+  Returns {phase: the recorded (now current) config view}. Raises StaleRunError (one line)
+  when a phase with outputs was run with a different config, or recorded none, unless
+  ``discard_stale``: then those phases' outputs are deleted and they rerun.
+  ``discard_hint`` is how the caller's user asks for the discard (named in the error).
+  """
+  views = {p.name: phase_view(config, p.sections, ignore) for p in phases}
+  stale: dict[str, list[tuple[str, Any, Any]] | None] = {}
+  for p in phases:
+    if not any(os.path.lexists(os.path.join(workdir, o)) for o in p.outputs):
+      continue
+    old = read_record(workdir, p.name)
+    if old is None:
+      stale[p.name] = None
+    elif old != views[p.name]:
+      stale[p.name] = diff(old, views[p.name])
+  if stale and not discard_stale:
+    changes: dict[str, tuple[Any, Any]] = {}
+    for d in stale.values():
+      for k, a, b in d or ():
+        changes[k] = (a, b)
+    what = (
+      ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in changes.items()) if changes else ""
+    )
+    unrecorded = [n for n, d in stale.items() if d is None]
+    parts = []
+    if what:
+      parts.append(f"config changed since they ran: {what}")
+    if unrecorded:
+      parts.append(f"no recorded config for {', '.join(unrecorded)} (an older run)")
+    raise StaleRunError(
+      f"{workdir}: phases {', '.join(stale)} hold results of a different run ("
+      f"{'; '.join(parts)}); use a new --workdir, or {discard_hint} to delete those "
+      "phases' outputs and rerun them"
+    )
+  for p in phases:
+    if p.name in stale:
+      for o in p.outputs:
+        _remove(os.path.join(workdir, o))
+    _write_record(workdir, p.name, views[p.name])
+  return views
 
 
-def record_or_check(workdir: str, phase: str, config: Any, *,
-                    sections: Sequence[str] = ("",), outputs: Sequence[str] | None = None,
-                    ignore: Sequence[str] = DEFAULT_IGNORE, discard_stale: bool = False,
-                    discard_hint: str = "--discard_stale") -> dict[str, Any]:
-    """`check_phases` for a single phase whose outputs default to ``<workdir>/<phase>``."""
-    p = Phase(phase, tuple(sections), tuple(outputs) if outputs is not None else (phase,))
-    return check_phases(workdir, [p], config, ignore=ignore, discard_stale=discard_stale,
-                        discard_hint=discard_hint)[phase]
+def record_or_check(
+  workdir: str,
+  phase: str,
+  config: Any,
+  *,
+  sections: Sequence[str] = ("",),
+  outputs: Sequence[str] | None = None,
+  ignore: Sequence[str] = DEFAULT_IGNORE,
+  discard_stale: bool = False,
+  discard_hint: str = "--discard_stale",
+) -> dict[str, Any]:
+  """`check_phases` for a single phase whose outputs default to ``<workdir>/<phase>``."""
+  p = Phase(phase, tuple(sections), tuple(outputs) if outputs is not None else (phase,))
+  return check_phases(
+    workdir, [p], config, ignore=ignore, discard_stale=discard_stale, discard_hint=discard_hint
+  )[phase]

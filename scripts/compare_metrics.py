@@ -5,6 +5,7 @@
 Prints one table row per (step, metric) with both values and exits 1 when a non-timing metric
 differs beyond the tolerance (or a step / metric is missing on one side).
 """
+
 import argparse
 import json
 import math

@@ -1,4 +1,5 @@
 """Test-wide environment: 8 fake CPU devices for sharding tests, no hub access."""
+
 import os
 
 # Must happen before jax is imported anywhere in the test process.

@@ -1,5 +1,6 @@
 """What `pip install` puts into site-packages: only `rstar_jax` (no top-level `configs` or
 `launchers`), with its version, license, typing marker and Python floor."""
+
 import os
 import re
 import shutil
@@ -19,18 +20,33 @@ def test_wheel_installs_only_rstar_jax(tmp_path):
   for name in ("setup.py", "LICENSE", "README.md"):
     shutil.copy(os.path.join(REPO, name), src / name)
   for name in ("rstar_jax", "launchers", "configs"):
-    shutil.copytree(os.path.join(REPO, name), src / name,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-  proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                         "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
-                        capture_output=True, text=True, timeout=300)
+    shutil.copytree(
+      os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__")
+    )
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "pip",
+      "wheel",
+      "-q",
+      "--no-deps",
+      "--no-build-isolation",
+      "-w",
+      str(tmp_path / "dist"),
+      str(src),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   (wheel,) = (tmp_path / "dist").iterdir()
   names = zipfile.ZipFile(wheel).namelist()
   dist_info = f"rstar_jax-{rstar_jax.__version__}.dist-info"
   assert {n.split("/")[0] for n in names} == {"rstar_jax", dist_info}
   assert "rstar_jax/py.typed" in names
-  assert "rstar_jax/tools/sandbox_template.py" in names     # sub-packages are found
+  assert "rstar_jax/tools/sandbox_template.py" in names  # sub-packages are found
   meta = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
   assert re.search(r"^Requires-Python: >=3\.11$", meta, re.M), meta[:2000]
   assert re.search(r"^Version: " + re.escape(rstar_jax.__version__) + "$", meta, re.M)

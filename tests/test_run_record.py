@@ -1,5 +1,6 @@
 """run_record: phases record their resolved config; a changed config stops with one line that
 names the changed fields and the two ways on; discarding deletes only the stale phases."""
+
 import dataclasses
 import json
 import os
@@ -11,16 +12,19 @@ from rstar_jax import run_record
 from rstar_jax.errors import UserError
 from rstar_jax.run_record import Phase, StaleRunError
 
-PHASES = [Phase("sft", ("model", "sft"), ("sft",)),
-          Phase("rl", ("",), ("rl", "rl_eval.json"))]
+PHASES = [Phase("sft", ("model", "sft"), ("sft",)), Phase("rl", ("",), ("rl", "rl_eval.json"))]
 
 
 def _cfg(**over):
-  c = ml_collections.ConfigDict(dict(
-      model=dict(hidden=64, layers=2), sft=dict(epochs=1.0, log_every_s=5.0),
+  c = ml_collections.ConfigDict(
+    dict(
+      model=dict(hidden=64, layers=2),
+      sft=dict(epochs=1.0, log_every_s=5.0),
       rl=dict(roc_mode="paper", group_size=4),
       stages=[dict(name="s1", steps=2), dict(name="s2", steps=1)],
-      train=dict(progress_every_s=5.0, checkpoint_every=1)))
+      train=dict(progress_every_s=5.0, checkpoint_every=1),
+    )
+  )
   for k, v in over.items():
     node = c
     *path, last = k.split(".")
@@ -44,14 +48,19 @@ def test_flatten_and_diff():
   flat = run_record.flatten(run_record.plain(_cfg()))
   assert flat["stages[1].steps"] == 1 and flat["model.hidden"] == 64
   assert run_record.diff({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == [
-      ("b", 2, 3), ("c", "<absent>", 4)]
+    ("b", 2, 3),
+    ("c", "<absent>", 4),
+  ]
 
   @dataclasses.dataclass
   class Typed:
     lr: float = 1e-3
     names: tuple = ("a", "b")
+
   assert run_record.flatten(run_record.plain({"optim": Typed()})) == {
-      "optim.lr": 1e-3, "optim.names": ["a", "b"]}
+    "optim.lr": 1e-3,
+    "optim.names": ["a", "b"],
+  }
 
 
 def test_same_config_reuses_and_ignored_fields_do_not_count(tmp_path):
@@ -61,8 +70,9 @@ def test_same_config_reuses_and_ignored_fields_do_not_count(tmp_path):
   rec = json.load(open(os.path.join(w, "resolved_config", "rl.json")))
   assert rec["rl.roc_mode"] == "paper" and "train.progress_every_s" not in rec
   # Logging / checkpoint cadence does not change results: no error, outputs kept.
-  run_record.check_phases(w, PHASES, _cfg(**{"train.progress_every_s": 60.0,
-                                             "sft.log_every_s": 1.0}))
+  run_record.check_phases(
+    w, PHASES, _cfg(**{"train.progress_every_s": 60.0, "sft.log_every_s": 1.0})
+  )
   assert os.path.isdir(os.path.join(w, "sft")) and os.path.isdir(os.path.join(w, "rl"))
 
 
@@ -80,8 +90,11 @@ def test_changed_field_stops_with_one_line(tmp_path):
   # Nothing was touched: the old record and outputs stay.
   assert json.load(open(os.path.join(w, "resolved_config", "rl.json")))["rl.roc_mode"] == "paper"
   # An upstream change makes the downstream phase stale too, all named at once.
-  with pytest.raises(StaleRunError, match=r"phases sft, rl hold .*sft\.epochs 1\.0 -> 2\.0, "
-                                          r'rl\.roc_mode "paper" -> "random"'):
+  with pytest.raises(
+    StaleRunError,
+    match=r"phases sft, rl hold .*sft\.epochs 1\.0 -> 2\.0, "
+    r'rl\.roc_mode "paper" -> "random"',
+  ):
     run_record.check_phases(w, PHASES, _cfg(**{"rl.roc_mode": "random", "sft.epochs": 2.0}))
 
 
@@ -93,11 +106,12 @@ def test_discard_deletes_only_stale_phases(tmp_path):
   new = _cfg(**{"rl.roc_mode": "random"})
   run_record.check_phases(w, PHASES, new, discard_stale=True)
   assert not os.path.exists(os.path.join(w, "rl")) and not os.path.exists(
-      os.path.join(w, "rl_eval.json"))
+    os.path.join(w, "rl_eval.json")
+  )
   assert open(os.path.join(w, "sft", "marker")).read() == "kept"
   assert run_record.read_record(w, "rl")["rl.roc_mode"] == "random"
   _run(w, PHASES[1:])
-  run_record.check_phases(w, PHASES, new)      # the rerun's outputs now match
+  run_record.check_phases(w, PHASES, new)  # the rerun's outputs now match
 
 
 def test_unrun_phase_just_records_and_unrecorded_outputs_are_stale(tmp_path):

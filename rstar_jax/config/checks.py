@@ -5,12 +5,14 @@ value a recipe or the command line gives (int -> float, list -> tuple), so a fro
 can hold exactly one representation. Every problem is reported as one line
 ``config.<section>.<field>: expected <what>, got <value>``.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import math
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from rstar_jax.errors import UserError
 
@@ -22,8 +24,7 @@ class ConfigError(UserError, ValueError):
   def __init__(self, problems: Sequence[tuple[str, str]]):
     self.problems = list(problems)
     lines = [f"config.{path}: {msg}" for path, msg in self.problems]
-    super().__init__(lines[0] if len(lines) == 1 else
-                     "invalid config:\n  " + "\n  ".join(lines))
+    super().__init__(lines[0] if len(lines) == 1 else "invalid config:\n  " + "\n  ".join(lines))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +47,15 @@ def _to_float(v):
 def int_range(lo: int | None = None, hi: int | None = None) -> Check:
   bounds = [f">= {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else ""]
   text = " and ".join(b for b in bounds if b)
-  return Check("an int" + (" " + text if text else ""),
-               lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))
+  return Check(
+    "an int" + (" " + text if text else ""),
+    lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi),
+  )
 
 
-def num_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-              hi_open: bool = False) -> Check:
+def num_range(
+  lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
+) -> Check:
   parts = []
   if lo is not None:
     parts.append(f"{'>' if lo_open else '>='} {lo}")
@@ -81,10 +85,12 @@ def registered(kind: str) -> Check:
   class _Names:
     def __str__(self):
       from rstar_jax.rl import registry
+
       return f"one of {registry.names(kind)} (rstar_jax.rl.registry '{kind}')"
 
   def ok(v):
     from rstar_jax.rl import registry
+
     return isinstance(v, str) and v in registry.names(kind)
 
   return Check(_Names(), ok)  # type: ignore[arg-type]
@@ -92,9 +98,11 @@ def registered(kind: str) -> Check:
 
 IS_BOOL = Check("a bool", lambda v: isinstance(v, bool))
 IS_STR = Check("a string", lambda v: isinstance(v, str))
-STR_TUPLE = Check("a list of strings",
-                  lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
-                  lambda v: tuple(v) if isinstance(v, list) else v)
+STR_TUPLE = Check(
+  "a list of strings",
+  lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
+  lambda v: tuple(v) if isinstance(v, list) else v,
+)
 
 
 def field(default: Any, check: Check | None, doc: str):

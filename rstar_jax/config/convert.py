@@ -5,11 +5,13 @@ defaults (`rstar_jax.config.schema`); unknown keys are errors with a "did you me
 problem of every section is collected and raised together as one `ConfigError`, so one run of
 a launcher shows every typo at once.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rstar_jax.config import schema
 from rstar_jax.config.checks import ConfigError, did_you_mean
@@ -22,7 +24,7 @@ def _plain(x: Any) -> Any:
   if hasattr(x, "to_dict"):
     x = x.to_dict()
   if hasattr(x, "get") and not isinstance(x, Mapping) and hasattr(x, "get_type"):
-    x = x.get()   # an unresolved FieldReference
+    x = x.get()  # an unresolved FieldReference
   if isinstance(x, Mapping):
     return {k: _plain(v) for k, v in x.items()}
   if isinstance(x, (list, tuple)):
@@ -49,12 +51,14 @@ def _build(cls: type, values: Any, path: str, problems: Problems, nested=None):
       kw[k] = v
     else:
       kw[k] = tuple(v) if isinstance(v, list) else v
-  try:   # checked even when some keys were bad, so every problem is reported at once
+  try:  # checked even when some keys were bad, so every problem is reported at once
     obj = cls(**{k: v for k, v in kw.items() if v is not _FAILED})
   except ConfigError as e:
     prefix = cls.SECTION + "."
-    problems += [(path + p[len(cls.SECTION):] if p.startswith(prefix) or p == cls.SECTION
-                  else p, m) for p, m in e.problems]
+    problems += [
+      (path + p[len(cls.SECTION) :] if p.startswith(prefix) or p == cls.SECTION else p, m)
+      for p, m in e.problems
+    ]
     return None
   return None if bad else obj
 
@@ -66,6 +70,7 @@ def _difficulty(v, path, problems):
   if isinstance(v, str) or v is None:
     return v
   from rstar_jax.data import synthetic_tasks
+
   known = {f.name for f in dataclasses.fields(synthetic_tasks.Difficulty)}
   unknown = [k for k in v if k not in known]
   for k in unknown:
@@ -86,8 +91,9 @@ def _synthetic(v, path, problems):
   return _FAILED if out is None else out
 
 
-def from_config_dict(cfg: Any, mode: str | None = None, *, check_inputs: bool = True,
-                     check_paths: bool = False) -> schema.RunConfig:
+def from_config_dict(
+  cfg: Any, mode: str | None = None, *, check_inputs: bool = True, check_paths: bool = False
+) -> schema.RunConfig:
   """The typed `RunConfig` of an ml_collections run config.
 
   Args:

@@ -14,23 +14,38 @@ Papers cited: rStar2-Agent (Shang et al. 2025, arXiv:2508.20722) and its release
 (github.com/microsoft/rStar, verl-based); ASTER (interaction-dense cold start + GRPO with a
 tool-call budget).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, ClassVar
 
-from rstar_jax.config.checks import (IS_BOOL, IS_STR, STR_TUPLE, Check, ConfigError, field,
-                                     int_range, num_range, one_of, registered, run_checks)
+from rstar_jax.config.checks import (
+  IS_BOOL,
+  IS_STR,
+  STR_TUPLE,
+  Check,
+  ConfigError,
+  field,
+  int_range,
+  num_range,
+  one_of,
+  registered,
+  run_checks,
+)
 
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
 STAGE_DATA = ("full", "hard", "recent")
-ATTENTIONS = ("xla", "blockwise", "fused")   # == rstar_jax.models.attention.IMPLEMENTATIONS
+ATTENTIONS = ("xla", "blockwise", "fused")  # == rstar_jax.models.attention.IMPLEMENTATIONS
 LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # "seq-mean" is the verl spelling of "seq-mean-token-mean".
-LOSS_AGG_CANONICAL = {"token-mean": "token-mean", "seq-mean": "seq-mean-token-mean",
-                      "seq-mean-token-mean": "seq-mean-token-mean",
-                      "seq-mean-token-sum": "seq-mean-token-sum"}
+LOSS_AGG_CANONICAL = {
+  "token-mean": "token-mean",
+  "seq-mean": "seq-mean-token-mean",
+  "seq-mean-token-mean": "seq-mean-token-mean",
+  "seq-mean-token-sum": "seq-mean-token-sum",
+}
 
 
 class _Section:
@@ -58,49 +73,86 @@ class ModelConfig(_Section):
   """The policy: an HF checkpoint directory (real runs) or tiny from-scratch Qwen3 dims."""
 
   SECTION: ClassVar[str] = "model"
-  hf_dir: str = field("", IS_STR, "HF directory (config.json + safetensors [+ tokenizer]); '' = build from the dims below.")
-  vocab_size: int = field(512, int_range(2), "Tiny model: vocabulary size (must cover the tokenizer).")
+  hf_dir: str = field(
+    "",
+    IS_STR,
+    "HF directory (config.json + safetensors [+ tokenizer]); '' = build from the dims below.",
+  )
+  vocab_size: int = field(
+    512, int_range(2), "Tiny model: vocabulary size (must cover the tokenizer)."
+  )
   hidden_size: int = field(128, int_range(1), "Tiny model: residual width.")
   intermediate_size: int = field(384, int_range(1), "Tiny model: MLP width.")
   num_hidden_layers: int = field(2, int_range(1), "Tiny model: decoder layers.")
   num_attention_heads: int = field(4, int_range(1), "Tiny model: query heads.")
-  num_key_value_heads: int = field(2, int_range(1), "Tiny model: key/value heads (GQA; divides the query heads).")
+  num_key_value_heads: int = field(
+    2, int_range(1), "Tiny model: key/value heads (GQA; divides the query heads)."
+  )
   head_dim: int = field(32, int_range(1), "Tiny model: per-head width.")
   rope_theta: float = field(10000.0, num_range(0, lo_open=True), "Tiny model: RoPE base.")
-  rms_norm_eps: float = field(1e-6, num_range(0, lo_open=True), "Tiny model: RMSNorm epsilon (Qwen3: 1e-6).")
+  rms_norm_eps: float = field(
+    1e-6, num_range(0, lo_open=True), "Tiny model: RMSNorm epsilon (Qwen3: 1e-6)."
+  )
   max_position_embeddings: int = field(4096, int_range(2), "Tiny model: longest position.")
-  tie_word_embeddings: bool = field(True, IS_BOOL, "Tiny model: LM head shares the embedding table.")
+  tie_word_embeddings: bool = field(
+    True, IS_BOOL, "Tiny model: LM head shares the embedding table."
+  )
   param_dtype: str = field("float32", one_of(DTYPES), "Dtype the params are stored and updated in.")
   dtype: str = field("float32", one_of(DTYPES), "Compute dtype; 'bfloat16' on accelerators.")
   remat: bool = field(False, IS_BOOL, "Per-layer rematerialisation (needed at 14B scale).")
-  attention: str = field("xla", one_of(ATTENTIONS), "Learner attention (rstar_jax/models/attention.py): 'xla' (dense T x T scores), 'blockwise' (O(T * block) memory, long rows) or 'fused' (cuDNN flash attention on CUDA, else XLA with a logged reason).")
-  attention_block_size: int = field(512, int_range(1), "Query / key block length of the 'blockwise' attention.")
-  tokenizer_dir: str = field("", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one).")
+  attention: str = field(
+    "xla",
+    one_of(ATTENTIONS),
+    "Learner attention (rstar_jax/models/attention.py): 'xla' (dense T x T scores), 'blockwise' (O(T * block) memory, long rows) or 'fused' (cuDNN flash attention on CUDA, else XLA with a logged reason).",
+  )
+  attention_block_size: int = field(
+    512, int_range(1), "Query / key block length of the 'blockwise' attention."
+  )
+  tokenizer_dir: str = field(
+    "", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one)."
+  )
 
   def _cross(self):
     if self.num_attention_heads % self.num_key_value_heads:
-      return [("model.num_key_value_heads", f"expected a divisor of num_attention_heads="
-                                            f"{self.num_attention_heads}, got "
-                                            f"{self.num_key_value_heads}")]
+      return [
+        (
+          "model.num_key_value_heads",
+          f"expected a divisor of num_attention_heads="
+          f"{self.num_attention_heads}, got "
+          f"{self.num_key_value_heads}",
+        )
+      ]
     return []
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
     from rstar_jax.models import qwen3
+
     if self.hf_dir:
-      return qwen3.Qwen3Config.from_hf(self.hf_dir, dtype=self.dtype, remat=self.remat,
-                                       attention=self.attention,
-                                       attention_block_size=self.attention_block_size)
+      return qwen3.Qwen3Config.from_hf(
+        self.hf_dir,
+        dtype=self.dtype,
+        remat=self.remat,
+        attention=self.attention,
+        attention_block_size=self.attention_block_size,
+      )
     return qwen3.Qwen3Config(
-        vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-        intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
-        num_attention_heads=self.num_attention_heads,
-        num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-        rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
-        tie_word_embeddings=self.tie_word_embeddings,
-        max_position_embeddings=self.max_position_embeddings, dtype=self.dtype,
-        remat=self.remat, attention=self.attention,
-        attention_block_size=self.attention_block_size)
+      vocab_size=self.vocab_size,
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_hidden_layers=self.num_hidden_layers,
+      num_attention_heads=self.num_attention_heads,
+      num_key_value_heads=self.num_key_value_heads,
+      head_dim=self.head_dim,
+      rope_theta=self.rope_theta,
+      rms_norm_eps=self.rms_norm_eps,
+      tie_word_embeddings=self.tie_word_embeddings,
+      max_position_embeddings=self.max_position_embeddings,
+      dtype=self.dtype,
+      remat=self.remat,
+      attention=self.attention,
+      attention_block_size=self.attention_block_size,
+    )
 
 
 @_section
@@ -111,7 +163,9 @@ class MeshConfig(_Section):
   data: int = field(1, int_range(-1), "Pure data-parallel axis.")
   fsdp: int = field(-1, int_range(-1), "FSDP axis (params and optimizer state sharded).")
   tensor: int = field(1, int_range(-1), "Tensor-parallel axis (heads / MLP columns).")
-  num_devices: int = field(0, int_range(0), "Use only the first n devices (0 = all), e.g. one CPU device for toy runs.")
+  num_devices: int = field(
+    0, int_range(0), "Use only the first n devices (0 = all), e.g. one CPU device for toy runs."
+  )
 
   def _cross(self):
     sizes = [self.data, self.fsdp, self.tensor]
@@ -134,22 +188,36 @@ class OptimConfig(_Section):
   SECTION: ClassVar[str] = "optim"
   lr: float = field(1e-6, num_range(0, lo_open=True), "Peak learning rate (rStar2-Agent RL: 1e-6).")
   warmup_steps: int = field(20, int_range(0), "Linear warm-up steps (rStar2-Agent RL: 20).")
-  schedule: str = field("constant", one_of(("constant", "cosine")), "'constant' or 'cosine' (decays over total_steps).")
-  total_steps: int = field(0, int_range(0), "Schedule length for 'cosine' (0 = set by the loop, e.g. SFT).")
+  schedule: str = field(
+    "constant", one_of(("constant", "cosine")), "'constant' or 'cosine' (decays over total_steps)."
+  )
+  total_steps: int = field(
+    0, int_range(0), "Schedule length for 'cosine' (0 = set by the loop, e.g. SFT)."
+  )
   b1: float = field(0.9, num_range(0, 1, hi_open=True), "Adam beta1.")
   b2: float = field(0.999, num_range(0, 1, hi_open=True), "Adam beta2.")
   eps: float = field(1e-8, num_range(0, lo_open=True), "Adam epsilon.")
   weight_decay: float = field(0.01, num_range(0), "Decoupled weight decay (rStar2-Agent: 0.01).")
-  grad_clip: float = field(1.0, num_range(0), "Global-norm gradient clip (0 = off; rStar2-Agent: 1.0).")
+  grad_clip: float = field(
+    1.0, num_range(0), "Global-norm gradient clip (0 = off; rStar2-Agent: 1.0)."
+  )
 
   def learner_config(self, total_steps: int | None = None):
     """`rstar_jax.learner.optim.OptimConfig` (``total_steps`` overrides the field)."""
     from rstar_jax.learner import optim
+
     total = total_steps if total_steps is not None else (self.total_steps or None)
     return optim.OptimConfig(
-        learning_rate=self.lr, b1=self.b1, b2=self.b2, eps=self.eps,
-        weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip or None,
-        warmup_steps=self.warmup_steps, schedule=self.schedule, total_steps=total)
+      learning_rate=self.lr,
+      b1=self.b1,
+      b2=self.b2,
+      eps=self.eps,
+      weight_decay=self.weight_decay,
+      grad_clip_norm=self.grad_clip or None,
+      warmup_steps=self.warmup_steps,
+      schedule=self.schedule,
+      total_steps=total,
+    )
 
 
 @_section
@@ -158,45 +226,131 @@ class RLConfig(_Section):
 
   SECTION: ClassVar[str] = "rl"
   group_size: int = field(16, int_range(1), "G rollouts kept per prompt (rStar2-Agent: 16).")
-  oversample: int = field(2, int_range(1), "Rollouts sampled per prompt = oversample * G (rStar2-Agent: 2G; ASTER: 1).")
-  roc_mode: str = field("paper", registered("downsample"), "Down-sampling to G: 'paper' (RoC, positives ∝ 1/(p+eps)), 'released' (lowest penalty, microsoft/rStar code), 'random' (plain GRPO), or a registered name.")
+  oversample: int = field(
+    2, int_range(1), "Rollouts sampled per prompt = oversample * G (rStar2-Agent: 2G; ASTER: 1)."
+  )
+  roc_mode: str = field(
+    "paper",
+    registered("downsample"),
+    "Down-sampling to G: 'paper' (RoC, positives ∝ 1/(p+eps)), 'released' (lowest penalty, microsoft/rStar code), 'random' (plain GRPO), or a registered name.",
+  )
   min_pos: int = field(2, int_range(0), "RoC: positives kept at least (when available).")
   min_neg: int = field(2, int_range(0), "RoC: negatives kept at least (when available).")
-  roc_eps: float = field(1e-6, num_range(0, lo_open=True), "RoC 'paper': added to the penalty before inversion.")
-  drop_zero_variance: bool = field(True, IS_BOOL, "Drop all-correct / all-wrong groups before down-sampling.")
-  p_err_mode: str = field("paper", one_of(("paper", "released")), "p_err from structured tool outcomes ('paper') or a substring 'error' ('released').")
-  p_format_mode: str = field("paper", one_of(("paper", "released")), "p_format rule: the paper's or the released code's.")
-  advantage: str = field("grpo", registered("advantage"), "Advantage estimator (rstar_jax.rl.registry 'advantage'; rStar2-Agent Eq. 7 = 'grpo').")
-  adv_eps: float = field(1e-6, num_range(0, lo_open=True), "Added to the group std in the GRPO advantage.")
+  roc_eps: float = field(
+    1e-6, num_range(0, lo_open=True), "RoC 'paper': added to the penalty before inversion."
+  )
+  drop_zero_variance: bool = field(
+    True, IS_BOOL, "Drop all-correct / all-wrong groups before down-sampling."
+  )
+  p_err_mode: str = field(
+    "paper",
+    one_of(("paper", "released")),
+    "p_err from structured tool outcomes ('paper') or a substring 'error' ('released').",
+  )
+  p_format_mode: str = field(
+    "paper", one_of(("paper", "released")), "p_format rule: the paper's or the released code's."
+  )
+  advantage: str = field(
+    "grpo",
+    registered("advantage"),
+    "Advantage estimator (rstar_jax.rl.registry 'advantage'; rStar2-Agent Eq. 7 = 'grpo').",
+  )
+  adv_eps: float = field(
+    1e-6, num_range(0, lo_open=True), "Added to the group std in the GRPO advantage."
+  )
   unbiased_std: bool = field(True, IS_BOOL, "Bessel-corrected group std (torch.std, as verl).")
-  neg_adv_scale: float = field(1.0, num_range(0, 1), "Negative advantages x this (1 = GRPO; < 1 = asymmetric REINFORCE).")
-  policy_loss: str = field("grpo_roc", registered("policy_loss"), "Policy loss (rstar_jax.rl.registry 'policy_loss'; rStar2-Agent Eq. 6 = 'grpo_roc').")
-  eps_low: float = field(0.2, num_range(0, 1, hi_open=True), "Lower clip (rStar2-Agent Clip-Higher: 0.2).")
+  neg_adv_scale: float = field(
+    1.0, num_range(0, 1), "Negative advantages x this (1 = GRPO; < 1 = asymmetric REINFORCE)."
+  )
+  policy_loss: str = field(
+    "grpo_roc",
+    registered("policy_loss"),
+    "Policy loss (rstar_jax.rl.registry 'policy_loss'; rStar2-Agent Eq. 6 = 'grpo_roc').",
+  )
+  eps_low: float = field(
+    0.2, num_range(0, 1, hi_open=True), "Lower clip (rStar2-Agent Clip-Higher: 0.2)."
+  )
   eps_high: float = field(0.28, num_range(0), "Upper clip (rStar2-Agent Clip-Higher: 0.28).")
-  dual_clip_c: float = field(0.0, num_range(0), "Dual-clip bound for negative advantages; 0 = off (released code: 3.0; ASTER: 10).")
-  ppo_mini_batches: int = field(1, int_range(1), "Optimizer updates per RL step, each on a shuffled slice (1 = on-policy, as the released code).")
+  dual_clip_c: float = field(
+    0.0,
+    num_range(0),
+    "Dual-clip bound for negative advantages; 0 = off (released code: 3.0; ASTER: 10).",
+  )
+  ppo_mini_batches: int = field(
+    1,
+    int_range(1),
+    "Optimizer updates per RL step, each on a shuffled slice (1 = on-policy, as the released code).",
+  )
   ppo_epochs: int = field(1, int_range(1), "Passes over the step's trajectories.")
-  kl_coef: float = field(0.0, num_range(0), "Reference-policy KL weight; must be 0 (the paper uses none, none is implemented).")
+  kl_coef: float = field(
+    0.0,
+    num_range(0),
+    "Reference-policy KL weight; must be 0 (the paper uses none, none is implemented).",
+  )
   entropy_coef: float = field(0.0, num_range(0), "Entropy bonus weight (paper: 0).")
-  loss_agg: str = field("token-mean", one_of(LOSS_AGG), "'token-mean' (paper) | 'seq-mean-token-mean' ('seq-mean') | 'seq-mean-token-sum'.")
-  recompute_old_logprobs: bool = field(True, IS_BOOL, "Learner recomputes old log-probs after RoC (released code); False = the sampler's.")
-  answer_mode: str = field("answer_tag", one_of(("answer_tag", "anywhere", "released")), "Reward (`rewards.math_reward.score` mode): last boxed answer inside <answer> (paper), last boxed anywhere, or 'released' (prime_math-style rules or math-verify over the whole response, as the released rStar2-Agent reward; docs/fidelity.md).")
-  max_step_retries: int = field(3, int_range(0), "Retries of a failed rollout (engine error, lost tool worker).")
-  hard_subset_max_problems: int = field(0, int_range(0), "Problems sampled when building a hard subset (0 = all).")
-  collapse_window: int = field(5, int_range(1), "Steps of falling tool calls/trajectory before a collapse warning (ASTER).")
-  max_staleness: int = field(0, int_range(0), "Async RL: 0 = synchronous loop; k >= 1 = rollouts for the next steps overlap the update, a group is trained only if its oldest token is within k weight pushes of the version trained (AReaL max_head_offpolicyness).")
-  partial_rollout: str = field("continue", one_of(("continue", "restart")), "Async RL, at a weight push: in-flight trajectories 'continue' with the new weights (tokens keep their versions) or 'restart'.")
-  tis_cap: float = field(0.0, num_range(0), "Token-level truncated importance sampling cap C between the sampler's and the learner's log-probs, w = min(rho, C) (0 = off, else >= 1; ASTER: 2.0). The batch then carries the sampler's log-probs and the loss is rl.off_policy_loss.")
-  off_policy_loss: str = field("tis", registered("off_policy_loss"), "Loss used when tis_cap > 0 (rstar_jax.rl.registry 'off_policy_loss', `rl.off_policy`): 'tis' (w = min(rho, C); ASTER) or 'decoupled_ppo' (AReaL, w = rho * 1[rho <= C]).")
+  loss_agg: str = field(
+    "token-mean",
+    one_of(LOSS_AGG),
+    "'token-mean' (paper) | 'seq-mean-token-mean' ('seq-mean') | 'seq-mean-token-sum'.",
+  )
+  recompute_old_logprobs: bool = field(
+    True,
+    IS_BOOL,
+    "Learner recomputes old log-probs after RoC (released code); False = the sampler's.",
+  )
+  answer_mode: str = field(
+    "answer_tag",
+    one_of(("answer_tag", "anywhere", "released")),
+    "Reward (`rewards.math_reward.score` mode): last boxed answer inside <answer> (paper), last boxed anywhere, or 'released' (prime_math-style rules or math-verify over the whole response, as the released rStar2-Agent reward; docs/fidelity.md).",
+  )
+  max_step_retries: int = field(
+    3, int_range(0), "Retries of a failed rollout (engine error, lost tool worker)."
+  )
+  hard_subset_max_problems: int = field(
+    0, int_range(0), "Problems sampled when building a hard subset (0 = all)."
+  )
+  collapse_window: int = field(
+    5, int_range(1), "Steps of falling tool calls/trajectory before a collapse warning (ASTER)."
+  )
+  max_staleness: int = field(
+    0,
+    int_range(0),
+    "Async RL: 0 = synchronous loop; k >= 1 = rollouts for the next steps overlap the update, a group is trained only if its oldest token is within k weight pushes of the version trained (AReaL max_head_offpolicyness).",
+  )
+  partial_rollout: str = field(
+    "continue",
+    one_of(("continue", "restart")),
+    "Async RL, at a weight push: in-flight trajectories 'continue' with the new weights (tokens keep their versions) or 'restart'.",
+  )
+  tis_cap: float = field(
+    0.0,
+    num_range(0),
+    "Token-level truncated importance sampling cap C between the sampler's and the learner's log-probs, w = min(rho, C) (0 = off, else >= 1; ASTER: 2.0). The batch then carries the sampler's log-probs and the loss is rl.off_policy_loss.",
+  )
+  off_policy_loss: str = field(
+    "tis",
+    registered("off_policy_loss"),
+    "Loss used when tis_cap > 0 (rstar_jax.rl.registry 'off_policy_loss', `rl.off_policy`): 'tis' (w = min(rho, C); ASTER) or 'decoupled_ppo' (AReaL, w = rho * 1[rho <= C]).",
+  )
 
   def _cross(self):
     out = []
     if self.min_pos + self.min_neg > self.group_size:
-      out.append(("rl.min_pos", f"expected min_pos + min_neg <= group_size={self.group_size}, "
-                                f"got {self.min_pos} + {self.min_neg}"))
+      out.append(
+        (
+          "rl.min_pos",
+          f"expected min_pos + min_neg <= group_size={self.group_size}, "
+          f"got {self.min_pos} + {self.min_neg}",
+        )
+      )
     if self.kl_coef != 0:
-      out.append(("rl.kl_coef", f"expected 0 (no reference-policy KL term is implemented; the "
-                                f"paper uses none), got {self.kl_coef!r}"))
+      out.append(
+        (
+          "rl.kl_coef",
+          f"expected 0 (no reference-policy KL term is implemented; the "
+          f"paper uses none), got {self.kl_coef!r}",
+        )
+      )
     if 0 < self.dual_clip_c <= 1:
       out.append(("rl.dual_clip_c", f"expected 0 (off) or a value > 1, got {self.dual_clip_c!r}"))
     if 0 < self.tis_cap < 1:
@@ -209,26 +363,62 @@ class RolloutConfig(_Section):
   """Rollout engine and agent-loop limits (rStar2-Agent RL stage 1 defaults)."""
 
   SECTION: ClassVar[str] = "rollout"
-  engine: str = field("jax", one_of(("jax", "sglang")), "'jax' (embedded JaxSampler) or 'sglang' (HTTP servers).")
-  sglang_urls: tuple[str, ...] = field(("http://127.0.0.1:30000",), STR_TUPLE, "Every SGLang worker (the weight push must reach each).")
-  staging_dir: str = field("/dev/shm/rstar_jax_weights", IS_STR, "Weight push target (tmpfs or shared FS).")
-  weight_transport: str = field("disk", one_of(("disk", "tensor", "distributed")), "Weight push to SGLang: 'disk' (staged safetensors + update_weights_from_disk), 'tensor' (same node, update_weights_from_tensor) or 'distributed' (broadcast through a process group, update_weights_from_distributed).")
-  weight_delta: bool = field(False, IS_BOOL, "Push only the HF tensors whose bytes changed since the last push (verl delta sync).")
-  colocated: bool = field(False, IS_BOOL, "SGLang shares the learner's accelerators: release its memory before a push and resume it after.")
+  engine: str = field(
+    "jax", one_of(("jax", "sglang")), "'jax' (embedded JaxSampler) or 'sglang' (HTTP servers)."
+  )
+  sglang_urls: tuple[str, ...] = field(
+    ("http://127.0.0.1:30000",), STR_TUPLE, "Every SGLang worker (the weight push must reach each)."
+  )
+  staging_dir: str = field(
+    "/dev/shm/rstar_jax_weights", IS_STR, "Weight push target (tmpfs or shared FS)."
+  )
+  weight_transport: str = field(
+    "disk",
+    one_of(("disk", "tensor", "distributed")),
+    "Weight push to SGLang: 'disk' (staged safetensors + update_weights_from_disk), 'tensor' (same node, update_weights_from_tensor) or 'distributed' (broadcast through a process group, update_weights_from_distributed).",
+  )
+  weight_delta: bool = field(
+    False,
+    IS_BOOL,
+    "Push only the HF tensors whose bytes changed since the last push (verl delta sync).",
+  )
+  colocated: bool = field(
+    False,
+    IS_BOOL,
+    "SGLang shares the learner's accelerators: release its memory before a push and resume it after.",
+  )
   temperature: float = field(1.0, num_range(0), "Sampling temperature (rStar2-Agent RL: 1.0).")
   top_p: float = field(1.0, num_range(0, 1, lo_open=True), "Nucleus sampling.")
   top_k: int = field(-1, int_range(-1), "Top-k sampling (-1 = off).")
-  max_prompt_tokens: int = field(2048, int_range(1), "Longer prompts raise (they would eat the budget).")
-  response_budget: int = field(8192, int_range(1), "Generated + tool tokens per trajectory (rStar2-Agent stage 1: 8K).")
+  max_prompt_tokens: int = field(
+    2048, int_range(1), "Longer prompts raise (they would eat the budget)."
+  )
+  response_budget: int = field(
+    8192, int_range(1), "Generated + tool tokens per trajectory (rStar2-Agent stage 1: 8K)."
+  )
   max_turns: int = field(10, int_range(1), "Assistant turns per trajectory (rStar2-Agent: 10).")
   max_parallel_calls: int = field(0, int_range(0), "Calls executed per turn (0 = all, paper).")
-  max_tool_calls: int = field(0, int_range(0), "Tool calls per trajectory (0 = unlimited; ASTER: 50).")
+  max_tool_calls: int = field(
+    0, int_range(0), "Tool calls per trajectory (0 = unlimited; ASTER: 50)."
+  )
   max_batch: int = field(64, int_range(1), "JaxSampler: sequence slots.")
   decode_chunk: int = field(16, int_range(1), "JaxSampler: tokens per jitted decode call.")
-  max_len: int = field(0, int_range(0), "JaxSampler: KV-cache length (0 = the model's longest position).")
-  system_prompt: str = field("", IS_STR, "System prompt of every chat, RL, eval and cold-start SFT ('' = the chat format's, rStar2-Agent's).")
-  with_tools: bool = field(True, IS_BOOL, "Put the tool-schema block in the system prompt (rStar2-Agent's format).")
-  chat_format: str = field("rstar2", one_of(("rstar2", "rstar2_released", "qwen3_thinking")), "Prompt / tool-turn layout (`tokenization.chat_format.FORMATS`): 'rstar2' (project), 'rstar2_released' (released tool name, descriptions and turn joining), 'qwen3_thinking' (ASTER: Qwen3 thinking template, `code_interpreter` tool).")
+  max_len: int = field(
+    0, int_range(0), "JaxSampler: KV-cache length (0 = the model's longest position)."
+  )
+  system_prompt: str = field(
+    "",
+    IS_STR,
+    "System prompt of every chat, RL, eval and cold-start SFT ('' = the chat format's, rStar2-Agent's).",
+  )
+  with_tools: bool = field(
+    True, IS_BOOL, "Put the tool-schema block in the system prompt (rStar2-Agent's format)."
+  )
+  chat_format: str = field(
+    "rstar2",
+    one_of(("rstar2", "rstar2_released", "qwen3_thinking")),
+    "Prompt / tool-turn layout (`tokenization.chat_format.FORMATS`): 'rstar2' (project), 'rstar2_released' (released tool name, descriptions and turn joining), 'qwen3_thinking' (ASTER: Qwen3 thinking template, `code_interpreter` tool).",
+  )
 
   def _cross(self):
     if self.engine == "sglang" and not self.sglang_urls:
@@ -242,19 +432,45 @@ class ToolConfig(_Section):
 
   SECTION: ClassVar[str] = "tool"
   num_workers: int = field(8, int_range(1), "Calls executing at once.")
-  timeout_s: float = field(4.0, num_range(0, lo_open=True), "Wall-clock limit per call (released code: MAX_EXECUTION_TIME = 4 s).")
-  memory_limit_mb: int = field(384, int_range(16), "Address space a call may add (256 + 128 MB, as code-judge).")
-  max_response_chars: int = field(1024, int_range(16), "Tool response body limit (middle truncation).")
-  stateful: bool = field(False, IS_BOOL, "Variables persist across the calls of one trajectory (ASTER).")
-  show_time: bool = field(True, IS_BOOL, "Tool responses carry the 'execution time' line (released code's rendering).")
-  backend: str = field("local", one_of(("local", "http", "ray")), "Code pool: 'local' (in-process CodePool), 'http' (the code service) or 'ray'.")
-  urls: tuple[str, ...] = field((), STR_TUPLE, "backend 'http': service URLs; JAX process i uses urls[i % len(urls)].")
-  ray_address: str = field("auto", IS_STR, "backend 'ray': ray.init address when Ray is not initialised yet.")
-  truncation: str = field("project", one_of(("project", "released")), "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).")
+  timeout_s: float = field(
+    4.0,
+    num_range(0, lo_open=True),
+    "Wall-clock limit per call (released code: MAX_EXECUTION_TIME = 4 s).",
+  )
+  memory_limit_mb: int = field(
+    384, int_range(16), "Address space a call may add (256 + 128 MB, as code-judge)."
+  )
+  max_response_chars: int = field(
+    1024, int_range(16), "Tool response body limit (middle truncation)."
+  )
+  stateful: bool = field(
+    False, IS_BOOL, "Variables persist across the calls of one trajectory (ASTER)."
+  )
+  show_time: bool = field(
+    True, IS_BOOL, "Tool responses carry the 'execution time' line (released code's rendering)."
+  )
+  backend: str = field(
+    "local",
+    one_of(("local", "http", "ray")),
+    "Code pool: 'local' (in-process CodePool), 'http' (the code service) or 'ray'.",
+  )
+  urls: tuple[str, ...] = field(
+    (), STR_TUPLE, "backend 'http': service URLs; JAX process i uses urls[i % len(urls)]."
+  )
+  ray_address: str = field(
+    "auto", IS_STR, "backend 'ray': ray.init address when Ray is not initialised yet."
+  )
+  truncation: str = field(
+    "project",
+    one_of(("project", "released")),
+    "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).",
+  )
 
   def _cross(self):
     if self.backend == "http" and not self.urls:
-      return [("tool.urls", "expected at least one code-pool service URL for backend='http', got ()")]
+      return [
+        ("tool.urls", "expected at least one code-pool service URL for backend='http', got ()")
+      ]
     return []
 
 
@@ -266,13 +482,25 @@ class TrainConfig(_Section):
   seed: int = field(0, int_range(0), "Seeds the init, the data order and the step keys.")
   batch_prompts: int = field(512, int_range(1), "Prompts per RL step (rStar2-Agent: 512).")
   micro_batches: int = field(1, int_range(1), "Gradient accumulation; the token-mean stays exact.")
-  checkpoint_every: int = field(10, int_range(0), "RL/SFT steps between checkpoints (0 = only at the end).")
+  checkpoint_every: int = field(
+    10, int_range(0), "RL/SFT steps between checkpoints (0 = only at the end)."
+  )
   keep_checkpoints: int = field(3, int_range(1), "Orbax checkpoints kept.")
   log_every: int = field(1, int_range(1), "Steps between metric records.")
-  eval_every: int = field(0, int_range(0), "RL steps between held-out evaluations (0 = none in the loop).")
-  progress_every_s: float = field(10.0, num_range(0), "Seconds between progress lines (rollouts, SFT, eval).")
-  length_bucket: int = field(64, int_range(2), "Smallest padded length; batches pad to a power of two >= this.")
-  pack_rows: bool = field(True, IS_BOOL, "RL and SFT: pack several trajectories per row (segment ids, per-segment positions; rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = 'token-mean'.")
+  eval_every: int = field(
+    0, int_range(0), "RL steps between held-out evaluations (0 = none in the loop)."
+  )
+  progress_every_s: float = field(
+    10.0, num_range(0), "Seconds between progress lines (rollouts, SFT, eval)."
+  )
+  length_bucket: int = field(
+    64, int_range(2), "Smallest padded length; batches pad to a power of two >= this."
+  )
+  pack_rows: bool = field(
+    True,
+    IS_BOOL,
+    "RL and SFT: pack several trajectories per row (segment ids, per-segment positions; rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = 'token-mean'.",
+  )
 
 
 @_section
@@ -283,13 +511,25 @@ class EvalConfig(_Section):
   path: str = field("", IS_STR, "JSONL problem file ('' = data.synthetic's held-out split).")
   k: int = field(16, int_range(1), "Samples per problem (avg@k).")
   temperature: float = field(0.6, num_range(0), "Sampling temperature (rStar2-Agent eval: 0.6).")
-  top_p: float = field(0.95, num_range(0, 1, lo_open=True), "Nucleus sampling (rStar2-Agent eval: 0.95).")
-  max_turns: int = field(30, int_range(1), "Assistant turns per trajectory (rStar2-Agent eval: 30).")
-  response_budget: int = field(30720, int_range(1), "Generated + tool tokens (rStar2-Agent eval: 30K).")
+  top_p: float = field(
+    0.95, num_range(0, 1, lo_open=True), "Nucleus sampling (rStar2-Agent eval: 0.95)."
+  )
+  max_turns: int = field(
+    30, int_range(1), "Assistant turns per trajectory (rStar2-Agent eval: 30)."
+  )
+  response_budget: int = field(
+    30720, int_range(1), "Generated + tool tokens (rStar2-Agent eval: 30K)."
+  )
   seed: int = field(0, int_range(0), "Base seed of the attempts.")
   max_problems: int = field(0, int_range(0), "Evaluate the first n problems (0 = all).")
-  protocol: str = field("", one_of(("", "released", "paper_avg_at_k")), "Named protocol overriding k / sampling / turns / budget ('' = the fields above; `pipelines.eval_protocols`): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.")
-  csv_path: str = field("", IS_STR, "Per-problem CSV (num correct, avg@k, pass@k); '' = next to the JSON report.")
+  protocol: str = field(
+    "",
+    one_of(("", "released", "paper_avg_at_k")),
+    "Named protocol overriding k / sampling / turns / budget ('' = the fields above; `pipelines.eval_protocols`): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+  )
+  csv_path: str = field(
+    "", IS_STR, "Per-problem CSV (num correct, avg@k, pass@k); '' = next to the JSON report."
+  )
 
 
 @_section
@@ -301,7 +541,11 @@ class SyntheticDataConfig(_Section):
   n_train: int = field(24, int_range(1), "Training problems.")
   n_eval: int = field(8, int_range(0), "Held-out problems.")
   families: tuple[str, ...] = field((), STR_TUPLE, "Task families (empty = all).")
-  difficulty: Any = field("", None, "A preset name ('easy', ...), a `synthetic_tasks.Difficulty` (a dict in a recipe), or '' = Difficulty().")
+  difficulty: Any = field(
+    "",
+    None,
+    "A preset name ('easy', ...), a `synthetic_tasks.Difficulty` (a dict in a recipe), or '' = Difficulty().",
+  )
 
 
 @_section
@@ -311,9 +555,17 @@ class DataConfig(_Section):
   SECTION: ClassVar[str] = "data"
   train_path: str = field("", IS_STR, "RL problems JSONL.")
   sft_path: str = field("", IS_STR, "SFT chat-trajectory JSONL.")
-  synthetic: SyntheticDataConfig | None = field(None, None, "Synthetic tasks used when a path is empty (None = off).")
-  integer_answers_only: bool = field(False, IS_BOOL, "RL set: keep only problems with an integer gold answer (rStar2-Agent RL data).")
-  drop_overlong_prompts: bool = field(True, IS_BOOL, "RL set: drop (and count) problems whose prompt exceeds rollout.max_prompt_tokens instead of failing mid-run (released verl: filter_overlong_prompts).")
+  synthetic: SyntheticDataConfig | None = field(
+    None, None, "Synthetic tasks used when a path is empty (None = off)."
+  )
+  integer_answers_only: bool = field(
+    False, IS_BOOL, "RL set: keep only problems with an integer gold answer (rStar2-Agent RL data)."
+  )
+  drop_overlong_prompts: bool = field(
+    True,
+    IS_BOOL,
+    "RL set: drop (and count) problems whose prompt exceeds rollout.max_prompt_tokens instead of failing mid-run (released verl: filter_overlong_prompts).",
+  )
 
 
 @_section
@@ -325,18 +577,38 @@ class StageConfig(_Section):
   steps: int = field(1, int_range(1), "RL steps in this stage.")
   response_budget: int = field(8192, int_range(1), "Generated + tool tokens per trajectory.")
   max_turns: int = field(10, int_range(1), "Assistant turns per trajectory.")
-  data: str = field("full", one_of(STAGE_DATA), "'full' problem set, the 'hard' subset re-sampled at the stage start, or 'recent' (problems not all-correct in the last recent_steps steps' rollouts; ASTER stage 2).")
-  reset_optimizer: bool = field(False, IS_BOOL, "Fresh optimizer state (and warm-up) at the stage start (rStar2-Agent stage 3).")
-  drop_solved_k_of_k: int = field(0, int_range(0), "k for the hard subset: problems solved k of k are dropped (rStar2-Agent stage 3: 8).")
-  recent_steps: int = field(0, int_range(0), "Window of RL steps a data='recent' stage reads (>= 1 there).")
+  data: str = field(
+    "full",
+    one_of(STAGE_DATA),
+    "'full' problem set, the 'hard' subset re-sampled at the stage start, or 'recent' (problems not all-correct in the last recent_steps steps' rollouts; ASTER stage 2).",
+  )
+  reset_optimizer: bool = field(
+    False, IS_BOOL, "Fresh optimizer state (and warm-up) at the stage start (rStar2-Agent stage 3)."
+  )
+  drop_solved_k_of_k: int = field(
+    0,
+    int_range(0),
+    "k for the hard subset: problems solved k of k are dropped (rStar2-Agent stage 3: 8).",
+  )
+  recent_steps: int = field(
+    0, int_range(0), "Window of RL steps a data='recent' stage reads (>= 1 there)."
+  )
 
   def _cross(self):
     if self.data == "hard" and self.drop_solved_k_of_k < 1:
-      return [("stage.drop_solved_k_of_k", "expected k >= 1 for a stage with data='hard', got "
-                                           f"{self.drop_solved_k_of_k}")]
+      return [
+        (
+          "stage.drop_solved_k_of_k",
+          f"expected k >= 1 for a stage with data='hard', got {self.drop_solved_k_of_k}",
+        )
+      ]
     if self.data == "recent" and self.recent_steps < 1:
-      return [("stage.recent_steps", "expected k >= 1 for a stage with data='recent', got "
-                                     f"{self.recent_steps}")]
+      return [
+        (
+          "stage.recent_steps",
+          f"expected k >= 1 for a stage with data='recent', got {self.recent_steps}",
+        )
+      ]
     return []
 
 
@@ -345,8 +617,12 @@ class SftConfig(_Section):
   """Supervised fine-tuning on chat trajectories, loss on assistant tokens only."""
 
   SECTION: ClassVar[str] = "sft"
-  epochs: float = field(1.0, num_range(0, lo_open=True), "Passes over the data (fractions allowed).")
-  warmup_ratio: float = field(0.0, num_range(0, 1), "Warm-up steps as a fraction of all steps (0 = optim.warmup_steps).")
+  epochs: float = field(
+    1.0, num_range(0, lo_open=True), "Passes over the data (fractions allowed)."
+  )
+  warmup_ratio: float = field(
+    0.0, num_range(0, 1), "Warm-up steps as a fraction of all steps (0 = optim.warmup_steps)."
+  )
   batch_size: int = field(8, int_range(1), "Sequences per step.")
   max_seq_len: int = field(2048, int_range(2), "Longer items are dropped, never truncated.")
   shuffle: bool = field(True, IS_BOOL, "Seeded shuffle per epoch.")
@@ -359,12 +635,24 @@ class ColdStartConfig(_Section):
   """Interaction-dense cold start: the scripted solver (demo) and ASTER's selection of SFT chats."""
 
   SECTION: ClassVar[str] = "coldstart"
-  explore_prob: float = field(0.8, num_range(0, 1), "Scripted solver: probability of an exploratory first call.")
-  bug_prob: float = field(0.3, num_range(0, 1), "Scripted solver: probability of a broken call that is then corrected.")
-  min_tool_calls: int = field(2, int_range(0), "Calls a kept trajectory makes at least (ASTER: > 9).")
-  max_trajectories: int = field(0, int_range(0), "Keep at most this many, densest first (0 = all; ASTER: 4000).")
-  max_calls: int = field(0, int_range(0), "Scripted solver: calls per trajectory at most (0 = no cap).")
-  require_all_calls_ok: bool = field(True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER).")
+  explore_prob: float = field(
+    0.8, num_range(0, 1), "Scripted solver: probability of an exploratory first call."
+  )
+  bug_prob: float = field(
+    0.3, num_range(0, 1), "Scripted solver: probability of a broken call that is then corrected."
+  )
+  min_tool_calls: int = field(
+    2, int_range(0), "Calls a kept trajectory makes at least (ASTER: > 9)."
+  )
+  max_trajectories: int = field(
+    0, int_range(0), "Keep at most this many, densest first (0 = all; ASTER: 4000)."
+  )
+  max_calls: int = field(
+    0, int_range(0), "Scripted solver: calls per trajectory at most (0 = no cap)."
+  )
+  require_all_calls_ok: bool = field(
+    True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER)."
+  )
   seed: int = field(0, int_range(0), "Scripted solver seed.")
 
 
@@ -373,12 +661,22 @@ class DemoConfig(_Section):
   """The CPU demo's extras (`rstar_jax.pipelines.demo`)."""
 
   SECTION: ClassVar[str] = "demo"
-  split_digits: bool = field(True, IS_BOOL, "Tokenizer: digits outside number tokens are one token each.")
-  domain_tokens: bool = field(True, IS_BOOL, "Tokenizer: user prefix and tool-call JSON wrapper as single tokens.")
+  split_digits: bool = field(
+    True, IS_BOOL, "Tokenizer: digits outside number tokens are one token each."
+  )
+  domain_tokens: bool = field(
+    True, IS_BOOL, "Tokenizer: user prefix and tool-call JSON wrapper as single tokens."
+  )
   number_tokens: int = field(0, int_range(0), "Tokenizer: '0'..str(n-1) are single tokens.")
-  curve_eval_problems: int = field(0, int_range(0), "Held-out problems evaluated every train.eval_every RL steps.")
-  reuse_sft_from: str = field("", IS_STR, "Another demo workdir whose data/tokenizer/SFT phases to copy.")
-  rl_max_steps: int = field(0, int_range(0), "Stop RL after this many steps in this call (0 = all; rerun to resume).")
+  curve_eval_problems: int = field(
+    0, int_range(0), "Held-out problems evaluated every train.eval_every RL steps."
+  )
+  reuse_sft_from: str = field(
+    "", IS_STR, "Another demo workdir whose data/tokenizer/SFT phases to copy."
+  )
+  rl_max_steps: int = field(
+    0, int_range(0), "Stop RL after this many steps in this call (0 = all; rerun to resume)."
+  )
   plot: bool = field(True, IS_BOOL, "Write demo_plot.png.")
 
 
@@ -387,19 +685,35 @@ class PlanConfig(_Section):
   """Ahead-of-time planning (`launchers.plan`): architecture preset and accelerator assumptions."""
 
   SECTION: ClassVar[str] = "plan"
-  model_preset: str = field("", IS_STR, "Architecture when hf_dir is not readable here (e.g. 'qwen3-14b').")
+  model_preset: str = field(
+    "", IS_STR, "Architecture when hf_dir is not readable here (e.g. 'qwen3-14b')."
+  )
   hbm_gib: float = field(192.0, num_range(0, lo_open=True), "HBM per device in GiB (MI300X: 192).")
   mem_fraction: float = field(0.93, num_range(0, 1, lo_open=True), "Usable HBM fraction.")
   mfu: float = field(0.35, num_range(0, 1, lo_open=True), "Assumed MFU for the implied step time.")
-  packed_fill: float = field(0.0, num_range(0, 1), "Mean trajectory length / T assumed for the packed-rows FLOPs of the plan (an input, not measured; 0 = no packed estimate).")
+  packed_fill: float = field(
+    0.0,
+    num_range(0, 1),
+    "Mean trajectory length / T assumed for the packed-rows FLOPs of the plan (an input, not measured; 0 = no packed estimate).",
+  )
 
 
 # Section name -> dataclass, in the order a run config lists them.
 SECTIONS: dict[str, type] = {
-    "model": ModelConfig, "mesh": MeshConfig, "optim": OptimConfig, "rl": RLConfig,
-    "rollout": RolloutConfig, "tool": ToolConfig, "train": TrainConfig, "eval": EvalConfig,
-    "data": DataConfig, "sft": SftConfig, "sft_optim": OptimConfig,
-    "coldstart": ColdStartConfig, "demo": DemoConfig, "plan": PlanConfig,
+  "model": ModelConfig,
+  "mesh": MeshConfig,
+  "optim": OptimConfig,
+  "rl": RLConfig,
+  "rollout": RolloutConfig,
+  "tool": ToolConfig,
+  "train": TrainConfig,
+  "eval": EvalConfig,
+  "data": DataConfig,
+  "sft": SftConfig,
+  "sft_optim": OptimConfig,
+  "coldstart": ColdStartConfig,
+  "demo": DemoConfig,
+  "plan": PlanConfig,
 }
 
 
@@ -419,8 +733,8 @@ class RunConfig:
   data: DataConfig = dataclasses.field(default_factory=DataConfig)
   stages: tuple[StageConfig, ...] = ()
   sft: SftConfig = dataclasses.field(default_factory=SftConfig)
-  sft_optim: OptimConfig | None = None        # the demo's SFT optimizer (None = optim)
-  coldstart: ColdStartConfig | None = None    # present = ASTER selection of config-read SFT chats
+  sft_optim: OptimConfig | None = None  # the demo's SFT optimizer (None = optim)
+  coldstart: ColdStartConfig | None = None  # present = ASTER selection of config-read SFT chats
   demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
   plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)
 
@@ -436,11 +750,20 @@ class RunConfig:
       return [("mode", f"expected one of {list(MODES)}, got {self.mode!r}")]
     if self.mode == "rl":
       if self.optim.schedule == "cosine" and self.optim.total_steps <= self.optim.warmup_steps:
-        out.append(("optim.total_steps", f"expected > warmup_steps ({self.optim.warmup_steps}) "
-                                         f"for a cosine schedule, got {self.optim.total_steps}"))
+        out.append(
+          (
+            "optim.total_steps",
+            f"expected > warmup_steps ({self.optim.warmup_steps}) "
+            f"for a cosine schedule, got {self.optim.total_steps}",
+          )
+        )
       if self.rl.group_size < 2:
-        out.append(("rl.group_size", "expected >= 2 for GRPO (advantages need a group), got "
-                                     f"{self.rl.group_size}"))
+        out.append(
+          (
+            "rl.group_size",
+            f"expected >= 2 for GRPO (advantages need a group), got {self.rl.group_size}",
+          )
+        )
     return out
 
   def require_inputs(self) -> None:
@@ -463,13 +786,21 @@ class RunConfig:
     """`rstar_jax.learner.steps.StepConfig`: losses by registry name (the off-policy one when
     ``rl.tis_cap`` > 0), clip range, micro-batches."""
     from rstar_jax.learner import steps
+
     rl = self.rl
     return steps.StepConfig(
-        num_micro_batches=num_micro_batches or self.train.micro_batches, optim=optim_config,
-        policy_loss=rl.policy_loss, sft_loss=self.sft.loss, eps_low=rl.eps_low,
-        eps_high=rl.eps_high, dual_clip_c=rl.dual_clip_c or None, entropy_coef=rl.entropy_coef,
-        agg=LOSS_AGG_CANONICAL[rl.loss_agg], tis_cap=rl.tis_cap or None,
-        off_policy_loss=rl.off_policy_loss)
+      num_micro_batches=num_micro_batches or self.train.micro_batches,
+      optim=optim_config,
+      policy_loss=rl.policy_loss,
+      sft_loss=self.sft.loss,
+      eps_low=rl.eps_low,
+      eps_high=rl.eps_high,
+      dual_clip_c=rl.dual_clip_c or None,
+      entropy_coef=rl.entropy_coef,
+      agg=LOSS_AGG_CANONICAL[rl.loss_agg],
+      tis_cap=rl.tis_cap or None,
+      off_policy_loss=rl.off_policy_loss,
+    )
 
   def tokenizer_dir(self) -> str:
     return self.model.tokenizer_dir or self.model.hf_dir
@@ -479,8 +810,11 @@ def describe(cls: type) -> list[tuple[str, Any, str]]:
   """(name, default, doc) of every field of a section dataclass (README tables, --help)."""
   out = []
   for f in dataclasses.fields(cls):
-    default = f.default if f.default is not dataclasses.MISSING else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    default = (
+      f.default
+      if f.default is not dataclasses.MISSING
+      else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    )
     out.append((f.name, default, f.metadata.get("doc", "")))
   return out
 
@@ -491,5 +825,8 @@ def defaults_dict(cls: type) -> dict[str, Any]:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-__all__ = ["Check", "ConfigError", "RunConfig", "SECTIONS", "describe", "defaults_dict"] + \
-    [c.__name__ for c in set(SECTIONS.values())] + ["StageConfig", "SyntheticDataConfig"]
+__all__ = (
+  ["Check", "ConfigError", "RunConfig", "SECTIONS", "describe", "defaults_dict"]
+  + [c.__name__ for c in set(SECTIONS.values())]
+  + ["StageConfig", "SyntheticDataConfig"]
+)

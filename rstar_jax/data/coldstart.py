@@ -1,4 +1,4 @@
-"""Interaction-dense cold-start trajectories (ASTER, SPEC §8.2) from a scripted solver.
+"""Interaction-dense cold-start trajectories (ASTER; docs/reference.md §8.2) from a scripted solver.
 
 The solver really runs every call through the code pool. Per problem (with `solution_code`):
   1. optionally an exploratory call that prints the problem's numbers (a partial step);
@@ -16,12 +16,14 @@ response text rendered by `rstar_jax.tools.render` exactly as the agent loop ren
 `render_examples` turns them into (ids, loss_mask) with `chat_format.render_chat_ids`, i.e. the
 same ids the agent loop produces for the same conversation.
 """
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import random
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import ChatExample
@@ -72,13 +74,17 @@ class ColdStartConfig:
     if self.min_tool_calls < 0:
       raise ValueError(f"ColdStartConfig.min_tool_calls: expected >= 0, got {self.min_tool_calls}")
     if self.max_trajectories < 0:
-      raise ValueError("ColdStartConfig.max_trajectories: expected >= 0 (0 = all), got "
-                       f"{self.max_trajectories}")
+      raise ValueError(
+        f"ColdStartConfig.max_trajectories: expected >= 0 (0 = all), got {self.max_trajectories}"
+      )
     if self.max_calls < 0:
-      raise ValueError(f"ColdStartConfig.max_calls: expected >= 0 (0 = no cap), got {self.max_calls}")
+      raise ValueError(
+        f"ColdStartConfig.max_calls: expected >= 0 (0 = no cap), got {self.max_calls}"
+      )
     if self.max_response_chars < 32:
-      raise ValueError("ColdStartConfig.max_response_chars: expected >= 32, got "
-                       f"{self.max_response_chars}")
+      raise ValueError(
+        f"ColdStartConfig.max_response_chars: expected >= 32, got {self.max_response_chars}"
+      )
 
 
 def explore_code(problem: Problem) -> str:
@@ -91,21 +97,28 @@ def break_code(code: str, rng: random.Random) -> str:
   """A broken variant of `code`: a NameError (misspelt print) or a SyntaxError."""
   if "print(" in code and rng.random() < 0.5:
     i = code.rfind("print(")
-    return code[:i] + "prnt(" + code[i + len("print("):]
+    return code[:i] + "prnt(" + code[i + len("print(") :]
   i = code.rfind(")")
-  return code[:i] + code[i + 1:] if i >= 0 else code + "("
+  return code[:i] + code[i + 1 :] if i >= 0 else code + "("
 
 
 def _call_msg(text: str, code: str) -> dict:
-  return {"role": "assistant", "content": text, "tool_calls": [
-      {"function": {"name": chat_format.TOOL_NAME, "arguments": {"code": code, "input": ""}}}]}
+  return {
+    "role": "assistant",
+    "content": text,
+    "tool_calls": [
+      {"function": {"name": chat_format.TOOL_NAME, "arguments": {"code": code, "input": ""}}}
+    ],
+  }
 
 
-async def solve_one(pool, problem: Problem, config: ColdStartConfig, index: int
-                    ) -> Optional[ChatExample]:
+async def solve_one(
+  pool, problem: Problem, config: ColdStartConfig, index: int
+) -> ChatExample | None:
   """The scripted trajectory of one problem, or None when it is not kept (wrong answer or a
   final call that failed)."""
   from rstar_jax.tools.render import render_tool_response
+
   if not problem.solution_code:
     return None
   rng = random.Random(f"coldstart:{config.seed}:{index}")
@@ -119,8 +132,8 @@ async def solve_one(pool, problem: Problem, config: ColdStartConfig, index: int
     plan.append((SOLVE_TEXT, problem.solution_code))
   if config.max_calls and len(plan) > config.max_calls and plan[0][0] == EXPLORE_TEXT:
     plan = plan[1:]
-  plan = plan[-config.max_calls:] if config.max_calls else plan
-  if plan[0][0] == FIX_TEXT:    # a fix without its broken call reads as the plain solve
+  plan = plan[-config.max_calls :] if config.max_calls else plan
+  if plan[0][0] == FIX_TEXT:  # a fix without its broken call reads as the plain solve
     plan[0] = (SOLVE_TEXT, plan[0][1])
   messages: list[dict] = []
   if config.system_prompt:
@@ -133,22 +146,33 @@ async def solve_one(pool, problem: Problem, config: ColdStartConfig, index: int
     statuses.append(res.status)
     last = res
     messages.append(_call_msg(text, code))
-    messages.append({"role": "tool",
-                     "content": render_tool_response(res, config.max_response_chars,
-                                                     show_time=config.show_time)})
+    messages.append(
+      {
+        "role": "tool",
+        "content": render_tool_response(res, config.max_response_chars, show_time=config.show_time),
+      }
+    )
   if last is None or last.status != "ok":
     return None
   n = last.stdout.strip()
   if n != problem.answer.strip():
     return None
   messages.append({"role": "assistant", "content": FINAL_TEXT.format(n=n)})
-  return ChatExample(messages=tuple(messages), extra={
-      "problem": problem.problem, "answer": problem.answer, "family": problem.family,
-      "num_tool_calls": len(plan), "tool_statuses": statuses})
+  return ChatExample(
+    messages=tuple(messages),
+    extra={
+      "problem": problem.problem,
+      "answer": problem.answer,
+      "family": problem.family,
+      "num_tool_calls": len(plan),
+      "tool_statuses": statuses,
+    },
+  )
 
 
-def select_dense(examples: Sequence[ChatExample], min_tool_calls: int,
-                 max_trajectories: int = 0) -> tuple[list[ChatExample], dict]:
+def select_dense(
+  examples: Sequence[ChatExample], min_tool_calls: int, max_trajectories: int = 0
+) -> tuple[list[ChatExample], dict]:
   """ASTER's density selection: keep chats with >= `min_tool_calls` tool calls, then the
   `max_trajectories` densest (0 = all; ties in input order); the kept ones stay in input order.
   """
@@ -156,15 +180,17 @@ def select_dense(examples: Sequence[ChatExample], min_tool_calls: int,
   if max_trajectories:
     dense = sorted(sorted(dense, key=lambda i: -examples[i].num_tool_calls)[:max_trajectories])
   kept = [examples[i] for i in dense]
-  return kept, {"dense_candidates": len(examples),
-                "dropped_sparse": sum(e.num_tool_calls < min_tool_calls for e in examples),
-                "kept": len(kept),
-                "mean_tool_calls_kept": (sum(e.num_tool_calls for e in kept) / len(kept))
-                if kept else 0.0}
+  return kept, {
+    "dense_candidates": len(examples),
+    "dropped_sparse": sum(e.num_tool_calls < min_tool_calls for e in examples),
+    "kept": len(kept),
+    "mean_tool_calls_kept": (sum(e.num_tool_calls for e in kept) / len(kept)) if kept else 0.0,
+  }
 
 
-async def build_coldstart(problems: Sequence[Problem], pool, config: ColdStartConfig
-                          ) -> tuple[list[ChatExample], dict]:
+async def build_coldstart(
+  problems: Sequence[Problem], pool, config: ColdStartConfig
+) -> tuple[list[ChatExample], dict]:
   """Runs the scripted solver on every problem through `pool`, filters and selects.
 
   Returns (kept chats in problem order, counts: problems, solved, dropped_wrong,
@@ -174,24 +200,32 @@ async def build_coldstart(problems: Sequence[Problem], pool, config: ColdStartCo
   solved = [o for o in outs if o is not None]
   kept, stats = select_dense(solved, config.min_tool_calls, config.max_trajectories)
   statuses = [s for o in solved for s in o.extra["tool_statuses"]]
-  return kept, {"problems": len(problems), "solved": len(solved),
-                "dropped_wrong": len(problems) - len(solved), "calls_total": len(statuses),
-                "calls_failed": sum(s != "ok" for s in statuses), **stats}
+  return kept, {
+    "problems": len(problems),
+    "solved": len(solved),
+    "dropped_wrong": len(problems) - len(solved),
+    "calls_total": len(statuses),
+    "calls_failed": sum(s != "ok" for s in statuses),
+    **stats,
+  }
 
 
-def build_coldstart_sync(problems: Sequence[Problem], config: ColdStartConfig,
-                         num_workers: int = 2) -> tuple[list[ChatExample], dict]:
+def build_coldstart_sync(
+  problems: Sequence[Problem], config: ColdStartConfig, num_workers: int = 2
+) -> tuple[list[ChatExample], dict]:
   """`build_coldstart` with its own CodePool (for scripts)."""
   from rstar_jax.tools.code_pool import CodePool
 
   async def main():
     async with CodePool(num_workers=num_workers) as pool:
       return await build_coldstart(problems, pool, config)
+
   return asyncio.run(main())
 
 
-def render_examples(tokenizer, examples: Sequence[ChatExample], *, with_tools: bool = True
-                    ) -> list[tuple[list[int], list[int]]]:
+def render_examples(
+  tokenizer, examples: Sequence[ChatExample], *, with_tools: bool = True
+) -> list[tuple[list[int], list[int]]]:
   """(input_ids [P+R], loss_mask [P+R]) per chat; mask 1 exactly on assistant-written tokens
   (the chat's own system message, if any, is the system prompt)."""
   out = []

@@ -9,4 +9,5 @@
 
 Every helper is a no-op (or the identity) in a single-process run.
 """
+
 from rstar_jax.distributed.primary import is_primary, process_count, process_index  # noqa: F401

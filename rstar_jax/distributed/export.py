@@ -8,6 +8,7 @@ host ever holds more than one shard file's worth of tensors (``save_hf``'s
 (the output directory must be on a file system process 0 can write; the others need not see
 it). Every process must call `save_hf_multihost` (the gathers are collectives).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ class _GatherOnRead:
 
   def __array__(self, dtype=None, copy=None):
     from rstar_jax.distributed.hostdata import to_host
+
     x = to_host(self._arr)
     return x if dtype is None else x.astype(dtype)
 
@@ -37,6 +39,7 @@ def save_hf_multihost(out_dir: str | os.PathLike, model_config, params: Any) -> 
   """`qwen3.save_hf` for params sharded over processes (module docstring); the plain call with
   one process."""
   from rstar_jax.models import qwen3
+
   if jax.process_count() == 1:
     qwen3.save_hf(os.fspath(out_dir), model_config, params)
     return
@@ -52,12 +55,14 @@ def save_hf_multihost(out_dir: str | os.PathLike, model_config, params: Any) -> 
       else:
         np.asarray(leaf)
   from rstar_jax.distributed.primary import sync
+
   sync("save_hf_multihost")
 
 
 def _read_order(model_config):
   """The (path, shape) order in which `qwen3.save_hf` reads tensors (its plan order)."""
   from rstar_jax.models import qwen3_hf_io
+
   return list(qwen3_hf_io._leaves(qwen3_hf_io.param_shapes(model_config)))
 
 

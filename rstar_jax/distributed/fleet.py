@@ -15,18 +15,20 @@ Code pool (``tool.backend``):
   * "ray":   a `RayCodePool` (one pool actor per Ray node), connecting with
     ``ray.init(address=tool.ray_address)`` when Ray is not initialised yet.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 
 TOOL_BACKENDS = ("local", "http", "ray")
 
 
-def process_urls(urls: Sequence[str], *, process_index: int | None = None,
-                 process_count: int | None = None) -> list[str]:
+def process_urls(
+  urls: Sequence[str], *, process_index: int | None = None, process_count: int | None = None
+) -> list[str]:
   """This process's servers (module docstring); every URL with one process."""
   urls = list(urls)
   i = jax.process_index() if process_index is None else process_index
@@ -38,8 +40,9 @@ def process_urls(urls: Sequence[str], *, process_index: int | None = None,
   return urls[i::n] if len(urls) >= n else [urls[i % len(urls)]]
 
 
-def process_staging_dir(staging_dir: str, *, process_index: int | None = None,
-                        process_count: int | None = None) -> str:
+def process_staging_dir(
+  staging_dir: str, *, process_index: int | None = None, process_count: int | None = None
+) -> str:
   """``staging_dir`` with one process; ``<staging_dir>/process_<i>`` with several."""
   i = jax.process_index() if process_index is None else process_index
   n = jax.process_count() if process_count is None else process_count
@@ -51,23 +54,34 @@ def build_tool_pool(tool):
   backend = tool.backend
   if backend == "local":
     from rstar_jax.tools.code_pool import CodePool
-    return CodePool(num_workers=int(tool.num_workers), timeout_s=float(tool.timeout_s),
-                    memory_limit_mb=int(tool.memory_limit_mb))
+
+    return CodePool(
+      num_workers=int(tool.num_workers),
+      timeout_s=float(tool.timeout_s),
+      memory_limit_mb=int(tool.memory_limit_mb),
+    )
   if backend == "http":
     from rstar_jax.tools.client import CodePoolClient
+
     urls = list(tool.urls)
     if not urls:
-      raise ValueError("tool.urls: expected at least one code-pool service URL for "
-                       "tool.backend='http', got ()")
+      raise ValueError(
+        "tool.urls: expected at least one code-pool service URL for tool.backend='http', got ()"
+      )
     return CodePoolClient(urls[jax.process_index() % len(urls)])
   if backend == "ray":
     import ray
 
     from rstar_jax.tools.code_pool import PoolConfig
     from rstar_jax.tools.ray_pool import RayCodePool
+
     if not ray.is_initialized():
       ray.init(address=tool.ray_address or "auto")
-    return RayCodePool(PoolConfig(num_workers=int(tool.num_workers),
-                                  timeout_s=float(tool.timeout_s),
-                                  memory_limit_mb=int(tool.memory_limit_mb)))
+    return RayCodePool(
+      PoolConfig(
+        num_workers=int(tool.num_workers),
+        timeout_s=float(tool.timeout_s),
+        memory_limit_mb=int(tool.memory_limit_mb),
+      )
+    )
   raise ValueError(f"tool.backend: expected one of {TOOL_BACKENDS}, got {backend!r}")

@@ -8,10 +8,12 @@ the batch are computed from identical data on every process and no process decid
 
 All gathers are collectives: every process must call them, in the same order.
 """
+
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -19,8 +21,9 @@ import numpy as np
 T = TypeVar("T")
 
 
-def local_indices(n: int, *, process_index: int | None = None,
-                  process_count: int | None = None) -> range:
+def local_indices(
+  n: int, *, process_index: int | None = None, process_count: int | None = None
+) -> range:
   """This process's contiguous share of ``range(n)`` (sizes differ by at most one; the first
   ``n % count`` processes get one more)."""
   i = jax.process_index() if process_index is None else process_index
@@ -34,6 +37,7 @@ def local_indices(n: int, *, process_index: int | None = None,
 
 def _allgather_np(x: np.ndarray) -> np.ndarray:
   from jax.experimental import multihost_utils
+
   return np.asarray(multihost_utils.process_allgather(x, tiled=False))
 
 
@@ -81,8 +85,9 @@ async def map_sharded(fn: Callable[[Sequence[T]], Any], items: Sequence[T]) -> l
   return out
 
 
-def global_batch(batch: Mapping[str, np.ndarray], sharding: Callable[[np.ndarray], Any]
-                 ) -> dict[str, jax.Array]:
+def global_batch(
+  batch: Mapping[str, np.ndarray], sharding: Callable[[np.ndarray], Any]
+) -> dict[str, jax.Array]:
   """Global arrays from a host batch every process holds in full (identical everywhere after
   the gathers): each process puts only the rows its own devices hold.
 
@@ -102,7 +107,8 @@ def global_from_local(local_rows: np.ndarray, sharding, global_rows: int) -> jax
   read only their own share), via ``jax.make_array_from_process_local_data``."""
   local_rows = np.asarray(local_rows)
   return jax.make_array_from_process_local_data(
-      sharding, local_rows, (int(global_rows),) + local_rows.shape[1:])
+    sharding, local_rows, (int(global_rows),) + local_rows.shape[1:]
+  )
 
 
 def to_host(x) -> np.ndarray:
@@ -110,6 +116,7 @@ def to_host(x) -> np.ndarray:
   (a collective: every process calls it); others are copied directly."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(jax.device_get(x))
 

@@ -12,6 +12,7 @@ On CPU the cross-process collectives use gloo (``jax_cpu_collectives_implementat
 must be set before the first computation, so call `initialize_from_env` first thing in a
 launcher's ``main``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,9 @@ def initialize_from_env() -> bool:
   coord = os.environ.get(ENV_COORDINATOR, "")
   pid = _int_env(ENV_PROCESS_ID)
   if not coord:
-    raise ValueError(f"{ENV_COORDINATOR}: expected host:port with {ENV_NUM_PROCESSES}={n}, "
-                     "got nothing")
+    raise ValueError(
+      f"{ENV_COORDINATOR}: expected host:port with {ENV_NUM_PROCESSES}={n}, got nothing"
+    )
   if pid is None or not 0 <= pid < n:
     raise ValueError(f"{ENV_PROCESS_ID}: expected an integer in [0, {n}), got {pid!r}")
   if jax.distributed.is_initialized():
@@ -65,7 +67,12 @@ def initialize_from_env() -> bool:
     kw["shutdown_timeout_seconds"] = max(hb, 5)
   kw["initialization_timeout"] = _int_env(ENV_INIT_TIMEOUT, 300)
   jax.distributed.initialize(coordinator_address=coord, num_processes=n, process_id=pid, **kw)
-  log.info("jax.distributed: process %d of %d (coordinator %s), %d local / %d global devices",
-           jax.process_index(), jax.process_count(), coord, jax.local_device_count(),
-           jax.device_count())
+  log.info(
+    "jax.distributed: process %d of %d (coordinator %s), %d local / %d global devices",
+    jax.process_index(),
+    jax.process_count(),
+    coord,
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True

@@ -2,6 +2,7 @@
 lines, summary files. The others compute the same values (they see the same gathered data) and
 write nothing, so no file is written twice or raced on.
 """
+
 from __future__ import annotations
 
 import jax
@@ -25,4 +26,5 @@ def sync(name: str) -> None:
   read next."""
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
+
     multihost_utils.sync_global_devices(name)

@@ -22,172 +22,201 @@ building a batch is concatenation and padding, with no shift to get wrong.
 Rows added by ``row_multiple`` padding are all-zero (no tokens, no loss): they exist only so N
 divides the micro-batch count and the data-parallel mesh size, and change no result.
 """
+
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 
 class TrajectoryLike(Protocol):
-    """The fields of ``rstar_jax.rollout.types.Trajectory`` that a batch needs."""
+  """The fields of ``rstar_jax.rollout.types.Trajectory`` that a batch needs."""
 
-    prompt_ids: Sequence[int]
-    response_ids: Sequence[int]
-    loss_mask: Sequence[int]
-    logprobs: Sequence[float]
+  prompt_ids: Sequence[int]
+  response_ids: Sequence[int]
+  loss_mask: Sequence[int]
+  logprobs: Sequence[float]
 
 
 def _padded_rows(n: int, row_multiple: int) -> int:
-    if not isinstance(row_multiple, int) or row_multiple < 1:
-        raise ValueError(f"row_multiple: expected an int >= 1, got {row_multiple!r}")
-    return -(-n // row_multiple) * row_multiple
+  if not isinstance(row_multiple, int) or row_multiple < 1:
+    raise ValueError(f"row_multiple: expected an int >= 1, got {row_multiple!r}")
+  return -(-n // row_multiple) * row_multiple
 
 
-def make_rl_batch(trajectories: Sequence[TrajectoryLike], advantages: Sequence[float],
-                  pad_to: int, *, pad_id: int = 0, row_multiple: int = 1) -> dict[str, np.ndarray]:
-    """Builds the RL batch (layout in the module docstring) from agent-loop trajectories.
+def make_rl_batch(
+  trajectories: Sequence[TrajectoryLike],
+  advantages: Sequence[float],
+  pad_to: int,
+  *,
+  pad_id: int = 0,
+  row_multiple: int = 1,
+) -> dict[str, np.ndarray]:
+  """Builds the RL batch (layout in the module docstring) from agent-loop trajectories.
 
-    Args:
-        trajectories: N trajectories (``prompt_ids``, ``response_ids``, ``loss_mask``,
-            ``logprobs``; the last two have one entry per response token).
-        advantages: N floats, one per trajectory.
-        pad_to: T; every ``len(prompt_ids) + len(response_ids)`` must be <= T (nothing is
-            silently truncated: a cut response would train on a different sequence than sampled).
-        pad_id: id written into padding columns (masked out everywhere).
-        row_multiple: pad N up to a multiple of this with empty rows.
+  Args:
+      trajectories: N trajectories (``prompt_ids``, ``response_ids``, ``loss_mask``,
+          ``logprobs``; the last two have one entry per response token).
+      advantages: N floats, one per trajectory.
+      pad_to: T; every ``len(prompt_ids) + len(response_ids)`` must be <= T (nothing is
+          silently truncated: a cut response would train on a different sequence than sampled).
+      pad_id: id written into padding columns (masked out everywhere).
+      row_multiple: pad N up to a multiple of this with empty rows.
 
-    Returns:
-        dict of numpy arrays: input_ids, attention_mask, loss_mask, old_logprobs [N', T] and
-        advantages [N'], with N' = N rounded up to ``row_multiple``.
-    """
-    advantages = np.asarray(advantages, np.float32)
-    if advantages.shape != (len(trajectories),):
-        raise ValueError(f"make_rl_batch: advantages must have shape ({len(trajectories)},) "
-                         f"(one per trajectory), got {advantages.shape}")
-    if not np.all(np.isfinite(advantages)):
-        bad = int(np.flatnonzero(~np.isfinite(advantages))[0])
-        raise ValueError(f"make_rl_batch: advantages[{bad}] is {advantages[bad]} (not finite)")
-    n = _padded_rows(len(trajectories), row_multiple)
-    batch = _empty(n, pad_to, pad_id)
-    batch["old_logprobs"] = np.zeros((n, pad_to), np.float32)
-    batch["advantages"] = np.zeros((n,), np.float32)
-    batch["advantages"][: len(trajectories)] = advantages
-    for i, tr in enumerate(trajectories):
-        prompt, response = list(tr.prompt_ids), list(tr.response_ids)
-        mask, logp = list(tr.loss_mask), list(tr.logprobs)
-        where = f"make_rl_batch: trajectory {i}"
-        if not prompt:
-            raise ValueError(f"{where}: empty prompt_ids (the first response token needs a "
-                             "preceding token to be predicted from)")
-        if len(mask) != len(response) or len(logp) != len(response):
-            raise ValueError(f"{where}: loss_mask ({len(mask)}) and logprobs ({len(logp)}) must "
-                             f"have one entry per response token ({len(response)})")
-        length = len(prompt) + len(response)
-        if length > pad_to:
-            raise ValueError(f"{where}: prompt ({len(prompt)}) + response ({len(response)}) = "
-                             f"{length} tokens > pad_to={pad_to}")
-        mask_arr = np.asarray(mask, np.float32)
-        if not np.all((mask_arr == 0) | (mask_arr == 1)):
-            raise ValueError(f"{where}: loss_mask must hold only 0/1, got {sorted(set(mask))}")
-        p = len(prompt)
-        batch["input_ids"][i, :length] = prompt + response
-        batch["attention_mask"][i, :length] = 1
-        batch["loss_mask"][i, p:length] = mask_arr
-        # Logprobs of masked tokens are meaningless (tool text was never sampled): zero them so
-        # they cannot leak into a ratio by accident.
-        batch["old_logprobs"][i, p:length] = np.asarray(logp, np.float32) * mask_arr
-    return batch
+  Returns:
+      dict of numpy arrays: input_ids, attention_mask, loss_mask, old_logprobs [N', T] and
+      advantages [N'], with N' = N rounded up to ``row_multiple``.
+  """
+  advantages = np.asarray(advantages, np.float32)
+  if advantages.shape != (len(trajectories),):
+    raise ValueError(
+      f"make_rl_batch: advantages must have shape ({len(trajectories)},) "
+      f"(one per trajectory), got {advantages.shape}"
+    )
+  if not np.all(np.isfinite(advantages)):
+    bad = int(np.flatnonzero(~np.isfinite(advantages))[0])
+    raise ValueError(f"make_rl_batch: advantages[{bad}] is {advantages[bad]} (not finite)")
+  n = _padded_rows(len(trajectories), row_multiple)
+  batch = _empty(n, pad_to, pad_id)
+  batch["old_logprobs"] = np.zeros((n, pad_to), np.float32)
+  batch["advantages"] = np.zeros((n,), np.float32)
+  batch["advantages"][: len(trajectories)] = advantages
+  for i, tr in enumerate(trajectories):
+    prompt, response = list(tr.prompt_ids), list(tr.response_ids)
+    mask, logp = list(tr.loss_mask), list(tr.logprobs)
+    where = f"make_rl_batch: trajectory {i}"
+    if not prompt:
+      raise ValueError(
+        f"{where}: empty prompt_ids (the first response token needs a "
+        "preceding token to be predicted from)"
+      )
+    if len(mask) != len(response) or len(logp) != len(response):
+      raise ValueError(
+        f"{where}: loss_mask ({len(mask)}) and logprobs ({len(logp)}) must "
+        f"have one entry per response token ({len(response)})"
+      )
+    length = len(prompt) + len(response)
+    if length > pad_to:
+      raise ValueError(
+        f"{where}: prompt ({len(prompt)}) + response ({len(response)}) = "
+        f"{length} tokens > pad_to={pad_to}"
+      )
+    mask_arr = np.asarray(mask, np.float32)
+    if not np.all((mask_arr == 0) | (mask_arr == 1)):
+      raise ValueError(f"{where}: loss_mask must hold only 0/1, got {sorted(set(mask))}")
+    p = len(prompt)
+    batch["input_ids"][i, :length] = prompt + response
+    batch["attention_mask"][i, :length] = 1
+    batch["loss_mask"][i, p:length] = mask_arr
+    # Logprobs of masked tokens are meaningless (tool text was never sampled): zero them so
+    # they cannot leak into a ratio by accident.
+    batch["old_logprobs"][i, p:length] = np.asarray(logp, np.float32) * mask_arr
+  return batch
 
 
-def make_sft_batch(sequences: Sequence[tuple[Sequence[int], Sequence[Any]]], pad_to: int, *,
-                   pad_id: int = 0, row_multiple: int = 1) -> dict[str, np.ndarray]:
-    """Builds the SFT batch from (ids, loss_mask) pairs, token-aligned (mask[t]=1: train on ids[t]).
+def make_sft_batch(
+  sequences: Sequence[tuple[Sequence[int], Sequence[Any]]],
+  pad_to: int,
+  *,
+  pad_id: int = 0,
+  row_multiple: int = 1,
+) -> dict[str, np.ndarray]:
+  """Builds the SFT batch from (ids, loss_mask) pairs, token-aligned (mask[t]=1: train on ids[t]).
 
-    Returns input_ids, attention_mask, loss_mask [N', T]. The mask at column 0 is ignored by
-    the loss (nothing predicts the first token) and is zeroed here to keep token counts honest.
-    """
-    n = _padded_rows(len(sequences), row_multiple)
-    batch = _empty(n, pad_to, pad_id)
-    for i, (ids, mask) in enumerate(sequences):
-        ids, mask = list(ids), list(mask)
-        where = f"make_sft_batch: sequence {i}"
-        if len(mask) != len(ids):
-            raise ValueError(f"{where}: loss_mask has {len(mask)} entries, ids has {len(ids)}")
-        if len(ids) > pad_to:
-            raise ValueError(f"{where}: {len(ids)} tokens > pad_to={pad_to}")
-        batch["input_ids"][i, : len(ids)] = ids
-        batch["attention_mask"][i, : len(ids)] = 1
-        batch["loss_mask"][i, : len(ids)] = np.asarray(mask, np.float32)
-        batch["loss_mask"][i, 0] = 0.0
-    return batch
+  Returns input_ids, attention_mask, loss_mask [N', T]. The mask at column 0 is ignored by
+  the loss (nothing predicts the first token) and is zeroed here to keep token counts honest.
+  """
+  n = _padded_rows(len(sequences), row_multiple)
+  batch = _empty(n, pad_to, pad_id)
+  for i, (ids, mask) in enumerate(sequences):
+    ids, mask = list(ids), list(mask)
+    where = f"make_sft_batch: sequence {i}"
+    if len(mask) != len(ids):
+      raise ValueError(f"{where}: loss_mask has {len(mask)} entries, ids has {len(ids)}")
+    if len(ids) > pad_to:
+      raise ValueError(f"{where}: {len(ids)} tokens > pad_to={pad_to}")
+    batch["input_ids"][i, : len(ids)] = ids
+    batch["attention_mask"][i, : len(ids)] = 1
+    batch["loss_mask"][i, : len(ids)] = np.asarray(mask, np.float32)
+    batch["loss_mask"][i, 0] = 0.0
+  return batch
 
 
 def _empty(n: int, pad_to: int, pad_id: int) -> dict[str, np.ndarray]:
-    if not isinstance(pad_to, int) or pad_to < 2:
-        raise ValueError(f"pad_to: expected an int >= 2, got {pad_to!r}")
-    return {
-        "input_ids": np.full((n, pad_to), pad_id, np.int32),
-        "attention_mask": np.zeros((n, pad_to), np.int32),
-        "loss_mask": np.zeros((n, pad_to), np.float32),
-    }
+  if not isinstance(pad_to, int) or pad_to < 2:
+    raise ValueError(f"pad_to: expected an int >= 2, got {pad_to!r}")
+  return {
+    "input_ids": np.full((n, pad_to), pad_id, np.int32),
+    "attention_mask": np.zeros((n, pad_to), np.int32),
+    "loss_mask": np.zeros((n, pad_to), np.float32),
+  }
 
 
-def split_rl_batch(batch: dict[str, np.ndarray], num_mini_batches: int, rng: np.random.Generator,
-                   *, rows: int | None = None, pad_id: int = 0) -> list[dict[str, np.ndarray]]:
-    """Splits an RL batch into mini-batches of one fixed shape, for several PPO updates per step.
+def split_rl_batch(
+  batch: dict[str, np.ndarray],
+  num_mini_batches: int,
+  rng: np.random.Generator,
+  *,
+  rows: int | None = None,
+  pad_id: int = 0,
+) -> list[dict[str, np.ndarray]]:
+  """Splits an RL batch into mini-batches of one fixed shape, for several PPO updates per step.
 
-    Real rows (any attention) are shuffled with ``rng`` and dealt out round-robin, so the
-    mini-batches differ by at most one real row. Each is padded with empty rows (no tokens, no
-    loss) to ``rows`` rows, so every update reuses one compiled step whatever the number of
-    surviving trajectories. When there are fewer real rows than ``num_mini_batches``, fewer
-    (non-empty) mini-batches come back: an update on an empty batch would still move Adam.
+  Real rows (any attention) are shuffled with ``rng`` and dealt out round-robin, so the
+  mini-batches differ by at most one real row. Each is padded with empty rows (no tokens, no
+  loss) to ``rows`` rows, so every update reuses one compiled step whatever the number of
+  surviving trajectories. When there are fewer real rows than ``num_mini_batches``, fewer
+  (non-empty) mini-batches come back: an update on an empty batch would still move Adam.
 
-    Args:
-        batch: ``make_rl_batch`` layout, N rows.
-        num_mini_batches: M >= 1; M = 1 returns ``[batch]`` unchanged (no shuffle, no re-pad).
-        rng: numpy Generator for the shuffle.
-        rows: R, rows of every mini-batch; default ceil(N / M). Must hold ceil(real / M).
-        pad_id: id written into the padding rows' input_ids.
-    Returns:
-        up to M dicts with the batch's keys, each [R, ...].
-    """
-    if not isinstance(num_mini_batches, int) or num_mini_batches < 1:
-        raise ValueError(f"num_mini_batches: expected an int >= 1, got {num_mini_batches!r}")
-    if num_mini_batches == 1:
-        return [batch]
-    n = len(batch["attention_mask"])
-    rows = -(-n // num_mini_batches) if rows is None else rows
-    real = np.flatnonzero(batch["attention_mask"].any(axis=1))
-    order = rng.permutation(real)
-    parts = [order[m::num_mini_batches] for m in range(num_mini_batches)]
-    parts = [p for p in parts if len(p)]
-    if parts and len(parts[0]) > rows:
-        raise ValueError(f"split_rl_batch: {len(real)} real rows in {num_mini_batches} "
-                         f"mini-batches need {len(parts[0])} rows each, got rows={rows}")
-    out = []
-    for part in parts:
-        mb = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in batch.items()}
-        if "input_ids" in mb:
-            mb["input_ids"][:] = pad_id
-        for k, v in batch.items():
-            mb[k][: len(part)] = v[part]
-        out.append(mb)
-    return out
+  Args:
+      batch: ``make_rl_batch`` layout, N rows.
+      num_mini_batches: M >= 1; M = 1 returns ``[batch]`` unchanged (no shuffle, no re-pad).
+      rng: numpy Generator for the shuffle.
+      rows: R, rows of every mini-batch; default ceil(N / M). Must hold ceil(real / M).
+      pad_id: id written into the padding rows' input_ids.
+  Returns:
+      up to M dicts with the batch's keys, each [R, ...].
+  """
+  if not isinstance(num_mini_batches, int) or num_mini_batches < 1:
+    raise ValueError(f"num_mini_batches: expected an int >= 1, got {num_mini_batches!r}")
+  if num_mini_batches == 1:
+    return [batch]
+  n = len(batch["attention_mask"])
+  rows = -(-n // num_mini_batches) if rows is None else rows
+  real = np.flatnonzero(batch["attention_mask"].any(axis=1))
+  order = rng.permutation(real)
+  parts = [order[m::num_mini_batches] for m in range(num_mini_batches)]
+  parts = [p for p in parts if len(p)]
+  if parts and len(parts[0]) > rows:
+    raise ValueError(
+      f"split_rl_batch: {len(real)} real rows in {num_mini_batches} "
+      f"mini-batches need {len(parts[0])} rows each, got rows={rows}"
+    )
+  out = []
+  for part in parts:
+    mb = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+    if "input_ids" in mb:
+      mb["input_ids"][:] = pad_id
+    for k, v in batch.items():
+      mb[k][: len(part)] = v[part]
+    out.append(mb)
+  return out
 
 
 def length_bucket(longest: int, minimum: int = 64) -> int:
-    """Smallest power of two >= max(longest, minimum): a batch's padded length T (one compiled
-    step per bucket instead of one per length)."""
-    t = max(int(longest), minimum, 2)
-    return 1 << (t - 1).bit_length()
+  """Smallest power of two >= max(longest, minimum): a batch's padded length T (one compiled
+  step per bucket instead of one per length)."""
+  t = max(int(longest), minimum, 2)
+  return 1 << (t - 1).bit_length()
 
 
 def pad_id_of(tokenizer) -> int:
-    """The id padding columns hold: the tokenizer's pad id, else its EOS id, else 0 (padding is
-    masked out everywhere, so only its range matters)."""
-    for attr in ("pad_token_id", "eos_token_id"):
-        v = getattr(tokenizer, attr, None)
-        if isinstance(v, int):
-            return v
-    return 0
+  """The id padding columns hold: the tokenizer's pad id, else its EOS id, else 0 (padding is
+  masked out everywhere, so only its range matters)."""
+  for attr in ("pad_token_id", "eos_token_id"):
+    v = getattr(tokenizer, attr, None)
+    if isinstance(v, int):
+      return v
+  return 0

@@ -7,6 +7,7 @@ Each checkpoint (one per saved ``state.step``) holds
 Restoring reads onto the live state's structure, dtypes and shardings (`restore(target)`), so a
 run resumes on the mesh it runs on now, which may differ from the one it saved from.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -14,7 +15,8 @@ import json
 import os
 import threading
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -24,148 +26,177 @@ from rstar_jax.learner.train_state import TrainState
 
 
 class CheckpointMismatchError(UserError, ValueError):
-    """A checkpoint's arrays do not fit the state it is restored into."""
+  """A checkpoint's arrays do not fit the state it is restored into."""
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
-    return {"params": state.params, "opt_state": state.opt_state, "step": state.step,
-            "rng": state.rng}
+  return {
+    "params": state.params,
+    "opt_state": state.opt_state,
+    "step": state.step,
+    "rng": state.rng,
+  }
 
 
 class Checkpointer:
-    """Keep-last-N checkpoints of a TrainState and its metadata.
+  """Keep-last-N checkpoints of a TrainState and its metadata.
 
-    Args:
-        directory: where checkpoints go (created if missing); one sub-folder per step.
-        max_to_keep: how many most recent checkpoints survive; None keeps all.
-        save_interval_steps: `save` without ``force`` writes only at steps that are multiples
-            of this (and at the first save when the directory has no checkpoint yet).
-        enable_async: write in a background thread after the device-to-host copy (the caller
-            may donate/overwrite the state as soon as `save` returns).
+  Args:
+      directory: where checkpoints go (created if missing); one sub-folder per step.
+      max_to_keep: how many most recent checkpoints survive; None keeps all.
+      save_interval_steps: `save` without ``force`` writes only at steps that are multiples
+          of this (and at the first save when the directory has no checkpoint yet).
+      enable_async: write in a background thread after the device-to-host copy (the caller
+          may donate/overwrite the state as soon as `save` returns).
+  """
+
+  def __init__(
+    self,
+    directory: str | os.PathLike,
+    *,
+    max_to_keep: int | None = 3,
+    save_interval_steps: int = 1,
+    enable_async: bool = True,
+  ):
+    if max_to_keep is not None and max_to_keep < 1:
+      raise ValueError(f"Checkpointer max_to_keep: expected >= 1 or None, got {max_to_keep}")
+    if save_interval_steps < 1:
+      raise ValueError(
+        f"Checkpointer save_interval_steps: expected >= 1, got {save_interval_steps}"
+      )
+    self.directory = os.path.abspath(os.fspath(directory))
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep,
+      save_interval_steps=save_interval_steps,
+      create=True,
+      enable_async_checkpointing=enable_async,
+    )
+    self._mgr = ocp.CheckpointManager(self.directory, options=options)
+    # An async save still running when the interpreter exits is cut off (orbax's event loop
+    # is torn down under it: a half-written `<step>.orbax-checkpoint-tmp` folder and
+    # "Event loop is closed" tracebacks). The finalizer waits for it and closes the manager,
+    # at `close()`, when this object is collected, or at exit, whichever comes first.
+    self._finalizer = weakref.finalize(self, _close_manager, self._mgr)
+    self._finalizer.atexit = False
+    _at_thread_shutdown(self._finalizer)
+
+  def save(
+    self, state: TrainState, metadata: Mapping[str, Any] | None = None, *, force: bool = False
+  ) -> bool:
+    """Saves at ``int(state.step)``; returns whether a checkpoint was written.
+
+    ``metadata`` must be JSON-serialisable (checked before anything is written).
     """
+    step = int(jax.device_get(state.step))
+    meta = dict(metadata or {})
+    if "step" in meta and meta["step"] != step:
+      raise ValueError(
+        f"Checkpointer.save: metadata['step']={meta['step']} differs from state.step={step}"
+      )
+    meta["step"] = step
+    try:
+      json.dumps(meta)
+    except TypeError as e:
+      raise TypeError(f"Checkpointer.save: metadata is not JSON-serialisable: {e}") from e
+    return self._mgr.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(_arrays(state)), meta=ocp.args.JsonSave(meta)
+      ),
+      force=force,
+    )
 
-    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
-                 save_interval_steps: int = 1, enable_async: bool = True):
-        if max_to_keep is not None and max_to_keep < 1:
-            raise ValueError(f"Checkpointer max_to_keep: expected >= 1 or None, got {max_to_keep}")
-        if save_interval_steps < 1:
-            raise ValueError(f"Checkpointer save_interval_steps: expected >= 1, "
-                             f"got {save_interval_steps}")
-        self.directory = os.path.abspath(os.fspath(directory))
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, save_interval_steps=save_interval_steps, create=True,
-            enable_async_checkpointing=enable_async)
-        self._mgr = ocp.CheckpointManager(self.directory, options=options)
-        # An async save still running when the interpreter exits is cut off (orbax's event loop
-        # is torn down under it: a half-written `<step>.orbax-checkpoint-tmp` folder and
-        # "Event loop is closed" tracebacks). The finalizer waits for it and closes the manager,
-        # at `close()`, when this object is collected, or at exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _close_manager, self._mgr)
-        self._finalizer.atexit = False
-        _at_thread_shutdown(self._finalizer)
+  def restore(
+    self, target: TrainState, step: int | None = None
+  ) -> tuple[TrainState, dict[str, Any]]:
+    """Restores ``step`` (default: latest) onto ``target``'s structure and shardings.
 
-    def save(self, state: TrainState, metadata: Mapping[str, Any] | None = None, *,
-             force: bool = False) -> bool:
-        """Saves at ``int(state.step)``; returns whether a checkpoint was written.
+    ``target`` is any TrainState of the same model and optimizer (e.g. a freshly built one);
+    its ``tx`` is kept. Returns (state, metadata).
+    """
+    self._mgr.wait_until_finished()
+    if step is None:
+      step = self._mgr.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
+    elif step not in self._mgr.all_steps():
+      raise FileNotFoundError(
+        f"Checkpointer.restore: no checkpoint for step {step} in "
+        f"{self.directory} (have {sorted(self._mgr.all_steps())})"
+      )
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
+    try:
+      out = self._mgr.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+        ),
+      )
+    except ValueError as e:
+      # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
+      # with a config (model size, optimizer) other than the one that wrote it.
+      detail = " ".join(str(e).split())
+      raise CheckpointMismatchError(
+        f"checkpoint {self.directory} step {step} does not fit this run's model and "
+        f"optimizer (written with another config? use that config or a new workdir): "
+        f"{detail[:400]}{'...' if len(detail) > 400 else ''}"
+      ) from e
+    arrays = out["state"]
+    state = target.replace(
+      params=arrays["params"], opt_state=arrays["opt_state"], step=arrays["step"], rng=arrays["rng"]
+    )
+    return state, dict(out["meta"])
 
-        ``metadata`` must be JSON-serialisable (checked before anything is written).
-        """
-        step = int(jax.device_get(state.step))
-        meta = dict(metadata or {})
-        if "step" in meta and meta["step"] != step:
-            raise ValueError(f"Checkpointer.save: metadata['step']={meta['step']} differs from "
-                             f"state.step={step}")
-        meta["step"] = step
-        try:
-            json.dumps(meta)
-        except TypeError as e:
-            raise TypeError(f"Checkpointer.save: metadata is not JSON-serialisable: {e}") from e
-        return self._mgr.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_arrays(state)), meta=ocp.args.JsonSave(meta)),
-            force=force)
+  def latest_step(self) -> int | None:
+    return self._mgr.latest_step()
 
-    def restore(self, target: TrainState, step: int | None = None
-                ) -> tuple[TrainState, dict[str, Any]]:
-        """Restores ``step`` (default: latest) onto ``target``'s structure and shardings.
+  def all_steps(self) -> list[int]:
+    return sorted(self._mgr.all_steps())
 
-        ``target`` is any TrainState of the same model and optimizer (e.g. a freshly built one);
-        its ``tx`` is kept. Returns (state, metadata).
-        """
-        self._mgr.wait_until_finished()
-        if step is None:
-            step = self._mgr.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"Checkpointer.restore: no checkpoint in {self.directory}")
-        elif step not in self._mgr.all_steps():
-            raise FileNotFoundError(f"Checkpointer.restore: no checkpoint for step {step} in "
-                                    f"{self.directory} (have {sorted(self._mgr.all_steps())})")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
-        try:
-            out = self._mgr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        except ValueError as e:
-            # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
-            # with a config (model size, optimizer) other than the one that wrote it.
-            detail = " ".join(str(e).split())
-            raise CheckpointMismatchError(
-                f"checkpoint {self.directory} step {step} does not fit this run's model and "
-                f"optimizer (written with another config? use that config or a new workdir): "
-                f"{detail[:400]}{'...' if len(detail) > 400 else ''}") from e
-        arrays = out["state"]
-        state = target.replace(params=arrays["params"], opt_state=arrays["opt_state"],
-                               step=arrays["step"], rng=arrays["rng"])
-        return state, dict(out["meta"])
+  def wait_until_finished(self) -> None:
+    self._mgr.wait_until_finished()
 
-    def latest_step(self) -> int | None:
-        return self._mgr.latest_step()
+  def close(self) -> None:
+    """Waits for pending async saves, then releases the manager (idempotent)."""
+    self._finalizer()
 
-    def all_steps(self) -> list[int]:
-        return sorted(self._mgr.all_steps())
+  def __enter__(self) -> Checkpointer:
+    return self
 
-    def wait_until_finished(self) -> None:
-        self._mgr.wait_until_finished()
-
-    def close(self) -> None:
-        """Waits for pending async saves, then releases the manager (idempotent)."""
-        self._finalizer()
-
-    def __enter__(self) -> "Checkpointer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def _at_thread_shutdown(fn) -> None:
-    """Runs ``fn`` at interpreter exit while threads and executors still work.
+  """Runs ``fn`` at interpreter exit while threads and executors still work.
 
-    Plain `atexit` hooks run after `concurrent.futures` has shut down, too late for orbax's
-    commit thread ("cannot schedule new futures after interpreter shutdown").
-    `threading._register_atexit` (what `concurrent.futures` itself uses) runs its hooks in
-    reverse order before that, so this one runs before the executors close.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is not None:
-            register(fn)
-            return
-    except RuntimeError:  # interpreter already shutting down
-        pass
-    atexit.register(fn)
+  Plain `atexit` hooks run after `concurrent.futures` has shut down, too late for orbax's
+  commit thread ("cannot schedule new futures after interpreter shutdown").
+  `threading._register_atexit` (what `concurrent.futures` itself uses) runs its hooks in
+  reverse order before that, so this one runs before the executors close.
+  """
+  register = getattr(threading, "_register_atexit", None)
+  try:
+    if register is not None:
+      register(fn)
+      return
+  except RuntimeError:  # interpreter already shutting down
+    pass
+  atexit.register(fn)
 
 
 def _close_manager(mgr: ocp.CheckpointManager) -> None:
-    mgr.wait_until_finished()
-    mgr.close()
+  mgr.wait_until_finished()
+  mgr.close()
 
 
 def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
-    """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``).
+  """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``).
 
-    Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time. With
-    several JAX processes every process must call this; tensors are gathered one at a time and
-    process 0 writes (`rstar_jax.distributed.export`).
-    """
-    from rstar_jax.distributed.export import save_hf_multihost
+  Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time. With
+  several JAX processes every process must call this; tensors are gathered one at a time and
+  process 0 writes (`rstar_jax.distributed.export`).
+  """
+  from rstar_jax.distributed.export import save_hf_multihost
 
-    save_hf_multihost(os.fspath(out_dir), model_config, params)
+  save_hf_multihost(os.fspath(out_dir), model_config, params)

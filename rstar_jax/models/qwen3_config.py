@@ -18,6 +18,7 @@ decoder is one ``lax.scan``)::
 
 Kernels are ``[in, out]`` (HF ``nn.Linear.weight`` transposed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,189 +28,233 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
 _DTYPES = ("float32", "bfloat16")
-_ATTENTIONS = ("xla", "blockwise", "fused")   # == rstar_jax.models.attention.IMPLEMENTATIONS
+_ATTENTIONS = ("xla", "blockwise", "fused")  # == rstar_jax.models.attention.IMPLEMENTATIONS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Qwen3Config:
-    """Decoder hyper-parameters. Frozen and hashable: pass as a static jit argument."""
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int | None = None
-    """Per-head width; independent of hidden_size / heads in Qwen3 (None = that ratio)."""
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 40960
-    model_type: str = "qwen3"
-    attention_bias: bool = False
-    """qwen3: bias on q/k/v/o (HF ``attention_bias``); qwen2: always bias on q/k/v only."""
-    use_qk_norm: bool | None = None
-    """Per-head RMSNorm on q and k before RoPE (None = True for qwen3, False for qwen2)."""
-    dtype: str = "float32"
-    """Compute dtype ("float32" | "bfloat16"); param dtype is whatever the params hold."""
-    remat: bool = False
-    """Rematerialise each decoder layer in the backward pass (jax.checkpoint)."""
-    attention: str = "xla"
-    """Learner-forward attention (``rstar_jax.models.attention``): "xla" (dense T x T scores),
+  """Decoder hyper-parameters. Frozen and hashable: pass as a static jit argument."""
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_hidden_layers: int
+  num_attention_heads: int
+  num_key_value_heads: int
+  head_dim: int | None = None
+  """Per-head width; independent of hidden_size / heads in Qwen3 (None = that ratio)."""
+  rope_theta: float = 1_000_000.0
+  rms_norm_eps: float = 1e-6
+  tie_word_embeddings: bool = False
+  max_position_embeddings: int = 40960
+  model_type: str = "qwen3"
+  attention_bias: bool = False
+  """qwen3: bias on q/k/v/o (HF ``attention_bias``); qwen2: always bias on q/k/v only."""
+  use_qk_norm: bool | None = None
+  """Per-head RMSNorm on q and k before RoPE (None = True for qwen3, False for qwen2)."""
+  dtype: str = "float32"
+  """Compute dtype ("float32" | "bfloat16"); param dtype is whatever the params hold."""
+  remat: bool = False
+  """Rematerialise each decoder layer in the backward pass (jax.checkpoint)."""
+  attention: str = "xla"
+  """Learner-forward attention (``rstar_jax.models.attention``): "xla" (dense T x T scores),
     "blockwise" (online softmax over key blocks, O(T * block) memory) or "fused" (cuDNN flash
     attention where available). The KV-cache decode path always uses its own kernel."""
-    attention_block_size: int = 512
-    """Query / key block length of the "blockwise" attention."""
+  attention_block_size: int = 512
+  """Query / key block length of the "blockwise" attention."""
 
-    def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {self.model_type!r}; "
-                             f"supported: {SUPPORTED_MODEL_TYPES}")
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.use_qk_norm is None:
-            object.__setattr__(self, "use_qk_norm", self.model_type == "qwen3")
-        if self.model_type == "qwen2":
-            object.__setattr__(self, "attention_bias", True)
-        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                  "num_attention_heads", "num_key_value_heads", "head_dim"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"Qwen3Config.{f} must be >= 1, got {getattr(self, f)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
-                             f"of num_key_value_heads ({self.num_key_value_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.attention not in _ATTENTIONS:
-            raise ValueError(f"Qwen3Config.attention must be one of {_ATTENTIONS}, got "
-                             f"{self.attention!r}")
-        if not isinstance(self.attention_block_size, int) or self.attention_block_size < 1:
-            raise ValueError("Qwen3Config.attention_block_size must be an int >= 1, got "
-                             f"{self.attention_block_size!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+  def __post_init__(self):
+    if self.model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(
+        f"unsupported model_type {self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}"
+      )
+    if self.head_dim is None:
+      object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+    if self.use_qk_norm is None:
+      object.__setattr__(self, "use_qk_norm", self.model_type == "qwen3")
+    if self.model_type == "qwen2":
+      object.__setattr__(self, "attention_bias", True)
+    for f in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "num_key_value_heads",
+      "head_dim",
+    ):
+      if getattr(self, f) < 1:
+        raise ValueError(f"Qwen3Config.{f} must be >= 1, got {getattr(self, f)}")
+    if self.num_attention_heads % self.num_key_value_heads:
+      raise ValueError(
+        f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
+        f"of num_key_value_heads ({self.num_key_value_heads})"
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+    if self.attention not in _ATTENTIONS:
+      raise ValueError(
+        f"Qwen3Config.attention must be one of {_ATTENTIONS}, got {self.attention!r}"
+      )
+    if not isinstance(self.attention_block_size, int) or self.attention_block_size < 1:
+      raise ValueError(
+        f"Qwen3Config.attention_block_size must be an int >= 1, got {self.attention_block_size!r}"
+      )
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
 
-    @property
-    def o_bias(self) -> bool:
-        return self.attention_bias and self.model_type == "qwen3"
+  @property
+  def o_bias(self) -> bool:
+    return self.attention_bias and self.model_type == "qwen3"
 
-    def replace(self, **kw) -> "Qwen3Config":
-        return dataclasses.replace(self, **kw)
+  def replace(self, **kw) -> Qwen3Config:
+    return dataclasses.replace(self, **kw)
 
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "Qwen3Config":
-        """From a parsed HF ``config.json`` (transformers 4 or 5 style)."""
-        mt = d.get("model_type")
-        if mt not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model_type {mt!r} in config.json; "
-                             f"supported: {SUPPORTED_MODEL_TYPES}")
-        if d.get("use_sliding_window"):
-            raise ValueError("config.json: use_sliding_window=true is not supported")
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"config.json: rope_type {rope_type!r} is not supported "
-                             "(only 'default')")
-        theta = rope.get("rope_theta", d.get("rope_theta"))
-        if theta is None:
-            theta = 10000.0
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads") if k not in d]
-        if missing:
-            raise ValueError(f"config.json is missing fields {missing}")
-        kw = dict(
-            vocab_size=d["vocab_size"], hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
-            num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
-            head_dim=d.get("head_dim"), rope_theta=float(theta),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
-            model_type=mt, attention_bias=bool(d.get("attention_bias", mt == "qwen2")))
-        kw.update(overrides)
-        return cls(**kw)
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> Qwen3Config:
+    """From a parsed HF ``config.json`` (transformers 4 or 5 style)."""
+    mt = d.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(
+        f"unsupported model_type {mt!r} in config.json; supported: {SUPPORTED_MODEL_TYPES}"
+      )
+    if d.get("use_sliding_window"):
+      raise ValueError("config.json: use_sliding_window=true is not supported")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+      raise ValueError(f"config.json: rope_type {rope_type!r} is not supported (only 'default')")
+    theta = rope.get("rope_theta", d.get("rope_theta"))
+    if theta is None:
+      theta = 10000.0
+    missing = [
+      k
+      for k in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+      )
+      if k not in d
+    ]
+    if missing:
+      raise ValueError(f"config.json is missing fields {missing}")
+    kw = dict(
+      vocab_size=d["vocab_size"],
+      hidden_size=d["hidden_size"],
+      intermediate_size=d["intermediate_size"],
+      num_hidden_layers=d["num_hidden_layers"],
+      num_attention_heads=d["num_attention_heads"],
+      num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+      head_dim=d.get("head_dim"),
+      rope_theta=float(theta),
+      rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+      max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+      model_type=mt,
+      attention_bias=bool(d.get("attention_bias", mt == "qwen2")),
+    )
+    kw.update(overrides)
+    return cls(**kw)
 
-    @classmethod
-    def from_hf(cls, hf_dir: str | os.PathLike, **overrides) -> "Qwen3Config":
-        """Reads ``hf_dir/config.json``; ``overrides`` set e.g. ``dtype`` or ``remat``."""
-        path = os.path.join(os.fspath(hf_dir), "config.json")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"missing HF config file: {path}")
-        with open(path) as f:
-            return cls.from_hf_dict(json.load(f), **overrides)
+  @classmethod
+  def from_hf(cls, hf_dir: str | os.PathLike, **overrides) -> Qwen3Config:
+    """Reads ``hf_dir/config.json``; ``overrides`` set e.g. ``dtype`` or ``remat``."""
+    path = os.path.join(os.fspath(hf_dir), "config.json")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"missing HF config file: {path}")
+    with open(path) as f:
+      return cls.from_hf_dict(json.load(f), **overrides)
 
-    def to_hf_dict(self, dtype_name: str = "float32") -> dict[str, Any]:
-        """transformers-5 style ``config.json`` content."""
-        arch = "Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"
-        d = dict(architectures=[arch], model_type=self.model_type,
-                 vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                 intermediate_size=self.intermediate_size,
-                 num_hidden_layers=self.num_hidden_layers,
-                 num_attention_heads=self.num_attention_heads,
-                 num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-                 hidden_act="silu", max_position_embeddings=self.max_position_embeddings,
-                 rms_norm_eps=self.rms_norm_eps,
-                 rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-                 rope_theta=self.rope_theta,  # transformers 4 readers
-                 tie_word_embeddings=self.tie_word_embeddings, use_cache=True,
-                 use_sliding_window=False, attention_dropout=0.0, dtype=dtype_name)
-        if self.model_type == "qwen3":
-            d["attention_bias"] = self.attention_bias
-        return d
+  def to_hf_dict(self, dtype_name: str = "float32") -> dict[str, Any]:
+    """transformers-5 style ``config.json`` content."""
+    arch = "Qwen3ForCausalLM" if self.model_type == "qwen3" else "Qwen2ForCausalLM"
+    d = dict(
+      architectures=[arch],
+      model_type=self.model_type,
+      vocab_size=self.vocab_size,
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_hidden_layers=self.num_hidden_layers,
+      num_attention_heads=self.num_attention_heads,
+      num_key_value_heads=self.num_key_value_heads,
+      head_dim=self.head_dim,
+      hidden_act="silu",
+      max_position_embeddings=self.max_position_embeddings,
+      rms_norm_eps=self.rms_norm_eps,
+      rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+      rope_theta=self.rope_theta,  # transformers 4 readers
+      tie_word_embeddings=self.tie_word_embeddings,
+      use_cache=True,
+      use_sliding_window=False,
+      attention_dropout=0.0,
+      dtype=dtype_name,
+    )
+    if self.model_type == "qwen3":
+      d["attention_bias"] = self.attention_bias
+    return d
 
 
 def _layer_layout(c: Qwen3Config) -> dict[str, Any]:
-    """(shape without L, logical axes without "layers") per layer param."""
-    D, F, Dh = c.hidden_size, c.intermediate_size, c.head_dim
-    q, kv = c.num_attention_heads * Dh, c.num_key_value_heads * Dh
-    attn = {"q_proj": {"kernel": ((D, q), ("embed", "q_heads"))},
-            "k_proj": {"kernel": ((D, kv), ("embed", "kv_heads"))},
-            "v_proj": {"kernel": ((D, kv), ("embed", "kv_heads"))},
-            "o_proj": {"kernel": ((q, D), ("q_heads", "embed"))}}
-    if c.attention_bias:
-        attn["q_proj"]["bias"] = ((q,), ("q_heads",))
-        attn["k_proj"]["bias"] = ((kv,), ("kv_heads",))
-        attn["v_proj"]["bias"] = ((kv,), ("kv_heads",))
-    if c.o_bias:
-        attn["o_proj"]["bias"] = ((D,), ("norm",))
-    if c.use_qk_norm:
-        attn["q_norm"] = {"scale": ((Dh,), ("head_dim",))}
-        attn["k_norm"] = {"scale": ((Dh,), ("head_dim",))}
-    return {"input_layernorm": {"scale": ((D,), ("norm",))},
-            "self_attn": attn,
-            "post_attention_layernorm": {"scale": ((D,), ("norm",))},
-            "mlp": {"gate_proj": {"kernel": ((D, F), ("embed", "mlp"))},
-                    "up_proj": {"kernel": ((D, F), ("embed", "mlp"))},
-                    "down_proj": {"kernel": ((F, D), ("mlp", "embed"))}}}
+  """(shape without L, logical axes without "layers") per layer param."""
+  D, F, Dh = c.hidden_size, c.intermediate_size, c.head_dim
+  q, kv = c.num_attention_heads * Dh, c.num_key_value_heads * Dh
+  attn = {
+    "q_proj": {"kernel": ((D, q), ("embed", "q_heads"))},
+    "k_proj": {"kernel": ((D, kv), ("embed", "kv_heads"))},
+    "v_proj": {"kernel": ((D, kv), ("embed", "kv_heads"))},
+    "o_proj": {"kernel": ((q, D), ("q_heads", "embed"))},
+  }
+  if c.attention_bias:
+    attn["q_proj"]["bias"] = ((q,), ("q_heads",))
+    attn["k_proj"]["bias"] = ((kv,), ("kv_heads",))
+    attn["v_proj"]["bias"] = ((kv,), ("kv_heads",))
+  if c.o_bias:
+    attn["o_proj"]["bias"] = ((D,), ("norm",))
+  if c.use_qk_norm:
+    attn["q_norm"] = {"scale": ((Dh,), ("head_dim",))}
+    attn["k_norm"] = {"scale": ((Dh,), ("head_dim",))}
+  return {
+    "input_layernorm": {"scale": ((D,), ("norm",))},
+    "self_attn": attn,
+    "post_attention_layernorm": {"scale": ((D,), ("norm",))},
+    "mlp": {
+      "gate_proj": {"kernel": ((D, F), ("embed", "mlp"))},
+      "up_proj": {"kernel": ((D, F), ("embed", "mlp"))},
+      "down_proj": {"kernel": ((F, D), ("mlp", "embed"))},
+    },
+  }
 
 
 def _is_entry(x) -> bool:
-    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], tuple)
+  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], tuple)
 
 
 def _layout(c: Qwen3Config) -> dict[str, Any]:
-    L, V, D = c.num_hidden_layers, c.vocab_size, c.hidden_size
-    layers = _map(lambda e: ((L,) + e[0], ("layers",) + e[1]), _layer_layout(c))
-    tree = {"embed_tokens": {"embedding": ((V, D), ("vocab", "embed"))},
-            "layers": layers,
-            "norm": {"scale": ((D,), ("norm",))}}
-    if not c.tie_word_embeddings:
-        tree["lm_head"] = {"kernel": ((D, V), ("embed", "vocab"))}
-    return tree
+  L, V, D = c.num_hidden_layers, c.vocab_size, c.hidden_size
+  layers = _map(lambda e: ((L,) + e[0], ("layers",) + e[1]), _layer_layout(c))
+  tree = {
+    "embed_tokens": {"embedding": ((V, D), ("vocab", "embed"))},
+    "layers": layers,
+    "norm": {"scale": ((D,), ("norm",))},
+  }
+  if not c.tie_word_embeddings:
+    tree["lm_head"] = {"kernel": ((D, V), ("embed", "vocab"))}
+  return tree
 
 
 def _map(fn, tree):
-    if _is_entry(tree):
-        return fn(tree)
-    return {k: _map(fn, v) for k, v in tree.items()}
+  if _is_entry(tree):
+    return fn(tree)
+  return {k: _map(fn, v) for k, v in tree.items()}
 
 
 def param_shapes(config: Qwen3Config) -> dict[str, Any]:
-    """Nested dict of shape tuples matching the params pytree."""
-    return _map(lambda e: e[0], _layout(config))
+  """Nested dict of shape tuples matching the params pytree."""
+  return _map(lambda e: e[0], _layout(config))
 
 
 def param_logical_axes(config: Qwen3Config) -> dict[str, Any]:
-    """Nested dict of logical-axis-name tuples matching the params pytree (see sharding.rules)."""
-    return _map(lambda e: e[1], _layout(config))
+  """Nested dict of logical-axis-name tuples matching the params pytree (see sharding.rules)."""
+  return _map(lambda e: e[1], _layout(config))

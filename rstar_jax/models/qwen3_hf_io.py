@@ -6,13 +6,14 @@ neither the whole model nor a whole tensor of a sharded param sits in one host b
 Saving writes one tensor at a time into size-capped shard files plus an index, the layout
 ``transformers.AutoModelForCausalLM.from_pretrained`` (and SGLang) read.
 """
+
 from __future__ import annotations
 
 import contextlib
 import glob
 import json
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ SINGLE_FILE = "model.safetensors"
 
 
 class CheckpointError(ValueError):
-    """An HF checkpoint does not match the config (missing tensor, wrong shape, ...)."""
+  """An HF checkpoint does not match the config (missing tensor, wrong shape, ...)."""
 
 
 # ----------------------------------------------------------------------------- name mapping
@@ -41,168 +42,186 @@ _get = hf_layout.get_leaf
 
 
 def hf_names(config: Qwen3Config) -> list[str]:
-    """All HF tensor names the config needs, in file order."""
-    return [t.name for t in hf_layout.hf_table(config)]
+  """All HF tensor names the config needs, in file order."""
+  return [t.name for t in hf_layout.hf_table(config)]
 
 
 # ----------------------------------------------------------------------------- load
 
 
 def _weight_map(hf_dir: str) -> dict[str, str]:
-    """HF tensor name -> absolute safetensors file path."""
-    index = os.path.join(hf_dir, INDEX_FILE)
-    if os.path.isfile(index):
-        with open(index) as f:
-            wm = json.load(f).get("weight_map")
-        if not isinstance(wm, dict):
-            raise CheckpointError(f"{index}: no 'weight_map' object")
-        files = {fn: os.path.join(hf_dir, fn) for fn in set(wm.values())}
-        for fn, p in sorted(files.items()):
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"missing safetensors file {p} (listed in {index})")
-        return {name: files[fn] for name, fn in wm.items()}
-    paths = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
-    if not paths:
-        raise FileNotFoundError(f"no *.safetensors files (and no {INDEX_FILE}) in {hf_dir}")
-    wm = {}
-    for p in paths:
-        with safe_open(p, framework="np") as f:
-            wm.update({k: p for k in f.keys()})
-    return wm
+  """HF tensor name -> absolute safetensors file path."""
+  index = os.path.join(hf_dir, INDEX_FILE)
+  if os.path.isfile(index):
+    with open(index) as f:
+      wm = json.load(f).get("weight_map")
+    if not isinstance(wm, dict):
+      raise CheckpointError(f"{index}: no 'weight_map' object")
+    files = {fn: os.path.join(hf_dir, fn) for fn in set(wm.values())}
+    for fn, p in sorted(files.items()):
+      if not os.path.isfile(p):
+        raise FileNotFoundError(f"missing safetensors file {p} (listed in {index})")
+    return {name: files[fn] for name, fn in wm.items()}
+  paths = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
+  if not paths:
+    raise FileNotFoundError(f"no *.safetensors files (and no {INDEX_FILE}) in {hf_dir}")
+  wm = {}
+  for p in paths:
+    with safe_open(p, framework="np") as f:
+      wm.update({k: p for k in f.keys()})
+  return wm
 
 
-def load_hf_params(hf_dir: str | os.PathLike, config: Qwen3Config | None = None, mesh=None,
-                   dtype=jnp.float32, layout: str = "train") -> dict[str, Any]:
-    """Reads an HF Qwen3/Qwen2 checkpoint into the param pytree.
+def load_hf_params(
+  hf_dir: str | os.PathLike,
+  config: Qwen3Config | None = None,
+  mesh=None,
+  dtype=jnp.float32,
+  layout: str = "train",
+) -> dict[str, Any]:
+  """Reads an HF Qwen3/Qwen2 checkpoint into the param pytree.
 
-    Args:
-      hf_dir: directory with config.json and *.safetensors (one file or an index + shards).
-      config: defaults to ``Qwen3Config.from_hf(hf_dir)``.
-      mesh: if given, each param is created directly with its ``NamedSharding`` from the
-        sharding rules (``layout``: "train" or "sampling"); else on the default device.
-      dtype: param dtype (checkpoint values are cast slice by slice).
-    Raises:
-      FileNotFoundError: config.json or safetensors files missing.
-      CheckpointError: a tensor the config needs is absent, or has the wrong shape.
-    """
-    hf_dir = os.fspath(hf_dir)
-    if config is None:
-        config = Qwen3Config.from_hf(hf_dir)
-    elif not os.path.isfile(os.path.join(hf_dir, "config.json")):
-        raise FileNotFoundError(f"missing HF config file: {os.path.join(hf_dir, 'config.json')}")
-    wm = _weight_map(hf_dir)
-    shapes = param_shapes(config)
-    if mesh is not None:
-        from rstar_jax.sharding.rules import logical_to_shardings
-        abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), shapes,
-                                is_leaf=lambda x: isinstance(x, tuple))
-        shardings = logical_to_shardings(param_logical_axes(config), mesh, layout, abstract)
-    else:
-        shardings = None
-    dtype = np.dtype(dtype)
+  Args:
+    hf_dir: directory with config.json and *.safetensors (one file or an index + shards).
+    config: defaults to ``Qwen3Config.from_hf(hf_dir)``.
+    mesh: if given, each param is created directly with its ``NamedSharding`` from the
+      sharding rules (``layout``: "train" or "sampling"); else on the default device.
+    dtype: param dtype (checkpoint values are cast slice by slice).
+  Raises:
+    FileNotFoundError: config.json or safetensors files missing.
+    CheckpointError: a tensor the config needs is absent, or has the wrong shape.
+  """
+  hf_dir = os.fspath(hf_dir)
+  if config is None:
+    config = Qwen3Config.from_hf(hf_dir)
+  elif not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    raise FileNotFoundError(f"missing HF config file: {os.path.join(hf_dir, 'config.json')}")
+  wm = _weight_map(hf_dir)
+  shapes = param_shapes(config)
+  if mesh is not None:
+    from rstar_jax.sharding.rules import logical_to_shardings
 
-    with contextlib.ExitStack() as stack:
-        handles: dict[str, Any] = {}
+    abstract = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s, dtype), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
+    shardings = logical_to_shardings(param_logical_axes(config), mesh, layout, abstract)
+  else:
+    shardings = None
+  dtype = np.dtype(dtype)
 
-        def tensor_slice(name: str):
-            path = wm[name]
-            if path not in handles:
-                handles[path] = stack.enter_context(safe_open(path, framework="np"))
-            return handles[path].get_slice(name)
+  with contextlib.ExitStack() as stack:
+    handles: dict[str, Any] = {}
 
-        # Validate every name and shape before reading any data.
-        for t in hf_layout.hf_table(config):
-            if t.name not in wm:
-                raise CheckpointError(f"{hf_dir}: missing tensor {t.name!r} "
-                                      f"(needed for {'/'.join(t.path)})")
-            got = tuple(tensor_slice(t.name).get_shape())
-            if got != t.shape:
-                raise CheckpointError(f"{hf_dir}: tensor {t.name!r} has shape {got}, expected "
-                                      f"{t.shape} for this config")
+    def tensor_slice(name: str):
+      path = wm[name]
+      if path not in handles:
+        handles[path] = stack.enter_context(safe_open(path, framework="np"))
+      return handles[path].get_slice(name)
 
-        out: dict[str, Any] = {}
-        for path, shape in _leaves(shapes):
-            stacked, trans = path[0] == "layers", _transposed(path)
+    # Validate every name and shape before reading any data.
+    for t in hf_layout.hf_table(config):
+      if t.name not in wm:
+        raise CheckpointError(
+          f"{hf_dir}: missing tensor {t.name!r} (needed for {'/'.join(t.path)})"
+        )
+      got = tuple(tensor_slice(t.name).get_shape())
+      if got != t.shape:
+        raise CheckpointError(
+          f"{hf_dir}: tensor {t.name!r} has shape {got}, expected {t.shape} for this config"
+        )
 
-            def read(index, path=path, shape=shape, stacked=stacked, trans=trans):
-                index = tuple(index) + (slice(None),) * (len(shape) - len(index))
-                inner = index[1:] if stacked else index
-                inner = inner[::-1] if trans else inner
-                layers = range(shape[0])[index[0]] if stacked else [None]
-                parts = []
-                for i in layers:
-                    x = tensor_slice(_hf_name(path, i))[inner]
-                    parts.append(np.asarray(x.T if trans else x, dtype=dtype))
-                return np.stack(parts) if stacked else parts[0]
+    out: dict[str, Any] = {}
+    for path, shape in _leaves(shapes):
+      stacked, trans = path[0] == "layers", _transposed(path)
 
-            sharding = (_get(shardings, path) if shardings is not None
-                        else jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-            arr = jax.make_array_from_callback(tuple(shape), sharding, read)
-            node = out
-            for p in path[:-1]:
-                node = node.setdefault(p, {})
-            node[path[-1]] = arr
-    return out
+      def read(index, path=path, shape=shape, stacked=stacked, trans=trans):
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        inner = index[1:] if stacked else index
+        inner = inner[::-1] if trans else inner
+        layers = range(shape[0])[index[0]] if stacked else [None]
+        parts = []
+        for i in layers:
+          x = tensor_slice(_hf_name(path, i))[inner]
+          parts.append(np.asarray(x.T if trans else x, dtype=dtype))
+        return np.stack(parts) if stacked else parts[0]
+
+      sharding = (
+        _get(shardings, path)
+        if shardings is not None
+        else jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      )
+      arr = jax.make_array_from_callback(tuple(shape), sharding, read)
+      node = out
+      for p in path[:-1]:
+        node = node.setdefault(p, {})
+      node[path[-1]] = arr
+  return out
 
 
 # ----------------------------------------------------------------------------- save
 
 
-def save_hf(out_dir: str | os.PathLike, config: Qwen3Config, params: dict[str, Any],
-            max_shard_size_bytes: int = 5 * 2**30) -> None:
-    """Writes an HF directory: config.json, generation-free safetensors shard(s), index.
+def save_hf(
+  out_dir: str | os.PathLike,
+  config: Qwen3Config,
+  params: dict[str, Any],
+  max_shard_size_bytes: int = 5 * 2**30,
+) -> None:
+  """Writes an HF directory: config.json, generation-free safetensors shard(s), index.
 
-    Tensors keep the params' dtype (float32 or bfloat16). A single ``model.safetensors`` is
-    written when everything fits in ``max_shard_size_bytes``; otherwise
-    ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``. One shard's worth of
-    tensors is held on the host at a time.
-    """
-    out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    shapes = param_shapes(config)
-    dtypes = set()
-    plan: list[tuple[hf_layout.HFTensor, int]] = []   # tensor, bytes
-    for path, shape in _leaves(shapes):
-        try:
-            arr = _get(params, path)
-        except KeyError:
-            raise CheckpointError(f"params lack {'/'.join(path)} required by the config") from None
-        if tuple(arr.shape) != tuple(shape):
-            raise CheckpointError(f"param {'/'.join(path)} has shape {tuple(arr.shape)}, "
-                                  f"expected {tuple(shape)}")
-        dtypes.add(jnp.dtype(arr.dtype).name)
-    for t in hf_layout.hf_table(config):
-        item = jnp.dtype(_get(params, t.path).dtype).itemsize
-        plan.append((t, int(np.prod(t.shape)) * item))
-    # Group in order into shards under the cap (a tensor bigger than the cap gets its own).
-    shards: list[list] = [[]]
-    size = 0
-    for entry in plan:
-        if shards[-1] and size + entry[1] > max_shard_size_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(entry)
-        size += entry[1]
-    n = len(shards)
-    weight_map = {}
-    for s, entries in enumerate(shards):
-        fname = SINGLE_FILE if n == 1 else f"model-{s + 1:05d}-of-{n:05d}.safetensors"
-        tensors = {}
-        for t, _ in entries:
-            arr = _get(params, t.path)
-            x = np.asarray(jax.device_get(arr[t.layer] if t.layer is not None else arr))
-            tensors[t.name] = np.ascontiguousarray(x.T if t.transpose else x)
-            weight_map[t.name] = fname
-        save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
-        del tensors
-    if n > 1:
-        with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-            json.dump({"metadata": {"total_size": sum(e[1] for e in plan)},
-                       "weight_map": weight_map}, f, indent=2)
-    else:
-        stale = os.path.join(out_dir, INDEX_FILE)
-        if os.path.exists(stale):
-            os.remove(stale)
-    dtype_name = "bfloat16" if dtypes == {"bfloat16"} else "float32"
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config.to_hf_dict(dtype_name), f, indent=2)
+  Tensors keep the params' dtype (float32 or bfloat16). A single ``model.safetensors`` is
+  written when everything fits in ``max_shard_size_bytes``; otherwise
+  ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``. One shard's worth of
+  tensors is held on the host at a time.
+  """
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  shapes = param_shapes(config)
+  dtypes = set()
+  plan: list[tuple[hf_layout.HFTensor, int]] = []  # tensor, bytes
+  for path, shape in _leaves(shapes):
+    try:
+      arr = _get(params, path)
+    except KeyError:
+      raise CheckpointError(f"params lack {'/'.join(path)} required by the config") from None
+    if tuple(arr.shape) != tuple(shape):
+      raise CheckpointError(
+        f"param {'/'.join(path)} has shape {tuple(arr.shape)}, expected {tuple(shape)}"
+      )
+    dtypes.add(jnp.dtype(arr.dtype).name)
+  for t in hf_layout.hf_table(config):
+    item = jnp.dtype(_get(params, t.path).dtype).itemsize
+    plan.append((t, int(np.prod(t.shape)) * item))
+  # Group in order into shards under the cap (a tensor bigger than the cap gets its own).
+  shards: list[list] = [[]]
+  size = 0
+  for entry in plan:
+    if shards[-1] and size + entry[1] > max_shard_size_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(entry)
+    size += entry[1]
+  n = len(shards)
+  weight_map = {}
+  for s, entries in enumerate(shards):
+    fname = SINGLE_FILE if n == 1 else f"model-{s + 1:05d}-of-{n:05d}.safetensors"
+    tensors = {}
+    for t, _ in entries:
+      arr = _get(params, t.path)
+      x = np.asarray(jax.device_get(arr[t.layer] if t.layer is not None else arr))
+      tensors[t.name] = np.ascontiguousarray(x.T if t.transpose else x)
+      weight_map[t.name] = fname
+    save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
+    del tensors
+  if n > 1:
+    with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+      json.dump(
+        {"metadata": {"total_size": sum(e[1] for e in plan)}, "weight_map": weight_map}, f, indent=2
+      )
+  else:
+    stale = os.path.join(out_dir, INDEX_FILE)
+    if os.path.exists(stale):
+      os.remove(stale)
+  dtype_name = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config.to_hf_dict(dtype_name), f, indent=2)

@@ -12,10 +12,12 @@ Rules (transformers' ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` state dict, whi
   * tied embeddings: with ``tie_word_embeddings`` we hold no ``lm_head`` and none is written
     (loaders tie ``lm_head.weight`` to ``model.embed_tokens.weight``).
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -24,85 +26,86 @@ from rstar_jax.models.qwen3_config import Qwen3Config, param_shapes
 
 @dataclasses.dataclass(frozen=True)
 class HFTensor:
-    """One HF tensor: ``name``; our ``path`` in the param tree; ``layer`` index into the leading
-    axis of a stacked leaf (None if not stacked); ``transpose`` (ours is the HF tensor's .T);
-    ``shape`` in HF layout."""
-    name: str
-    path: tuple[str, ...]
-    layer: Optional[int]
-    transpose: bool
-    shape: tuple[int, ...]
+  """One HF tensor: ``name``; our ``path`` in the param tree; ``layer`` index into the leading
+  axis of a stacked leaf (None if not stacked); ``transpose`` (ours is the HF tensor's .T);
+  ``shape`` in HF layout."""
+
+  name: str
+  path: tuple[str, ...]
+  layer: int | None
+  transpose: bool
+  shape: tuple[int, ...]
 
 
 def leaves(tree, prefix=()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """(path, leaf) pairs of a nested dict, in insertion order."""
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            yield from leaves(v, prefix + (k,))
-        else:
-            yield prefix + (k,), v
+  """(path, leaf) pairs of a nested dict, in insertion order."""
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      yield from leaves(v, prefix + (k,))
+    else:
+      yield prefix + (k,), v
 
 
 def get_leaf(tree, path: tuple[str, ...]):
-    for p in path:
-        tree = tree[p]
-    return tree
+  for p in path:
+    tree = tree[p]
+  return tree
 
 
-def hf_name(path: tuple[str, ...], layer: Optional[int] = None) -> str:
-    """Our param path (+ layer index for stacked params) -> HF tensor name."""
-    leaf = "bias" if path[-1] == "bias" else "weight"
-    if path[0] == "lm_head":
-        return f"lm_head.{leaf}"
-    if path[0] == "layers":
-        return ".".join(("model", "layers", str(layer)) + path[1:-1] + (leaf,))
-    return ".".join(("model",) + path[:-1] + (leaf,))
+def hf_name(path: tuple[str, ...], layer: int | None = None) -> str:
+  """Our param path (+ layer index for stacked params) -> HF tensor name."""
+  leaf = "bias" if path[-1] == "bias" else "weight"
+  if path[0] == "lm_head":
+    return f"lm_head.{leaf}"
+  if path[0] == "layers":
+    return ".".join(("model", "layers", str(layer)) + path[1:-1] + (leaf,))
+  return ".".join(("model",) + path[:-1] + (leaf,))
 
 
 def is_transposed(path: tuple[str, ...]) -> bool:
-    return path[-1] == "kernel"
+  return path[-1] == "kernel"
 
 
 def hf_shape(path: tuple[str, ...], shape) -> tuple[int, ...]:
-    """HF shape of one tensor of the leaf at ``path`` whose (stacked) shape is ``shape``."""
-    shape = tuple(shape[1:]) if path[0] == "layers" else tuple(shape)
-    return shape[::-1] if is_transposed(path) else shape
+  """HF shape of one tensor of the leaf at ``path`` whose (stacked) shape is ``shape``."""
+  shape = tuple(shape[1:]) if path[0] == "layers" else tuple(shape)
+  return shape[::-1] if is_transposed(path) else shape
 
 
 def hf_table(config: Qwen3Config) -> list[HFTensor]:
-    """Every HF tensor the config needs, in file order (leaf by leaf, layer by layer)."""
-    out = []
-    for path, shape in leaves(param_shapes(config)):
-        trans, want = is_transposed(path), hf_shape(path, shape)
-        if path[0] == "layers":
-            out += [HFTensor(hf_name(path, i), path, i, trans, want) for i in range(shape[0])]
-        else:
-            out.append(HFTensor(hf_name(path), path, None, trans, want))
-    return out
+  """Every HF tensor the config needs, in file order (leaf by leaf, layer by layer)."""
+  out = []
+  for path, shape in leaves(param_shapes(config)):
+    trans, want = is_transposed(path), hf_shape(path, shape)
+    if path[0] == "layers":
+      out += [HFTensor(hf_name(path, i), path, i, trans, want) for i in range(shape[0])]
+    else:
+      out.append(HFTensor(hf_name(path), path, None, trans, want))
+  return out
 
 
 def to_hf(leaf: np.ndarray, t: HFTensor) -> np.ndarray:
-    """The HF tensor ``t`` from our (host) leaf: layer slice, then transpose (a view)."""
-    x = leaf[t.layer] if t.layer is not None else leaf
-    return x.T if t.transpose else x
+  """The HF tensor ``t`` from our (host) leaf: layer slice, then transpose (a view)."""
+  x = leaf[t.layer] if t.layer is not None else leaf
+  return x.T if t.transpose else x
 
 
 def from_hf(x: np.ndarray, t: HFTensor) -> np.ndarray:
-    """Our layout of one HF tensor (one layer of a stacked leaf): the inverse of ``to_hf``."""
-    return x.T if t.transpose else x
+  """Our layout of one HF tensor (one layer of a stacked leaf): the inverse of ``to_hf``."""
+  return x.T if t.transpose else x
 
 
 def hf_to_tree(tensors: dict[str, np.ndarray], config: Qwen3Config) -> dict[str, Any]:
-    """A full set of HF tensors (name -> array) -> our param tree of host arrays."""
-    out: dict[str, Any] = {}
-    by_leaf: dict[tuple[str, ...], list] = {}
-    for t in hf_table(config):
-        if t.name not in tensors:
-            raise KeyError(f"missing HF tensor {t.name!r} (for {'/'.join(t.path)})")
-        by_leaf.setdefault(t.path, []).append(from_hf(np.asarray(tensors[t.name]), t))
-    for path, parts in by_leaf.items():
-        node = out
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = np.stack(parts) if path[0] == "layers" else parts[0]
-    return out
+  """A full set of HF tensors (name -> array) -> our param tree of host arrays."""
+  out: dict[str, Any] = {}
+  by_leaf: dict[tuple[str, ...], list] = {}
+  for t in hf_table(config):
+    if t.name not in tensors:
+      raise KeyError(f"missing HF tensor {t.name!r} (for {'/'.join(t.path)})")
+    by_leaf.setdefault(t.path, []).append(from_hf(np.asarray(tensors[t.name]), t))
+  for path, parts in by_leaf.items():
+    node = out
+    for p in path[:-1]:
+      node = node.setdefault(p, {})
+    node[path[-1]] = np.stack(parts) if path[0] == "layers" else parts[0]
+  return out

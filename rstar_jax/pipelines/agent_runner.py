@@ -13,13 +13,15 @@ evaluation and the demo use: it starts the code pool, builds the engine named by
 `rollout_settings` / `eval_settings` are the one place sampling and agent-loop limits are
 taken from a `RunConfig`.
 """
+
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
 import logging
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.problems import Problem
@@ -71,12 +73,24 @@ class AgentRunner:
     tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
   """
 
-  def __init__(self, engine, pool, tokenizer, *, tool_timeout_s: float = 4.0,
-               max_response_chars: int = 1024, stateful_tools: bool = False,
-               max_prompt_tokens: int = 2048, answer_mode: str = "answer_tag",
-               verify_timeout_s: float = 5.0, system_prompt: str | None = None,
-               with_tools: bool = True, show_tool_time: bool = True,
-               chat_format: str = "rstar2", tool_truncation: str = "project"):
+  def __init__(
+    self,
+    engine,
+    pool,
+    tokenizer,
+    *,
+    tool_timeout_s: float = 4.0,
+    max_response_chars: int = 1024,
+    stateful_tools: bool = False,
+    max_prompt_tokens: int = 2048,
+    answer_mode: str = "answer_tag",
+    verify_timeout_s: float = 5.0,
+    system_prompt: str | None = None,
+    with_tools: bool = True,
+    show_tool_time: bool = True,
+    chat_format: str = "rstar2",
+    tool_truncation: str = "project",
+  ):
     self.engine = engine
     self.pool = pool
     self.tokenizer = tokenizer
@@ -89,6 +103,7 @@ class AgentRunner:
     self.chat_format = chat_format
     self.tool_truncation = tool_truncation
     from rstar_jax.tokenization import chat_format as chat_lib
+
     self._chat = chat_lib
     self.system_prompt = system_prompt or chat_lib.get_format(chat_format).system_prompt
     self.with_tools = with_tools
@@ -97,14 +112,24 @@ class AgentRunner:
     self.pad_id = pad_id_of(tokenizer)
 
   @classmethod
-  def from_config(cls, run: RunConfig, engine, pool, tokenizer) -> "AgentRunner":
+  def from_config(cls, run: RunConfig, engine, pool, tokenizer) -> AgentRunner:
     """The runner a run config describes (tool, rollout and reward settings)."""
     t, r = run.tool, run.rollout
-    return cls(engine, pool, tokenizer, tool_timeout_s=t.timeout_s,
-               max_response_chars=t.max_response_chars, stateful_tools=t.stateful,
-               max_prompt_tokens=r.max_prompt_tokens, answer_mode=run.rl.answer_mode,
-               system_prompt=r.system_prompt, with_tools=r.with_tools, show_tool_time=t.show_time,
-               chat_format=r.chat_format, tool_truncation=t.truncation)
+    return cls(
+      engine,
+      pool,
+      tokenizer,
+      tool_timeout_s=t.timeout_s,
+      max_response_chars=t.max_response_chars,
+      stateful_tools=t.stateful,
+      max_prompt_tokens=r.max_prompt_tokens,
+      answer_mode=run.rl.answer_mode,
+      system_prompt=r.system_prompt,
+      with_tools=r.with_tools,
+      show_tool_time=t.show_time,
+      chat_format=r.chat_format,
+      tool_truncation=t.truncation,
+    )
 
   def prompt_length(self, problem: Problem) -> int:
     """Tokens of ``problem``'s prompt as `prompt_ids` renders it (subclasses included);
@@ -118,61 +143,97 @@ class AgentRunner:
     """The rendered prompt's ids (system prompt, tool block, question, assistant prefill)."""
     ids = self._prompt_cache.get(problem.problem)
     if ids is None:
-      ids = list(self._chat.prompt_ids(self.tokenizer, self.chat_format, problem.problem,
-                                       self.system_prompt, self.with_tools))
+      ids = list(
+        self._chat.prompt_ids(
+          self.tokenizer, self.chat_format, problem.problem, self.system_prompt, self.with_tools
+        )
+      )
       if len(ids) > self.max_prompt_tokens:
-        raise ValueError(f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
-                         f"{self.max_prompt_tokens}: {problem.problem[:80]!r}...")
+        raise ValueError(
+          f"prompt of {len(ids)} tokens exceeds rollout.max_prompt_tokens="
+          f"{self.max_prompt_tokens}: {problem.problem[:80]!r}..."
+        )
       self._prompt_cache[problem.problem] = ids
     return ids
 
   async def rollout(self, problem: Problem, *, seed: int, settings: RolloutSettings):
     """One trajectory for ``problem`` (`rstar_jax.rollout.agent_loop` stop rules)."""
     from rstar_jax.rollout import agent_loop
+
     cfg = agent_loop.AgentLoopConfig(
-        max_turns=settings.max_turns, response_budget=settings.response_budget,
-        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-        max_parallel_calls=settings.max_parallel_calls, max_tool_calls=settings.max_tool_calls,
-        tool_timeout_s=self.tool_timeout_s, max_tool_response_chars=self.max_response_chars,
-        stateful_tool=self.stateful_tools, seed=int(seed), chat_format=self.chat_format,
-        tool_truncation=self.tool_truncation)
-    return await agent_loop.run_trajectory(self.engine, self.tokenizer, self.pool,
-                                           problem.problem, cfg,
-                                           prompt_ids=self.prompt_ids(problem),
-                                           render=self.render_tool_response)
+      max_turns=settings.max_turns,
+      response_budget=settings.response_budget,
+      temperature=settings.temperature,
+      top_p=settings.top_p,
+      top_k=settings.top_k,
+      max_parallel_calls=settings.max_parallel_calls,
+      max_tool_calls=settings.max_tool_calls,
+      tool_timeout_s=self.tool_timeout_s,
+      max_tool_response_chars=self.max_response_chars,
+      stateful_tool=self.stateful_tools,
+      seed=int(seed),
+      chat_format=self.chat_format,
+      tool_truncation=self.tool_truncation,
+    )
+    return await agent_loop.run_trajectory(
+      self.engine,
+      self.tokenizer,
+      self.pool,
+      problem.problem,
+      cfg,
+      prompt_ids=self.prompt_ids(problem),
+      render=self.render_tool_response,
+    )
 
   def render_tool_response(self, result, max_chars: int) -> str:
     """The `<tool_response>` body the model sees; subclasses change the rendering here."""
     from rstar_jax.tools.render import render_tool_response
+
     return render_tool_response(result, max_chars, show_time=self.show_tool_time)
 
   async def rewards(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
     """Binary outcome rewards (1.0 correct, 0.0 otherwise), one per trajectory."""
     if len(trajectories) != len(answers):
       raise ValueError(f"rewards: {len(trajectories)} trajectories but {len(answers)} answers")
-    return list(await asyncio.gather(*(
-        math_reward.score_async(t.response_text, a, mode=self.answer_mode,
-                                timeout_s=self.verify_timeout_s)
-        for t, a in zip(trajectories, answers))))
+    return list(
+      await asyncio.gather(
+        *(
+          math_reward.score_async(
+            t.response_text, a, mode=self.answer_mode, timeout_s=self.verify_timeout_s
+          )
+          for t, a in zip(trajectories, answers)
+        )
+      )
+    )
 
 
 def rollout_settings(run: RunConfig, stage: StageConfig | None = None) -> RolloutSettings:
   """Sampling + agent-loop limits of an RL stage (``None``: the rollout section's own)."""
   r = run.rollout
   return RolloutSettings(
-      response_budget=stage.response_budget if stage else r.response_budget,
-      max_turns=stage.max_turns if stage else r.max_turns, temperature=r.temperature,
-      top_p=r.top_p, top_k=r.top_k, max_tool_calls=r.max_tool_calls,
-      max_parallel_calls=r.max_parallel_calls)
+    response_budget=stage.response_budget if stage else r.response_budget,
+    max_turns=stage.max_turns if stage else r.max_turns,
+    temperature=r.temperature,
+    top_p=r.top_p,
+    top_k=r.top_k,
+    max_tool_calls=r.max_tool_calls,
+    max_parallel_calls=r.max_parallel_calls,
+  )
 
 
 def eval_settings(run: RunConfig) -> RolloutSettings:
   """Evaluation limits: ``eval`` section (its named protocol applied, `eval_protocols`), top-k
   and tool limits from ``rollout``."""
   from rstar_jax.pipelines import eval_protocols
+
   e = eval_protocols.resolve(run.eval)
-  return dataclasses.replace(rollout_settings(run), response_budget=e.response_budget,
-                             max_turns=e.max_turns, temperature=e.temperature, top_p=e.top_p)
+  return dataclasses.replace(
+    rollout_settings(run),
+    response_budget=e.response_budget,
+    max_turns=e.max_turns,
+    temperature=e.temperature,
+    top_p=e.top_p,
+  )
 
 
 def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_version: int = 0):
@@ -180,28 +241,48 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
   r = run.rollout
   if r.engine == "jax":
     from rstar_jax.rollout.jax_sampler import JaxSampler
-    return JaxSampler(model_config, params, max_batch=r.max_batch, max_len=r.max_len or None,
-                      decode_chunk=r.decode_chunk, seed=run.train.seed, tokenizer=tokenizer,
-                      weight_version=weight_version)
-  from rstar_jax.distributed import fleet   # [multi-process] this process's servers
+
+    return JaxSampler(
+      model_config,
+      params,
+      max_batch=r.max_batch,
+      max_len=r.max_len or None,
+      decode_chunk=r.decode_chunk,
+      seed=run.train.seed,
+      tokenizer=tokenizer,
+      weight_version=weight_version,
+    )
+  from rstar_jax.distributed import fleet  # [multi-process] this process's servers
   from rstar_jax.rollout.sglang_engine import SGLangEngine
-  return SGLangEngine(fleet.process_urls(list(r.sglang_urls)),
-                      staging_dir=fleet.process_staging_dir(r.staging_dir),
-                      weight_transport=r.weight_transport, weight_delta=r.weight_delta,
-                      colocated=r.colocated)
+
+  return SGLangEngine(
+    fleet.process_urls(list(r.sglang_urls)),
+    staging_dir=fleet.process_staging_dir(r.staging_dir),
+    weight_transport=r.weight_transport,
+    weight_delta=r.weight_delta,
+    colocated=r.colocated,
+  )
 
 
 @contextlib.asynccontextmanager
-async def open_runner(run: RunConfig, model_config, params, tokenizer, *, engine=None,
-                      runner_cls: type[AgentRunner] = AgentRunner) -> AsyncIterator[AgentRunner]:
+async def open_runner(
+  run: RunConfig,
+  model_config,
+  params,
+  tokenizer,
+  *,
+  engine=None,
+  runner_cls: type[AgentRunner] = AgentRunner,
+) -> AsyncIterator[AgentRunner]:
   """Starts the code pool and the engine; yields the runner; closes both."""
   from rstar_jax.distributed import fleet
+
   if engine is None:
     engine = build_engine(run, model_config, params, tokenizer)
-  pool = fleet.build_tool_pool(run.tool)   # tool.backend: "local" | "http" | "ray"
+  pool = fleet.build_tool_pool(run.tool)  # tool.backend: "local" | "http" | "ray"
   await pool.start()
   try:
-    if hasattr(engine, "wait_healthy"):   # remote servers: wait until they answer
+    if hasattr(engine, "wait_healthy"):  # remote servers: wait until they answer
       await engine.wait_healthy()
     yield runner_cls.from_config(run, engine, pool, tokenizer)
   finally:

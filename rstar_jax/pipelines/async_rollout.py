@@ -33,6 +33,7 @@ waiting for groups), ``async/rollout_idle_frac`` (share of it with no group in f
 
 k = 0 never builds any of this: the loop runs the synchronous code unchanged.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,7 +41,8 @@ import collections
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 class GroupTicket:
   """One prompt group: its place in the issue order, the problem (index into the stage's
   dataset) and the seed its trajectories derive from."""
+
   seq: int
   problem_index: int
   seed: int
@@ -69,14 +72,15 @@ def trajectory_seed(seed0: int, j: int) -> int:
   return (seed0 + j * 104_729) % (2**31 - 1)
 
 
-def oldest_version(traj) -> Optional[int]:
+def oldest_version(traj) -> int | None:
   """The oldest weight version among a trajectory's generated tokens (None: it has none)."""
   vs = [int(v) for v, m in zip(traj.weight_versions, traj.loss_mask) if m]
   return min(vs) if vs else None
 
 
-def staleness_metrics(trajs: Sequence[Any], lag: Callable[[int], int], max_lag: int
-                      ) -> dict[str, float]:
+def staleness_metrics(
+  trajs: Sequence[Any], lag: Callable[[int], int], max_lag: int
+) -> dict[str, float]:
   """Generated tokens by version lag: ``async/lag_{d}_tokens`` for d = 0..max(max_lag, seen)."""
   hist: collections.Counter = collections.Counter()
   for t in trajs:
@@ -90,8 +94,9 @@ def staleness_metrics(trajs: Sequence[Any], lag: Callable[[int], int], max_lag: 
   return out
 
 
-def importance_metrics(behaviour_logprobs: np.ndarray, proximal_logprobs: np.ndarray,
-                       loss_mask: np.ndarray, cap: float) -> dict[str, float]:
+def importance_metrics(
+  behaviour_logprobs: np.ndarray, proximal_logprobs: np.ndarray, loss_mask: np.ndarray, cap: float
+) -> dict[str, float]:
   """Token importance ratios pi_prox / pi_behav = exp(proximal - behaviour) on loss tokens.
 
   Args:
@@ -108,8 +113,11 @@ def importance_metrics(behaviour_logprobs: np.ndarray, proximal_logprobs: np.nda
     return {"async/is_ratio_mean": 1.0, "async/is_ratio_max": 1.0, "async/is_truncated_frac": 0.0}
   d = np.asarray(proximal_logprobs, np.float64)[m] - np.asarray(behaviour_logprobs, np.float64)[m]
   r = np.exp(np.clip(d, -50.0, 50.0))
-  return {"async/is_ratio_mean": float(r.mean()), "async/is_ratio_max": float(r.max()),
-          "async/is_truncated_frac": float((r > cap).mean()) if cap > 0 else 0.0}
+  return {
+    "async/is_ratio_mean": float(r.mean()),
+    "async/is_ratio_max": float(r.max()),
+    "async/is_truncated_frac": float((r > cap).mean()) if cap > 0 else 0.0,
+  }
 
 
 class _IdleClock:
@@ -117,7 +125,7 @@ class _IdleClock:
 
   def __init__(self):
     self.total = 0.0
-    self._since: Optional[float] = time.monotonic()
+    self._since: float | None = time.monotonic()
 
   def set(self, idle: bool) -> None:
     now = time.monotonic()
@@ -145,8 +153,17 @@ class AsyncRollouts:
     max_retries: failed attempts of one trajectory before the step raises.
   """
 
-  def __init__(self, runner, *, max_staleness: int, partial_rollout: str, num_samples: int,
-               batch_prompts: int, base_seed: int, max_retries: int = 3):
+  def __init__(
+    self,
+    runner,
+    *,
+    max_staleness: int,
+    partial_rollout: str,
+    num_samples: int,
+    batch_prompts: int,
+    base_seed: int,
+    max_retries: int = 3,
+  ):
     if max_staleness < 1:
       raise ValueError(f"AsyncRollouts.max_staleness: expected >= 1, got {max_staleness}")
     self.runner = runner
@@ -159,41 +176,39 @@ class AsyncRollouts:
     self.base_seed = int(base_seed)
     self.max_retries = int(max_retries)
     self.capacity = self.k * self.P
-    self._pending: dict[int, GroupTicket] = {}        # issued, not yet trained on
+    self._pending: dict[int, GroupTicket] = {}  # issued, not yet trained on
     self._reissue: collections.deque[GroupTicket] = collections.deque()
     self._finished: collections.deque[tuple[GroupTicket, list]] = collections.deque()
     self._tasks: dict[int, asyncio.Task] = {}
     self._next_seq = 0
     self._stage_key: Any = None
-    self._budget = 0                                  # groups still to draw in this stage
+    self._budget = 0  # groups still to draw in this stage
     self._iterator = None
     self._dataset: Sequence[Any] = ()
     self._index_of: dict[int, int] = {}
     self._settings = None
-    self._cond: Optional[asyncio.Condition] = None
-    self._producer: Optional[asyncio.Task] = None
-    self._error: Optional[BaseException] = None
+    self._cond: asyncio.Condition | None = None
+    self._producer: asyncio.Task | None = None
+    self._error: BaseException | None = None
     self._idle = _IdleClock()
     self._counters = collections.Counter()
-    self._last_take_end: Optional[float] = None
+    self._last_take_end: float | None = None
     self._idle_at_last = 0.0
-    self.tis_cap = 0.0   # rl.tis_cap (0 = off): the truncated-fraction metric; the learner's loss
-                         # reads it from StepConfig (rl.off_policy_loss)
+    self.tis_cap = 0.0  # rl.tis_cap (0 = off): the truncated-fraction metric; the learner's loss
+    # reads it from StepConfig (rl.off_policy_loss)
 
   # ------------------------------------------------------------------ checkpoint state
 
   def state_dict(self) -> dict:
     """Issued-but-untrained groups (in flight or finished, regenerated on resume)."""
     pend = sorted(self._pending.values(), key=lambda g: g.seq)
-    return {"pending": [[g.seq, g.problem_index, g.seed] for g in pend],
-            "next_seq": self._next_seq}
+    return {"pending": [[g.seq, g.problem_index, g.seed] for g in pend], "next_seq": self._next_seq}
 
-  def load_state_dict(self, state: Optional[dict]) -> None:
+  def load_state_dict(self, state: dict | None) -> None:
     if not state:
       return
     self._next_seq = int(state["next_seq"])
-    self._pending = {int(s): GroupTicket(int(s), int(i), int(sd))
-                     for s, i, sd in state["pending"]}
+    self._pending = {int(s): GroupTicket(int(s), int(i), int(sd)) for s, i, sd in state["pending"]}
     self._reissue = collections.deque(sorted(self._pending.values(), key=lambda g: g.seq))
 
   # ------------------------------------------------------------------ producer
@@ -204,15 +219,20 @@ class AsyncRollouts:
     self._dataset = list(dataset)
     self._index_of = {id(p): i for i, p in enumerate(self._dataset)}
     self._settings = settings
-    bad = [g.problem_index for g in self._pending.values()
-           if not 0 <= g.problem_index < len(self._dataset)]
+    bad = [
+      g.problem_index
+      for g in self._pending.values()
+      if not 0 <= g.problem_index < len(self._dataset)
+    ]
     if bad:
-      raise ValueError(f"async rollouts: checkpointed groups name problems {bad[:5]} outside "
-                       f"the stage's {len(self._dataset)}-problem dataset")
+      raise ValueError(
+        f"async rollouts: checkpointed groups name problems {bad[:5]} outside "
+        f"the stage's {len(self._dataset)}-problem dataset"
+      )
     self._budget = max(0, steps_left * self.P - len(self._pending))
     if self._cond is None:
       self._cond = asyncio.Condition()
-    if self._last_take_end is None:   # idle time counts from the first stage's start
+    if self._last_take_end is None:  # idle time counts from the first stage's start
       self._idle = _IdleClock()
     self._producer = asyncio.get_running_loop().create_task(self._produce())
 
@@ -221,16 +241,20 @@ class AsyncRollouts:
 
   async def _produce(self) -> None:
     try:
-      while True:   # runs until the stage changes or the loop stops (stale groups come back)
+      while True:  # runs until the stage changes or the loop stops (stale groups come back)
         async with self._cond:
-          await self._cond.wait_for(lambda: self._reissue or (
-              self._budget > 0 and len(self._pending) < self.capacity))
+          await self._cond.wait_for(
+            lambda: self._reissue or (self._budget > 0 and len(self._pending) < self.capacity)
+          )
           if self._reissue:
             g = self._reissue.popleft()
           else:
             problem = next(self._iterator)
-            g = GroupTicket(self._next_seq, self._index_of[id(problem)],
-                            group_seed(self.base_seed, self._next_seq))
+            g = GroupTicket(
+              self._next_seq,
+              self._index_of[id(problem)],
+              group_seed(self.base_seed, self._next_seq),
+            )
             self._next_seq += 1
             self._budget -= 1
             self._pending[g.seq] = g
@@ -246,8 +270,9 @@ class AsyncRollouts:
   async def _run_group(self, g: GroupTicket) -> None:
     try:
       problem = self._dataset[g.problem_index]
-      trajs = await asyncio.gather(*(self._trajectory(problem, trajectory_seed(g.seed, j))
-                                     for j in range(self.N)))
+      trajs = await asyncio.gather(
+        *(self._trajectory(problem, trajectory_seed(g.seed, j)) for j in range(self.N))
+      )
     except asyncio.CancelledError:
       raise
     except BaseException as e:  # noqa: BLE001
@@ -286,8 +311,10 @@ class AsyncRollouts:
       failures += 1
       self._counters["retries"] += 1
       if failures > self.max_retries:
-        raise RuntimeError(f"rollout of {getattr(problem, 'problem', problem)!r:.60} (seed "
-                           f"{seed}) failed {failures} times; last error: {last_err!r}")
+        raise RuntimeError(
+          f"rollout of {getattr(problem, 'problem', problem)!r:.60} (seed "
+          f"{seed}) failed {failures} times; last error: {last_err!r}"
+        )
       log.warning("async rollout failed (attempt %d): %r; retrying", failures, last_err)
       await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 2.0))
 
@@ -297,8 +324,9 @@ class AsyncRollouts:
     vs = [v for v in (oldest_version(t) for t in trajs) if v is not None]
     return max((self.engine.lag(v) for v in vs), default=0)
 
-  async def take(self, stage_key, iterator, dataset, settings, steps_left: int
-                 ) -> tuple[list, list[list], dict[str, float]]:
+  async def take(
+    self, stage_key, iterator, dataset, settings, steps_left: int
+  ) -> tuple[list, list[list], dict[str, float]]:
     """The next ``batch_prompts`` fresh finished groups, in completion order.
 
     Args:
@@ -326,8 +354,11 @@ class AsyncRollouts:
         g, trajs = self._finished.popleft()
         if self._group_lag(trajs) > self.k:
           stale_groups += 1
-          stale_trajs += sum(1 for t in trajs if oldest_version(t) is not None and
-                             self.engine.lag(oldest_version(t)) > self.k)
+          stale_trajs += sum(
+            1
+            for t in trajs
+            if oldest_version(t) is not None and self.engine.lag(oldest_version(t)) > self.k
+          )
           self._reissue.append(g)
         else:
           del self._pending[g.seq]
@@ -342,7 +373,8 @@ class AsyncRollouts:
     trajs = [t for _, ts in taken for t in ts]
     metrics = staleness_metrics(trajs, self.engine.lag, self.k)
     c = self._counters
-    metrics.update({
+    metrics.update(
+      {
         "async/dropped_stale_trajectories": float(stale_trajs),
         "async/dropped_stale_groups": float(stale_groups),
         "async/learner_wait_s": wait,
@@ -354,7 +386,8 @@ class AsyncRollouts:
         "async/interrupted_requests": float(self.engine.stats["interrupted_requests"]),
         "async/resubmitted_requests": float(self.engine.stats["resubmitted_requests"]),
         "async/rollout_retries": float(c.pop("retries", 0)),
-    })
+      }
+    )
     problems = [self._dataset[g.problem_index] for g, _ in taken]
     return problems, [ts for _, ts in taken], metrics
 
@@ -378,27 +411,34 @@ class AsyncRollouts:
 
   # ------------------------------------------------------------------ batch / loss inputs
 
-  def with_behaviour_logprobs(self, batch: dict, sharded: dict, proximal: np.ndarray,
-                              metrics: dict) -> tuple[dict, dict]:
+  def with_behaviour_logprobs(
+    self, batch: dict, sharded: dict, proximal: np.ndarray, metrics: dict
+  ) -> tuple[dict, dict]:
     """Adds ``behaviour_logprobs`` (the sampler's, [N, T], masked) next to the recomputed
     proximal ``old_logprobs`` for off-policy losses (truncated IS, decoupled PPO), and logs the
     importance-ratio statistics. Losses that do not read the key are unchanged."""
     behaviour = np.asarray(batch["old_logprobs"], np.float32)
     metrics.update(importance_metrics(behaviour, proximal, batch["loss_mask"], self.tis_cap))
-    sharded = dict(sharded, behaviour_logprobs=jax.device_put(
-        behaviour, sharded["old_logprobs"].sharding))
+    sharded = dict(
+      sharded, behaviour_logprobs=jax.device_put(behaviour, sharded["old_logprobs"].sharding)
+    )
     return dict(batch, behaviour_logprobs=behaviour), sharded
 
 
-def from_config(run, runner) -> Optional[AsyncRollouts]:
+def from_config(run, runner) -> AsyncRollouts | None:
   """`AsyncRollouts` for a typed `RunConfig` with ``rl.max_staleness >= 1``; None (the
   synchronous loop) at 0."""
   rl = run.rl
   if rl.max_staleness == 0:
     return None
-  out = AsyncRollouts(runner, max_staleness=rl.max_staleness, partial_rollout=rl.partial_rollout,
-                      num_samples=rl.oversample * rl.group_size,
-                      batch_prompts=run.train.batch_prompts, base_seed=run.train.seed,
-                      max_retries=rl.max_step_retries)
+  out = AsyncRollouts(
+    runner,
+    max_staleness=rl.max_staleness,
+    partial_rollout=rl.partial_rollout,
+    num_samples=rl.oversample * rl.group_size,
+    batch_prompts=run.train.batch_prompts,
+    base_seed=run.train.seed,
+    max_retries=rl.max_step_retries,
+  )
   out.tis_cap = rl.tis_cap
   return out

@@ -10,10 +10,11 @@
   gets a byte-level BPE trained on the run's own texts, saved under ``<workdir>/tokenizer`` and
   reused on resume.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem, load_problems
@@ -22,10 +23,11 @@ from rstar_jax.data.sft_data import ChatExample, load_sft_jsonl
 
 def _synthetic_splits(run: RunConfig) -> tuple[list[Problem], list[Problem]]:
   from rstar_jax.data import synthetic_tasks
+
   s = run.data.synthetic
-  return synthetic_tasks.make_splits(s.seed, s.n_train, s.n_eval,
-                                     families=list(s.families) or None,
-                                     difficulty=s.difficulty or None)
+  return synthetic_tasks.make_splits(
+    s.seed, s.n_train, s.n_eval, families=list(s.families) or None, difficulty=s.difficulty or None
+  )
 
 
 def train_problems(run: RunConfig) -> list[Problem]:
@@ -33,14 +35,16 @@ def train_problems(run: RunConfig) -> list[Problem]:
     return load_problems(run.data.train_path)
   if run.data.synthetic is not None:
     return _synthetic_splits(run)[0]
-  raise ValueError("config.data.train_path: expected a JSONL problem file (or a data.synthetic "
-                   "section), got ''")
+  raise ValueError(
+    "config.data.train_path: expected a JSONL problem file (or a data.synthetic section), got ''"
+  )
 
 
 def eval_problems(run: RunConfig) -> list[Problem]:
   if run.eval.path:
     from rstar_jax.data.eval_sets import load_eval_problems
-    probs = load_eval_problems(run.eval.path)   # MATH-500 / AIME layouts as published
+
+    probs = load_eval_problems(run.eval.path)  # MATH-500 / AIME layouts as published
   elif run.data.synthetic is not None:
     probs = _synthetic_splits(run)[1]
   else:
@@ -49,27 +53,46 @@ def eval_problems(run: RunConfig) -> list[Problem]:
   return probs[:cap] if cap else probs
 
 
-def scripted_tool_chats(problems: Sequence[Problem], max_response_chars: int = 1024
-                        ) -> list[ChatExample]:
+def scripted_tool_chats(
+  problems: Sequence[Problem], max_response_chars: int = 1024
+) -> list[ChatExample]:
   """One chat per problem with a reference ``solution_code``: the assistant calls the code tool
   with it, reads the (rendered) output and writes ``<answer>\\boxed{answer}</answer>``."""
   from rstar_jax.tools.code_pool import ExecResult
   from rstar_jax.tools.render import render_tool_response
+
   out = []
   for p in problems:
     if not p.solution_code:
       continue
     tool_text = render_tool_response(
-        ExecResult(status="ok", stdout=p.answer + "\n", duration_s=0.01), max_response_chars)
-    out.append(ChatExample(messages=(
-        {"role": "user", "content": p.problem},
-        {"role": "assistant", "content": "I will compute this with code.</reason>",
-         "tool_calls": [{"function": {"name": "execute_python_code_with_standard_io",
-                                      "arguments": {"code": p.solution_code, "input": ""}}}]},
-        {"role": "tool", "content": tool_text},
-        {"role": "assistant",
-         "content": f"The code printed {p.answer}.</reason><answer>\\boxed{{{p.answer}}}</answer>"},
-    ), extra={"problem": p.problem, "answer": p.answer}))
+      ExecResult(status="ok", stdout=p.answer + "\n", duration_s=0.01), max_response_chars
+    )
+    out.append(
+      ChatExample(
+        messages=(
+          {"role": "user", "content": p.problem},
+          {
+            "role": "assistant",
+            "content": "I will compute this with code.</reason>",
+            "tool_calls": [
+              {
+                "function": {
+                  "name": "execute_python_code_with_standard_io",
+                  "arguments": {"code": p.solution_code, "input": ""},
+                }
+              }
+            ],
+          },
+          {"role": "tool", "content": tool_text},
+          {
+            "role": "assistant",
+            "content": f"The code printed {p.answer}.</reason><answer>\\boxed{{{p.answer}}}</answer>",
+          },
+        ),
+        extra={"problem": p.problem, "answer": p.answer},
+      )
+    )
   return out
 
 
@@ -78,8 +101,9 @@ def sft_examples(run: RunConfig) -> list[ChatExample]:
     return load_sft_jsonl(run.data.sft_path)
   if run.data.synthetic is not None:
     return scripted_tool_chats(_synthetic_splits(run)[0])
-  raise ValueError("config.data.sft_path: expected a chat JSONL file (or a data.synthetic "
-                   "section), got ''")
+  raise ValueError(
+    "config.data.sft_path: expected a chat JSONL file (or a data.synthetic section), got ''"
+  )
 
 
 def _content(message) -> str:
@@ -90,18 +114,22 @@ def _content(message) -> str:
 def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] = ()) -> list[str]:
   """Texts a from-scratch tokenizer is trained on: prompts, chats, digits and code idioms."""
   from rstar_jax.tokenization import chat_format
+
   texts = [chat_format.build_prompt_text(p.problem) for p in problems[:2000]]
   texts += [p.solution_code for p in problems[:2000] if p.solution_code]
   for c in chats[:2000]:
     texts += [_content(m) for m in c.messages]
-  texts += [" ".join(str(i) for i in range(1000)),
-            chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s")]
+  texts += [
+    " ".join(str(i) for i in range(1000)),
+    chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s"),
+  ]
   return texts
 
 
 def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   """The run's tokenizer (module docstring); trains and saves one for a from-scratch model."""
   from rstar_jax.tokenization import bpe
+
   path = run.tokenizer_dir()
   if path:
     return bpe.load_tokenizer(path)
@@ -109,9 +137,11 @@ def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   if os.path.isfile(os.path.join(out, "tokenizer.json")):
     return bpe.load_tokenizer(out)
   if not corpus:
-    raise ValueError("a from-scratch model with no model.tokenizer_dir needs a corpus to train "
-                     "its tokenizer")
-  from rstar_jax.distributed import primary   # [multi-process] process 0 trains and writes it
+    raise ValueError(
+      "a from-scratch model with no model.tokenizer_dir needs a corpus to train its tokenizer"
+    )
+  from rstar_jax.distributed import primary  # [multi-process] process 0 trains and writes it
+
   if not primary.is_primary():
     primary.sync("ensure_tokenizer")
     return bpe.load_tokenizer(out)
@@ -124,6 +154,7 @@ def _final_answer_ok(example: ChatExample) -> bool | None:
   """Whether the last assistant message's boxed answer equals ``extra['answer']``; None when
   the example carries no gold answer."""
   from rstar_jax.rewards import math_reward
+
   extra = example.extra or {}
   if "answer" not in extra or extra["answer"] is None:
     return None
@@ -132,9 +163,14 @@ def _final_answer_ok(example: ChatExample) -> bool | None:
   return math_reward.is_equivalent(pred, str(extra["answer"]))
 
 
-def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls: int,
-                             max_trajectories: int = 0, require_all_calls_ok: bool = True,
-                             require_correct: bool = True) -> tuple[list[ChatExample], dict]:
+def select_interaction_dense(
+  examples: Sequence[ChatExample],
+  *,
+  min_tool_calls: int,
+  max_trajectories: int = 0,
+  require_all_calls_ok: bool = True,
+  require_correct: bool = True,
+) -> tuple[list[ChatExample], dict]:
   """ASTER's cold-start selection (correct answer, every call succeeded, dense chats first).
 
   Keeps chats whose final answer matches the gold ``extra['answer']`` (when
@@ -143,8 +179,12 @@ def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls:
   ``require_all_calls_ok``) and that make at least ``min_tool_calls`` calls; then the densest
   ``max_trajectories`` (0 = all), ties kept in input order. Returns (kept, counts).
   """
-  stats = {"candidates": len(examples), "dropped_incorrect": 0, "dropped_failed_call": 0,
-           "dropped_sparse": 0}
+  stats = {
+    "candidates": len(examples),
+    "dropped_incorrect": 0,
+    "dropped_failed_call": 0,
+    "dropped_sparse": 0,
+  }
   ok = []
   for ex in examples:
     if require_correct and not _final_answer_ok(ex):
@@ -163,6 +203,5 @@ def select_interaction_dense(examples: Sequence[ChatExample], *, min_tool_calls:
     order = sorted(order[:max_trajectories])
   kept = [ok[i] for i in order] if max_trajectories else ok
   stats["kept"] = len(kept)
-  stats["mean_tool_calls_kept"] = (sum(e.num_tool_calls for e in kept) / len(kept)) if kept \
-      else 0.0
+  stats["mean_tool_calls_kept"] = (sum(e.num_tool_calls for e in kept) / len(kept)) if kept else 0.0
   return kept, stats

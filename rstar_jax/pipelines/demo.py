@@ -11,6 +11,7 @@ unfinished one resumes from its checkpoint):
   6. eval_rl    same problems and settings as 4 -> ``eval_rl.json``
   7. report     ``summary.json`` and ``demo_plot.png``
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,17 +21,25 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from rstar_jax.config import ColdStartConfig as ColdStartSection
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
-from rstar_jax.config import ColdStartConfig as ColdStartSection
 from rstar_jax.pipelines import agent_runner
 
 log = logging.getLogger(__name__)
 
-SUMMARY_KEYS = ("sft_eval_accuracy", "rl_eval_accuracy", "eval_problems", "rl_steps",
-                "tool_calls_per_trajectory", "positive_tool_error_ratio", "wall_time_s")
+SUMMARY_KEYS = (
+  "sft_eval_accuracy",
+  "rl_eval_accuracy",
+  "eval_problems",
+  "rl_steps",
+  "tool_calls_per_trajectory",
+  "positive_tool_error_ratio",
+  "wall_time_s",
+)
 
 
 def _say(msg: str) -> None:
@@ -39,6 +48,7 @@ def _say(msg: str) -> None:
 
 def _system_prompt(run: RunConfig) -> str:
   from rstar_jax.tokenization import chat_format
+
   return run.rollout.system_prompt or chat_format.SYSTEM_PROMPT
 
 
@@ -66,6 +76,7 @@ def _read_json(path: str) -> Any:
 
 def problems_for(cfg) -> tuple[list[Problem], list[Problem]]:
   from rstar_jax.pipelines import data_sources
+
   train = data_sources.train_problems(cfg)
   held = data_sources.eval_problems(cfg)
   return train, held
@@ -74,16 +85,24 @@ def problems_for(cfg) -> tuple[list[Problem], list[Problem]]:
 def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
   from rstar_jax.data import coldstart
   from rstar_jax.data.sft_data import load_sft_jsonl, write_sft_jsonl
+
   path = os.path.join(workdir, "coldstart.jsonl")
   if os.path.isfile(path):
     _say(f"data: reusing {path}")
     return load_sft_jsonl(path)
   cs = cfg.coldstart or ColdStartSection()
   csc = coldstart.ColdStartConfig(
-      explore_prob=cs.explore_prob, bug_prob=cs.bug_prob, min_tool_calls=cs.min_tool_calls,
-      max_trajectories=cs.max_trajectories, max_calls=cs.max_calls, show_time=cfg.tool.show_time,
-      max_response_chars=cfg.tool.max_response_chars, tool_timeout_s=cfg.tool.timeout_s,
-      system_prompt=_system_prompt(cfg), seed=cs.seed)
+    explore_prob=cs.explore_prob,
+    bug_prob=cs.bug_prob,
+    min_tool_calls=cs.min_tool_calls,
+    max_trajectories=cs.max_trajectories,
+    max_calls=cs.max_calls,
+    show_time=cfg.tool.show_time,
+    max_response_chars=cfg.tool.max_response_chars,
+    tool_timeout_s=cfg.tool.timeout_s,
+    system_prompt=_system_prompt(cfg),
+    seed=cs.seed,
+  )
   t0 = time.monotonic()
   kept, stats = coldstart.build_coldstart_sync(train, csc, num_workers=cfg.tool.num_workers)
   stats["wall_time_s"] = time.monotonic() - t0
@@ -97,6 +116,7 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
 def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
   from rstar_jax.data import coldstart
   from rstar_jax.tokenization import bpe, chat_format, domain
+
   out = os.path.join(workdir, "tokenizer")
   if os.path.isfile(os.path.join(out, "tokenizer.json")):
     return bpe.load_tokenizer(out)
@@ -109,8 +129,9 @@ def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
   # copying one token, which a ~1M-parameter model learns from a few hundred SFT steps
   # (per-digit copying needs induction circuits it does not form in that budget).
   added += [str(i) for i in range(cfg.demo.number_tokens)]
-  tok = domain.train_domain_tokenizer(texts, cfg.model.vocab_size, out, added,
-                                      split_digits=cfg.demo.split_digits)
+  tok = domain.train_domain_tokenizer(
+    texts, cfg.model.vocab_size, out, added, split_digits=cfg.demo.split_digits
+  )
   _say(f"tokenizer: {len(tok)} tokens ({len(added)} domain tokens) -> {out}")
   return tok
 
@@ -120,16 +141,18 @@ def phase_sft(cfg, workdir: str, chats, tokenizer):
   from rstar_jax.data import coldstart
   from rstar_jax.models import qwen3
   from rstar_jax.pipelines import sft_loop
+
   hf = os.path.join(workdir, "sft", "hf")
   model_config = cfg.model.qwen3_config()
   if not os.path.isfile(os.path.join(hf, "config.json")):
     scfg = _derived(cfg, "sft")
     pairs = coldstart.render_examples(tokenizer, chats, with_tools=cfg.rollout.with_tools)
     _say(f"sft: {len(pairs)} chats, {scfg.sft.epochs} epochs, batch {scfg.sft.batch_size}")
-    out = sft_loop.run_sft(scfg, os.path.join(workdir, "sft"), tokenizer=tokenizer,
-                           examples=pairs)
-    _say(f"sft: done, {out['steps']} steps, final loss {out['final_loss']:.4f}, "
-         f"{out['wall_time_s']:.0f}s")
+    out = sft_loop.run_sft(scfg, os.path.join(workdir, "sft"), tokenizer=tokenizer, examples=pairs)
+    _say(
+      f"sft: done, {out['steps']} steps, final loss {out['final_loss']:.4f}, "
+      f"{out['wall_time_s']:.0f}s"
+    )
   else:
     _say(f"sft: reusing {hf}")
   return qwen3.load_hf_params(hf, model_config)
@@ -137,11 +160,18 @@ def phase_sft(cfg, workdir: str, chats, tokenizer):
 
 async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict:
   from rstar_jax.pipelines import evaluation
+
   mc = cfg.model.qwen3_config()
   async with agent_runner.open_runner(cfg, mc, params, tokenizer) as runner:
-    return await evaluation.evaluate(runner, problems, agent_runner.eval_settings(cfg), k=k,
-                                     seed=seed, progress_every_s=cfg.train.progress_every_s,
-                                     keep_samples=4)
+    return await evaluation.evaluate(
+      runner,
+      problems,
+      agent_runner.eval_settings(cfg),
+      k=k,
+      seed=seed,
+      progress_every_s=cfg.train.progress_every_s,
+      keep_samples=4,
+    )
 
 
 def phase_eval(cfg, workdir: str, name: str, params, tokenizer, problems) -> dict:
@@ -153,9 +183,11 @@ def phase_eval(cfg, workdir: str, name: str, params, tokenizer, problems) -> dic
   rep = asyncio.run(_evaluate(cfg, params, tokenizer, problems, cfg.eval.k, cfg.eval.seed))
   _write_json(path, rep)
   m = rep["metrics"]
-  _say(f"eval_{name}: accuracy {m['accuracy']:.3f} on {m['num_problems']} problems x "
-       f"{m['k']}, tool calls/traj {m['tool_calls_per_traj']:.2f}, tool error ratio "
-       f"{m['tool_error_ratio']:.3f}, {m['wall_time_s']:.0f}s")
+  _say(
+    f"eval_{name}: accuracy {m['accuracy']:.3f} on {m['num_problems']} problems x "
+    f"{m['k']}, tool calls/traj {m['tool_calls_per_traj']:.2f}, tool error ratio "
+    f"{m['tool_error_ratio']:.3f}, {m['wall_time_s']:.0f}s"
+  )
   return rep
 
 
@@ -165,6 +197,7 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   from rstar_jax.learner.checkpoint import export_hf
   from rstar_jax.models import qwen3
   from rstar_jax.pipelines import rl_loop, runtime
+
   rdir = os.path.join(workdir, "rl")
   hf = os.path.join(rdir, "hf")
   model_config = cfg.model.qwen3_config()
@@ -176,23 +209,28 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   learner = runtime.build_learner(rcfg, params=sft_params)
   runtime.check_vocab(tokenizer, learner.model_config)
   total = sum(s.steps for s in rcfg.stages)
-  _say(f"rl: {total} steps of {rcfg.train.batch_prompts} prompts x "
-       f"{rcfg.rl.oversample * rcfg.rl.group_size} rollouts (keep {rcfg.rl.group_size}, "
-       f"roc_mode={rcfg.rl.roc_mode})")
+  _say(
+    f"rl: {total} steps of {rcfg.train.batch_prompts} prompts x "
+    f"{rcfg.rl.oversample * rcfg.rl.group_size} rollouts (keep {rcfg.rl.group_size}, "
+    f"roc_mode={rcfg.rl.roc_mode})"
+  )
 
   async def main():
-    async with agent_runner.open_runner(rcfg, learner.model_config, learner.params_copy(),
-                                        tokenizer) as runner:
-      loop = rl_loop.RLLoop(rcfg, learner, runner, rdir, problems=train,
-                            eval_problems=curve_problems)
+    async with agent_runner.open_runner(
+      rcfg, learner.model_config, learner.params_copy(), tokenizer
+    ) as runner:
+      loop = rl_loop.RLLoop(
+        rcfg, learner, runner, rdir, problems=train, eval_problems=curve_problems
+      )
       await loop.run(max_steps=cfg.demo.rl_max_steps or None)
       loop.ckpt.close()
       return loop
 
   loop = asyncio.run(main())
   if loop.pos.stage_index < len(loop.stages):
-    _say(f"rl: stopped at step {loop.pos.rl_step} of {total}; rerun with the same --workdir "
-         "to resume")
+    _say(
+      f"rl: stopped at step {loop.pos.rl_step} of {total}; rerun with the same --workdir to resume"
+    )
     return None
   export_hf(hf, learner.model_config, learner.state.params)
   _say(f"rl: done at step {loop.pos.rl_step} -> {hf}")
@@ -209,24 +247,46 @@ def _first_last(rows: Sequence[dict], key: str) -> dict:
 
 def build_summary(workdir: str, wall_time_s: float, cfg) -> dict:
   from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
-  sft, rl = _read_json(os.path.join(workdir, "eval_sft.json")), \
-      _read_json(os.path.join(workdir, "eval_rl.json"))
+
+  sft, rl = (
+    _read_json(os.path.join(workdir, "eval_sft.json")),
+    _read_json(os.path.join(workdir, "eval_rl.json")),
+  )
   rows = read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl"))
   sm, rm = sft["metrics"], rl["metrics"]
   out = {
-      "sft_eval_accuracy": sm["accuracy"], "rl_eval_accuracy": rm["accuracy"],
-      "accuracy_gain": rm["accuracy"] - sm["accuracy"],
-      "eval_problems": sm["num_problems"], "eval_k": sm["k"],
-      "rl_steps": len(rows), "roc_mode": cfg.rl.roc_mode,
-      "tool_calls_per_trajectory": _first_last(rows, "tool_calls_per_traj"),
-      "positive_tool_error_ratio": _first_last(rows, "pos_tool_error_ratio"),
-      "tool_error_ratio": _first_last(rows, "tool_error_ratio"),
-      "reward": _first_last(rows, "reward_mean"),
-      "eval": {"sft": {k: sm[k] for k in ("tool_calls_per_traj", "tool_error_ratio",
-                                          "pos_tool_error_ratio", "response_length_mean")},
-               "rl": {k: rm[k] for k in ("tool_calls_per_traj", "tool_error_ratio",
-                                         "pos_tool_error_ratio", "response_length_mean")}},
-      "wall_time_s": wall_time_s,
+    "sft_eval_accuracy": sm["accuracy"],
+    "rl_eval_accuracy": rm["accuracy"],
+    "accuracy_gain": rm["accuracy"] - sm["accuracy"],
+    "eval_problems": sm["num_problems"],
+    "eval_k": sm["k"],
+    "rl_steps": len(rows),
+    "roc_mode": cfg.rl.roc_mode,
+    "tool_calls_per_trajectory": _first_last(rows, "tool_calls_per_traj"),
+    "positive_tool_error_ratio": _first_last(rows, "pos_tool_error_ratio"),
+    "tool_error_ratio": _first_last(rows, "tool_error_ratio"),
+    "reward": _first_last(rows, "reward_mean"),
+    "eval": {
+      "sft": {
+        k: sm[k]
+        for k in (
+          "tool_calls_per_traj",
+          "tool_error_ratio",
+          "pos_tool_error_ratio",
+          "response_length_mean",
+        )
+      },
+      "rl": {
+        k: rm[k]
+        for k in (
+          "tool_calls_per_traj",
+          "tool_error_ratio",
+          "pos_tool_error_ratio",
+          "response_length_mean",
+        )
+      },
+    },
+    "wall_time_s": wall_time_s,
   }
   cs = os.path.join(workdir, "coldstart_stats.json")
   if os.path.isfile(cs):
@@ -257,6 +317,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   ran with the same config (`demo_record`); otherwise this stops with one line naming the
   changed fields, or with ``discard_stale`` deletes the stale phases and reruns them."""
   from rstar_jax.pipelines import demo_record
+
   t0 = time.monotonic()
   os.makedirs(workdir, exist_ok=True)
   state_path = os.path.join(workdir, "demo_state.json")
@@ -290,13 +351,16 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   mark("eval_rl")
   wall = prior + time.monotonic() - t0
   summary = build_summary(workdir, wall, cfg)
-  summary["resolved_config"] = records["eval_rl"]   # run record: the config of every number
+  summary["resolved_config"] = records["eval_rl"]  # run record: the config of every number
   _write_json(os.path.join(workdir, "summary.json"), summary)
   if cfg.demo.plot:
     from rstar_jax import viz
+
     viz.plot_demo(workdir, summary, os.path.join(workdir, "demo_plot.png"))
   mark("report")
-  _say(f"summary: SFT {summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f} "
-       f"on {summary['eval_problems']} held-out problems; {summary['rl_steps']} RL steps; "
-       f"wall {wall:.0f}s -> {os.path.join(workdir, 'summary.json')}")
+  _say(
+    f"summary: SFT {summary['sft_eval_accuracy']:.3f} -> RL {summary['rl_eval_accuracy']:.3f} "
+    f"on {summary['eval_problems']} held-out problems; {summary['rl_steps']} RL steps; "
+    f"wall {wall:.0f}s -> {os.path.join(workdir, 'summary.json')}"
+  )
   return summary

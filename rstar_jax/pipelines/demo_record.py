@@ -6,6 +6,7 @@ workdir stops with one line instead of reporting paper-mode numbers as plain GRP
 phase lists the sections of the phases it consumes, so a change upstream (e.g. ``sft.epochs``)
 makes everything after it stale too.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,21 +17,32 @@ from rstar_jax import run_record
 from rstar_jax.run_record import Phase
 
 # Dotted paths of the typed config (`rstar_jax.config.schema`), e.g. ``rollout.system_prompt``.
-_DATA = ("data", "coldstart", "tool.max_response_chars", "tool.timeout_s", "tool.show_time",
-         "rollout.system_prompt")
-_TOKENIZER = _DATA + ("model.vocab_size", "rollout.with_tools", "demo.domain_tokens",
-                      "demo.number_tokens", "demo.split_digits")
+_DATA = (
+  "data",
+  "coldstart",
+  "tool.max_response_chars",
+  "tool.timeout_s",
+  "tool.show_time",
+  "rollout.system_prompt",
+)
+_TOKENIZER = _DATA + (
+  "model.vocab_size",
+  "rollout.with_tools",
+  "demo.domain_tokens",
+  "demo.number_tokens",
+  "demo.split_digits",
+)
 _SFT = _TOKENIZER + ("model", "mesh", "sft", "sft_optim")
 _EVAL_SFT = _SFT + ("eval", "rollout", "tool", "rl.answer_mode", "demo")
 
 PHASES = (
-    Phase("data", _DATA, ("coldstart.jsonl", "coldstart_stats.json")),
-    Phase("tokenizer", _TOKENIZER, ("tokenizer",)),
-    Phase("sft", _SFT, ("sft",)),
-    Phase("eval_sft", _EVAL_SFT, ("eval_sft.json",)),
-    Phase("rl", ("",), ("rl",)),
-    Phase("eval_rl", ("",), ("eval_rl.json",)),
-    Phase("report", ("",), ("summary.json", "demo_plot.png", "demo_state.json")),
+  Phase("data", _DATA, ("coldstart.jsonl", "coldstart_stats.json")),
+  Phase("tokenizer", _TOKENIZER, ("tokenizer",)),
+  Phase("sft", _SFT, ("sft",)),
+  Phase("eval_sft", _EVAL_SFT, ("eval_sft.json",)),
+  Phase("rl", ("",), ("rl",)),
+  Phase("eval_rl", ("",), ("eval_rl.json",)),
+  Phase("report", ("",), ("summary.json", "demo_plot.png", "demo_state.json")),
 )
 # The phases `demo.reuse_sft_from` copies from another workdir (with their records).
 REUSED = ("data", "tokenizer", "sft", "eval_sft")
@@ -49,5 +61,6 @@ def check_demo(cfg: Any, workdir: str, *, discard_stale: bool = False) -> dict[s
       if os.path.isfile(s) and not os.path.exists(d):
         os.makedirs(os.path.dirname(d), exist_ok=True)
         shutil.copy(s, d)
-  return run_record.check_phases(workdir, PHASES, cfg, ignore=IGNORE,
-                                 discard_stale=discard_stale, discard_hint="--discard_stale")
+  return run_record.check_phases(
+    workdir, PHASES, cfg, ignore=IGNORE, discard_stale=discard_stale, discard_hint="--discard_stale"
+  )

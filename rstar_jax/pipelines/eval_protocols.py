@@ -10,40 +10,41 @@ Both report avg@k (mean correctness over all k samples of all problems) and pass
 problems solved at least once); `write_csv` writes one row per problem. Selected with
 ``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
 """
+
 from __future__ import annotations
 
 import csv
 import dataclasses
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rstar_jax.config import EvalConfig
 
 PROTOCOLS: dict[str, dict[str, Any]] = {
-    "released": dict(k=16, temperature=0.0, top_p=1.0, max_turns=5, response_budget=30720),
-    "paper_avg_at_k": dict(k=16, temperature=0.6, top_p=0.95, max_turns=30,
-                           response_budget=30720),
+  "released": dict(k=16, temperature=0.0, top_p=1.0, max_turns=5, response_budget=30720),
+  "paper_avg_at_k": dict(k=16, temperature=0.6, top_p=0.95, max_turns=30, response_budget=30720),
 }
 
 
 def resolve(eval_cfg: EvalConfig) -> EvalConfig:
-    """The effective eval settings: ``eval_cfg`` with its protocol's k / sampling / turns /
-    budget when ``eval.protocol`` is set, else ``eval_cfg`` itself."""
-    name = eval_cfg.protocol
-    if not name:
-        return eval_cfg
-    if name not in PROTOCOLS:
-        raise ValueError(f"config.eval.protocol: expected one of {['', *PROTOCOLS]}, got {name!r}")
-    return dataclasses.replace(eval_cfg, **PROTOCOLS[name])
+  """The effective eval settings: ``eval_cfg`` with its protocol's k / sampling / turns /
+  budget when ``eval.protocol`` is set, else ``eval_cfg`` itself."""
+  name = eval_cfg.protocol
+  if not name:
+    return eval_cfg
+  if name not in PROTOCOLS:
+    raise ValueError(f"config.eval.protocol: expected one of {['', *PROTOCOLS]}, got {name!r}")
+  return dataclasses.replace(eval_cfg, **PROTOCOLS[name])
 
 
 def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
-    k = int(report["metrics"]["k"])
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
-        for i, row in enumerate(report["per_problem"]):
-            n = int(row["num_correct"])
-            w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])
+  """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
+  k = int(report["metrics"]["k"])
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
+    for i, row in enumerate(report["per_problem"]):
+      n = int(row["num_correct"])
+      w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])

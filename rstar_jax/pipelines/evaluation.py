@@ -7,13 +7,15 @@ k attempts of all problems. Reported alongside: mean response length (generated 
 tokens), mean generated tokens, mean tool calls and turns per trajectory, tool error ratio,
 truncation rate, and per-problem solve counts.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,16 @@ from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
 
 
-async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: RolloutSettings,
-                   *, k: int = 1, seed: int = 0, progress_every_s: float = 10.0,
-                   keep_samples: int = 0) -> dict[str, Any]:
+async def evaluate(
+  runner: AgentRunner,
+  problems: Sequence[Problem],
+  settings: RolloutSettings,
+  *,
+  k: int = 1,
+  seed: int = 0,
+  progress_every_s: float = 10.0,
+  keep_samples: int = 0,
+) -> dict[str, Any]:
   """Runs k attempts per problem; returns the report dict (``metrics``, ``per_problem``, ...).
 
   Args:
@@ -57,51 +66,68 @@ async def evaluate(runner: AgentRunner, problems: Sequence[Problem], settings: R
     prog.update(done)
     return traj
 
-  share = hostdata.local_indices(len(problems))   # [multi-process] this process's problems
+  share = hostdata.local_indices(len(problems))  # [multi-process] this process's problems
   trajs = await asyncio.gather(*(one(i, j) for i in share for j in range(k)))
   rewards = await runner.rewards(list(trajs), [problems[i].answer for i in share for _ in range(k)])
-  trajs, rewards = hostdata.gather_lists(list(trajs), list(rewards))   # [multi-process]
+  trajs, rewards = hostdata.gather_lists(list(trajs), list(rewards))  # [multi-process]
   r = np.asarray(rewards, np.float32).reshape(len(problems), k)
   tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
   metrics = {
-      "accuracy": float(r.mean()),                     # avg@k pass@1
-      "avg_at_k": float(r.mean()),
-      "pass_at_k": float((r > 0).any(axis=1).mean()),
-      "num_problems": len(problems), "k": k,
-      "response_length_mean": tm["response_length_mean"],
-      "generated_tokens_mean": tm["generated_tokens_mean"],
-      "tool_calls_per_traj": tm["tool_calls_per_traj"],
-      "turns_per_traj": tm["turns_per_traj"],
-      "tool_error_ratio": tm["tool_error_ratio"],
-      "pos_tool_error_ratio": tm["pos_tool_error_ratio"],
-      "truncation_rate": tm["truncation_ratio"],
-      "answer_tags_eq1_frac": tm["answer_tags_eq1_frac"],
-      "wall_time_s": time.monotonic() - t0,
+    "accuracy": float(r.mean()),  # avg@k pass@1
+    "avg_at_k": float(r.mean()),
+    "pass_at_k": float((r > 0).any(axis=1).mean()),
+    "num_problems": len(problems),
+    "k": k,
+    "response_length_mean": tm["response_length_mean"],
+    "generated_tokens_mean": tm["generated_tokens_mean"],
+    "tool_calls_per_traj": tm["tool_calls_per_traj"],
+    "turns_per_traj": tm["turns_per_traj"],
+    "tool_error_ratio": tm["tool_error_ratio"],
+    "pos_tool_error_ratio": tm["pos_tool_error_ratio"],
+    "truncation_rate": tm["truncation_ratio"],
+    "answer_tags_eq1_frac": tm["answer_tags_eq1_frac"],
+    "wall_time_s": time.monotonic() - t0,
   }
   report: dict[str, Any] = {
-      "metrics": metrics,
-      "settings": dataclasses.asdict(settings),
-      "per_problem": [{"problem": p.problem, "answer": p.answer,
-                       "num_correct": int((r[i] > 0).sum())} for i, p in enumerate(problems)],
+    "metrics": metrics,
+    "settings": dataclasses.asdict(settings),
+    "per_problem": [
+      {"problem": p.problem, "answer": p.answer, "num_correct": int((r[i] > 0).sum())}
+      for i, p in enumerate(problems)
+    ],
   }
   if keep_samples:
-    report["samples"] = [{"problem": problems[i // k].problem, "answer": problems[i // k].answer,
-                          "reward": float(r.reshape(-1)[i]), "response": t.response_text}
-                         for i, t in enumerate(trajs[:keep_samples])]
+    report["samples"] = [
+      {
+        "problem": problems[i // k].problem,
+        "answer": problems[i // k].answer,
+        "reward": float(r.reshape(-1)[i]),
+        "response": t.response_text,
+      }
+      for i, t in enumerate(trajs[:keep_samples])
+    ]
   return report
 
 
 def write_report(report: dict, path: str | os.PathLike) -> None:
-  if not primary.is_primary():   # [multi-process] one writer
+  if not primary.is_primary():  # [multi-process] one writer
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
 
 
-def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | None = None,
-             tokenizer=None, params=None, checkpoint_dir: str = "", workdir: str = "",
-             engine=None) -> dict:
+def run_eval(
+  run: RunConfig,
+  out_path: str,
+  *,
+  problems: Sequence[Problem] | None = None,
+  tokenizer=None,
+  params=None,
+  checkpoint_dir: str = "",
+  workdir: str = "",
+  engine=None,
+) -> dict:
   """Loads the policy of ``run`` (mode "eval") and writes the JSON report.
 
   The policy: ``params`` if given; else the latest orbax checkpoint in ``checkpoint_dir`` (an
@@ -112,17 +138,20 @@ def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | Non
   import asyncio as _asyncio
 
   from rstar_jax.learner.checkpoint import Checkpointer
-  from rstar_jax.pipelines import agent_runner, data_sources, runtime
-  from rstar_jax.pipelines import eval_protocols
+  from rstar_jax.pipelines import agent_runner, data_sources, eval_protocols, runtime
+
   if problems is None:
     problems = data_sources.eval_problems(run)
   if not problems:
-    raise ValueError("config.eval.path: expected a JSONL problem file (or data.synthetic), "
-                     "got no problems")
+    raise ValueError(
+      "config.eval.path: expected a JSONL problem file (or data.synthetic), got no problems"
+    )
   if tokenizer is None:
     tokenizer = data_sources.ensure_tokenizer(
-        run, workdir or os.path.dirname(os.path.abspath(out_path)),
-        data_sources.tokenizer_corpus(problems))
+      run,
+      workdir or os.path.dirname(os.path.abspath(out_path)),
+      data_sources.tokenizer_corpus(problems),
+    )
   model_config = run.model.qwen3_config()
   if params is None and checkpoint_dir:
     learner = runtime.build_learner_for_restore(run)
@@ -134,13 +163,22 @@ def run_eval(run: RunConfig, out_path: str, *, problems: Sequence[Problem] | Non
   runtime.check_vocab(tokenizer, model_config)
 
   async def main():
-    async with agent_runner.open_runner(run, model_config,
-                                        hostdata.local_params(params),   # [multi-process]
-                                        tokenizer,
-                                        engine=engine) as runner:
-      return await evaluate(runner, problems, agent_runner.eval_settings(run),
-                            k=eval_protocols.resolve(run.eval).k, seed=run.eval.seed, progress_every_s=run.train.progress_every_s,
-                            keep_samples=4)
+    async with agent_runner.open_runner(
+      run,
+      model_config,
+      hostdata.local_params(params),  # [multi-process]
+      tokenizer,
+      engine=engine,
+    ) as runner:
+      return await evaluate(
+        runner,
+        problems,
+        agent_runner.eval_settings(run),
+        k=eval_protocols.resolve(run.eval).k,
+        seed=run.eval.seed,
+        progress_every_s=run.train.progress_every_s,
+        keep_samples=4,
+      )
 
   report = _asyncio.run(main())
   report["checkpoint_dir"] = checkpoint_dir

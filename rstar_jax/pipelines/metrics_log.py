@@ -6,6 +6,7 @@ Appending is resume-safe: on resume, `MetricsWriter(..., resume_step=s)` drops l
 ``step > s`` left by a run that died after logging but before checkpointing, so the file never
 holds two records for one step.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ def _jsonable(v: Any) -> Any:
 
 def _primary() -> bool:
   from rstar_jax.distributed.primary import is_primary
+
   return is_primary()
 
 
@@ -61,11 +64,17 @@ class MetricsWriter:
     tensorboard: also write TensorBoard event files under ``<dir>/tb``.
   """
 
-  def __init__(self, directory: str | os.PathLike, name: str = "metrics", *,
-               resume_step: int | None = None, tensorboard: bool = True):
+  def __init__(
+    self,
+    directory: str | os.PathLike,
+    name: str = "metrics",
+    *,
+    resume_step: int | None = None,
+    tensorboard: bool = True,
+  ):
     self.path = os.path.join(os.fspath(directory), f"{name}.jsonl")
     self._file = self._tb = None
-    if not _primary():   # [multi-process] process 0 writes; the others only return records
+    if not _primary():  # [multi-process] process 0 writes; the others only return records
       return
     os.makedirs(directory, exist_ok=True)
     if resume_step is not None and os.path.exists(self.path):
@@ -74,12 +83,13 @@ class MetricsWriter:
         for r in kept:
           f.write(json.dumps(r) + "\n")
     elif resume_step is None and os.path.exists(self.path):
-      os.remove(self.path)   # a fresh run starts a fresh log
+      os.remove(self.path)  # a fresh run starts a fresh log
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(os.fspath(directory), "tb", name))
       except Exception as e:  # pragma: no cover - optional dependency
         log.warning("TensorBoard logging disabled: %s", e)
@@ -131,11 +141,15 @@ class Progress:
     if self.done < self.total and now - self._last < self.every_s:
       return
     self._last = now
-    if not _primary():   # [multi-process]
+    if not _primary():  # [multi-process]
       return
     dt = max(now - self.t0, 1e-9)
     rate = self.done / dt
     eta = (self.total - self.done) / rate if rate > 0 else float("inf")
     eta_s = f"{eta:.0f}s" if math.isfinite(eta) else "?"
-    print(f"[{self.label}] {self.done}/{self.total} ({rate:.2f}/s, {dt:.0f}s elapsed, eta "
-          f"{eta_s}){' ' + extra if extra else ''}", file=self.stream, flush=True)
+    print(
+      f"[{self.label}] {self.done}/{self.total} ({rate:.2f}/s, {dt:.0f}s elapsed, eta "
+      f"{eta_s}){' ' + extra if extra else ''}",
+      file=self.stream,
+      flush=True,
+    )

@@ -8,19 +8,22 @@ trajectory has fallen for ``window`` consecutive steps (each step's value below 
 one, compared on a smoothed series) and ends at most ``ratio`` of its value at the start of
 the window.
 """
+
 from __future__ import annotations
 
 import collections
 import logging
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
 # Tool outcomes counted as errors (code pool statuses + the agent loop's JSON parse failure).
-FAILURE_STATUSES = frozenset({"error", "timeout", "memory_limit", "output_limit",
-                              "internal_error", "parse_error"})
+FAILURE_STATUSES = frozenset(
+  {"error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+)
 
 # Trajectory finish reasons that mean "ran out of response budget" (the paper's clip ratio).
 TRUNCATED = frozenset({"length", "tool_overflow"})
@@ -39,8 +42,9 @@ def tool_error_ratio(traj: Any) -> float | None:
   return sum(1 for c in calls if c.status in FAILURE_STATUSES) / len(calls)
 
 
-def trajectory_metrics(trajs: Sequence[Any], rewards: Sequence[float], prefix: str = ""
-                       ) -> dict[str, float]:
+def trajectory_metrics(
+  trajs: Sequence[Any], rewards: Sequence[float], prefix: str = ""
+) -> dict[str, float]:
   """Statistics over one set of trajectories (all sampled, or only the ones kept by RoC).
 
   Keys (with ``prefix``): reward_mean, response_length_mean, truncation_ratio, turns_per_traj,
@@ -61,24 +65,29 @@ def trajectory_metrics(trajs: Sequence[Any], rewards: Sequence[float], prefix: s
   tags = [int(getattr(t, "num_answer_tags", 0)) for t in trajs]
   n_pos = sum(1 for r in rewards if r > 0)
   return {
-      f"{p}num_trajectories": float(n),
-      f"{p}reward_mean": _mean(rewards),
-      f"{p}response_length_mean": _mean(len(t.response_ids) for t in trajs),
-      f"{p}generated_tokens_mean": _mean(float(np.sum(t.loss_mask)) for t in trajs),
-      f"{p}truncation_ratio": _mean(float(t.finish_reason in TRUNCATED) for t in trajs),
-      f"{p}max_turns_frac": _mean(float(t.finish_reason == "max_turns") for t in trajs),
-      f"{p}turns_per_traj": _mean(t.num_turns for t in trajs),
-      f"{p}tool_calls_per_traj": _mean(len(cs) for cs in calls),
-      f"{p}tool_error_ratio": (sum(c.status in FAILURE_STATUSES for c in all_calls)
-                               / len(all_calls)) if all_calls else 0.0,
-      f"{p}pos_tool_error_ratio": (sum(c.status in FAILURE_STATUSES for c in pos_calls)
-                                   / len(pos_calls)) if pos_calls else 0.0,
-      f"{p}pos_no_tool_frac": (sum(1 for cs, r in zip(calls, rewards) if r > 0 and not cs)
-                               / n_pos) if n_pos else 0.0,
-      f"{p}answer_tags_mean": _mean(tags),
-      f"{p}answer_tags_0_frac": _mean(float(k == 0) for k in tags),
-      f"{p}answer_tags_eq1_frac": _mean(float(k == 1) for k in tags),
-      f"{p}answer_tags_ge2_frac": _mean(float(k >= 2) for k in tags),
+    f"{p}num_trajectories": float(n),
+    f"{p}reward_mean": _mean(rewards),
+    f"{p}response_length_mean": _mean(len(t.response_ids) for t in trajs),
+    f"{p}generated_tokens_mean": _mean(float(np.sum(t.loss_mask)) for t in trajs),
+    f"{p}truncation_ratio": _mean(float(t.finish_reason in TRUNCATED) for t in trajs),
+    f"{p}max_turns_frac": _mean(float(t.finish_reason == "max_turns") for t in trajs),
+    f"{p}turns_per_traj": _mean(t.num_turns for t in trajs),
+    f"{p}tool_calls_per_traj": _mean(len(cs) for cs in calls),
+    f"{p}tool_error_ratio": (sum(c.status in FAILURE_STATUSES for c in all_calls) / len(all_calls))
+    if all_calls
+    else 0.0,
+    f"{p}pos_tool_error_ratio": (
+      sum(c.status in FAILURE_STATUSES for c in pos_calls) / len(pos_calls)
+    )
+    if pos_calls
+    else 0.0,
+    f"{p}pos_no_tool_frac": (sum(1 for cs, r in zip(calls, rewards) if r > 0 and not cs) / n_pos)
+    if n_pos
+    else 0.0,
+    f"{p}answer_tags_mean": _mean(tags),
+    f"{p}answer_tags_0_frac": _mean(float(k == 0) for k in tags),
+    f"{p}answer_tags_eq1_frac": _mean(float(k == 1) for k in tags),
+    f"{p}answer_tags_ge2_frac": _mean(float(k >= 2) for k in tags),
   }
 
 
@@ -88,10 +97,12 @@ def tool_latency_metrics(trajs: Sequence[Any]) -> dict[str, float]:
   statuses = collections.Counter(c.status for t in trajs for c in t.tool_calls)
   out = {"tool_calls_total": float(len(durs))}
   if durs:
-    out.update(tool_latency_mean_s=float(np.mean(durs)),
-               tool_latency_p50_s=float(np.percentile(durs, 50)),
-               tool_latency_p90_s=float(np.percentile(durs, 90)),
-               tool_latency_max_s=float(np.max(durs)))
+    out.update(
+      tool_latency_mean_s=float(np.mean(durs)),
+      tool_latency_p50_s=float(np.percentile(durs, 50)),
+      tool_latency_p90_s=float(np.percentile(durs, 90)),
+      tool_latency_max_s=float(np.max(durs)),
+    )
   for s, k in statuses.items():
     out[f"tool_status_{s}_frac"] = k / len(durs)
   return out
@@ -109,8 +120,12 @@ def group_outcome_metrics(rewards: np.ndarray) -> dict[str, float]:
   pos = r > 0
   all_c = pos.all(axis=1)
   all_w = (~pos).all(axis=1)
-  return {"all_correct_frac": float(all_c.mean()), "all_wrong_frac": float(all_w.mean()),
-          "mixed_frac": float((~all_c & ~all_w).mean()), "pass_rate": float(r.mean())}
+  return {
+    "all_correct_frac": float(all_c.mean()),
+    "all_wrong_frac": float(all_w.mean()),
+    "mixed_frac": float((~all_c & ~all_w).mean()),
+    "pass_rate": float(r.mean()),
+  }
 
 
 class CollapseMonitor:
@@ -138,11 +153,16 @@ class CollapseMonitor:
     self.history.append(x)
     if len(self.history) <= self.window:
       return False
-    recent = self.history[-(self.window + 1):]
+    recent = self.history[-(self.window + 1) :]
     falling = all(b < a for a, b in zip(recent, recent[1:]))
     if falling and recent[-1] <= self.ratio * recent[0]:
-      log.warning("interaction collapse suspected: tool calls per trajectory fell for %d steps "
-                  "in a row (%.2f -> %.2f)", self.window, recent[0], recent[-1])
+      log.warning(
+        "interaction collapse suspected: tool calls per trajectory fell for %d steps "
+        "in a row (%.2f -> %.2f)",
+        self.window,
+        recent[0],
+        recent[-1],
+      )
       return True
     return False
 

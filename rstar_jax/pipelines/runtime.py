@@ -8,6 +8,7 @@ Where the policy comes from (``config.model``):
 ``model.tokenizer_dir`` (optional) names a directory holding ``tokenizer.json``; default: the
 HF dir.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,20 +36,29 @@ def maybe_initialize_distributed() -> bool:
   (coordinator address, SLURM, Open MPI, Kubernetes JobSet / TPU pods), or the ``RSTAR_*``
   variables of `scripts/local_cluster.sh` (`rstar_jax.distributed.init`). Returns whether it ran.
   """
-  from rstar_jax.distributed import init as dist_init   # [multi-process]
+  from rstar_jax.distributed import init as dist_init  # [multi-process]
+
   if dist_init.initialize_from_env():
     return True
-  keys = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID",
-          "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS")
-  num = os.getenv("JAX_NUM_PROCESSES") or os.getenv("SLURM_NTASKS") or \
-      os.getenv("OMPI_COMM_WORLD_SIZE")
+  keys = (
+    "JAX_COORDINATOR_ADDRESS",
+    "COORDINATOR_ADDRESS",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "JOBSET_NAME",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+  )
+  num = (
+    os.getenv("JAX_NUM_PROCESSES") or os.getenv("SLURM_NTASKS") or os.getenv("OMPI_COMM_WORLD_SIZE")
+  )
   if not any(k in os.environ for k in keys):
     return False
   if num is not None and int(num) <= 1:
     return False
   jax.distributed.initialize()
-  log.info("jax.distributed initialised: process %d of %d", jax.process_index(),
-           jax.process_count())
+  log.info(
+    "jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count()
+  )
   return True
 
 
@@ -110,9 +120,12 @@ def build_learner(run: RunConfig, *, total_steps: int | None = None, params=None
 def load_tokenizer(path: str):
   """The policy's tokenizer from a directory (tokenizer.json + config) via transformers."""
   from rstar_jax.tokenization import bpe
+
   if not path:
-    raise ValueError("tokenizer: config.model.tokenizer_dir and model.hf_dir are both empty; "
-                     "a from-scratch model needs a tokenizer directory")
+    raise ValueError(
+      "tokenizer: config.model.tokenizer_dir and model.hf_dir are both empty; "
+      "a from-scratch model needs a tokenizer directory"
+    )
   return bpe.load_tokenizer(path)
 
 
@@ -120,21 +133,31 @@ def check_vocab(tokenizer, model_config: qwen3.Qwen3Config) -> None:
   """Every tokenizer id must index the embedding table."""
   n = len(tokenizer)
   if n > model_config.vocab_size:
-    raise ValueError(f"tokenizer has {n} tokens but the model's vocab_size is "
-                     f"{model_config.vocab_size} (config.model.vocab_size)")
+    raise ValueError(
+      f"tokenizer has {n} tokens but the model's vocab_size is "
+      f"{model_config.vocab_size} (config.model.vocab_size)"
+    )
 
 
-def export_checkpoint(run: RunConfig, checkpoint_dir: str, out_dir: str, *,
-                      tokenizer_path: str = "", step: int | None = None) -> int:
+def export_checkpoint(
+  run: RunConfig,
+  checkpoint_dir: str,
+  out_dir: str,
+  *,
+  tokenizer_path: str = "",
+  step: int | None = None,
+) -> int:
   """Writes the params of an orbax checkpoint (latest, or ``step``) as an HF directory, with
   the tokenizer from ``tokenizer_path`` (default: the config's). Returns the exported step."""
   from rstar_jax.learner.checkpoint import Checkpointer, export_hf
+
   learner = build_learner_for_restore(run)
   with Checkpointer(checkpoint_dir) as ck:
     learner.state, meta = ck.restore(learner.state, step)
   export_hf(out_dir, learner.model_config, learner.state.params)
   tok_path = tokenizer_path or run.tokenizer_dir()
-  from rstar_jax.distributed.primary import is_primary   # [multi-process] one writer
+  from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer
+
   if tok_path and is_primary():
     load_tokenizer(tok_path).save_pretrained(out_dir)
   return int(meta["step"])
@@ -142,12 +165,14 @@ def export_checkpoint(run: RunConfig, checkpoint_dir: str, out_dir: str, *,
 
 def setup_logging(level: int = logging.INFO) -> None:
   """Launcher logging: our progress at INFO, orbax/absl chatter at WARNING."""
-  logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                      force=True)
+  logging.basicConfig(
+    level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+  )
   for name in ("absl", "orbax", "jax", "jax._src"):
     logging.getLogger(name).setLevel(logging.WARNING)
   try:
     from absl import logging as absl_logging
+
     absl_logging.set_verbosity(absl_logging.WARNING)
   except ImportError:  # pragma: no cover
     pass
@@ -156,6 +181,7 @@ def setup_logging(level: int = logging.INFO) -> None:
 def summary_json(d: dict) -> str:
   """The JSON-serialisable part of a loop's summary dict (objects like the learner dropped)."""
   import json
+
   out = {}
   for k, v in d.items():
     try:

@@ -13,6 +13,7 @@ rows to a fixed count, so the jitted step compiles once per bucket), AdamW with 
 so a resumed run continues with the next batch; the final params are exported as an HF
 directory with the tokenizer (``<workdir>/hf``), ready for the RL or eval launchers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,17 +21,18 @@ import logging
 import math
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
+from rstar_jax.config import RunConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
-from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.config import RunConfig
 from rstar_jax.learner.batch import length_bucket, pad_id_of
+from rstar_jax.learner.checkpoint import Checkpointer, export_hf
 from rstar_jax.pipelines import runtime
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 
@@ -44,6 +46,7 @@ def encode_example(example: Any, tokenizer, chat_format_name: str | None = None)
   ``chat_format_name``: render chats in that format (the RL run's ``rollout.chat_format``)."""
   if isinstance(example, ChatExample):
     from rstar_jax.tokenization import chat_format
+
     rc = chat_format.render_chat_ids(tokenizer, list(example.messages), fmt=chat_format_name)
     return rc.input_ids, rc.full_loss_mask
   if hasattr(example, "prompt_ids") and hasattr(example, "response_ids"):
@@ -57,8 +60,9 @@ def encode_example(example: Any, tokenizer, chat_format_name: str | None = None)
   return ids, mask
 
 
-def encode_all(examples: Sequence[Any], tokenizer, max_seq_len: int,
-               chat_format_name: str | None = None) -> tuple[list[Sequence_], int]:
+def encode_all(
+  examples: Sequence[Any], tokenizer, max_seq_len: int, chat_format_name: str | None = None
+) -> tuple[list[Sequence_], int]:
   """Encodes every item; items longer than ``max_seq_len`` or with no trained token are
   dropped (counted and logged, never truncated: a cut trajectory teaches a cut answer)."""
   out, dropped = [], 0
@@ -74,8 +78,12 @@ def encode_all(examples: Sequence[Any], tokenizer, max_seq_len: int,
       continue
     out.append((ids, mask))
   if dropped:
-    log.warning("SFT: dropped %d of %d items (longer than max_seq_len=%d or no assistant "
-                "token)", dropped, len(examples), max_seq_len)
+    log.warning(
+      "SFT: dropped %d of %d items (longer than max_seq_len=%d or no assistant token)",
+      dropped,
+      len(examples),
+      max_seq_len,
+    )
   if not out:
     raise ValueError(f"SFT: no usable items among {len(examples)} (max_seq_len={max_seq_len})")
   return out, dropped
@@ -85,9 +93,16 @@ def sft_total_steps(num_items: int, batch_size: int, epochs: float) -> int:
   return max(1, math.ceil(num_items * float(epochs) / batch_size))
 
 
-def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
-            examples: Sequence[Any] | None = None, params=None, max_steps: int | None = None,
-            export: bool = True) -> dict:
+def run_sft(
+  run: RunConfig,
+  workdir: str,
+  *,
+  tokenizer=None,
+  examples: Sequence[Any] | None = None,
+  params=None,
+  max_steps: int | None = None,
+  export: bool = True,
+) -> dict:
   """Runs (or resumes) SFT; returns a summary dict.
 
   Args:
@@ -101,6 +116,7 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
     export: write ``<workdir>/hf`` (HF model + tokenizer) when training finishes.
   """
   from rstar_jax.pipelines import data_sources
+
   t_start = time.monotonic()
   os.makedirs(workdir, exist_ok=True)
   s = run.sft
@@ -113,18 +129,23 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
   if from_config and run.coldstart is not None:
     cs = run.coldstart
     examples, select_stats = data_sources.select_interaction_dense(
-        [e for e in examples if isinstance(e, ChatExample)],
-        min_tool_calls=cs.min_tool_calls, max_trajectories=cs.max_trajectories,
-        require_all_calls_ok=cs.require_all_calls_ok)
+      [e for e in examples if isinstance(e, ChatExample)],
+      min_tool_calls=cs.min_tool_calls,
+      max_trajectories=cs.max_trajectories,
+      require_all_calls_ok=cs.require_all_calls_ok,
+    )
     log.info("cold-start selection: %s", select_stats)
   if tokenizer is None:
     chats = [e for e in examples if isinstance(e, ChatExample)]
     tokenizer = data_sources.ensure_tokenizer(
-        run, workdir, data_sources.tokenizer_corpus(
-            data_sources.train_problems(run) if run.data.synthetic is not None else [], chats))
+      run,
+      workdir,
+      data_sources.tokenizer_corpus(
+        data_sources.train_problems(run) if run.data.synthetic is not None else [], chats
+      ),
+    )
   fmt = run.rollout.chat_format
-  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len,
-                             None if fmt == "rstar2" else fmt)
+  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len, None if fmt == "rstar2" else fmt)
   bs = s.batch_size
   total = sft_total_steps(len(seqs), bs, s.epochs)
   warm = int(round(s.warmup_ratio * total))
@@ -135,8 +156,7 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
   pad_id = pad_id_of(tokenizer)
 
-  ckpt = Checkpointer(os.path.join(workdir, "ckpt"),
-                      max_to_keep=run.train.keep_checkpoints)
+  ckpt = Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints)
   it = EpochIterator(list(range(len(seqs))), seed=run.train.seed, shuffle=s.shuffle)
   resumed_step = None
   if ckpt.latest_step() is not None:
@@ -159,8 +179,7 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
       b = batch_lib.make_sft_batch(chunk, pad_to, pad_id=pad_id, row_multiple=rows)
       pack_metrics = {}
       if run.train.pack_rows:
-        b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple,
-                                                pad_id=pad_id)
+        b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple, pad_id=pad_id)
       learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
       m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
       step += 1
@@ -174,9 +193,15 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
   finally:
     writer.close()
     ckpt.close()
-  out = {"steps": step, "total_steps": total, "num_items": len(seqs), "dropped_items": dropped,
-         "coldstart_selection": select_stats,
-         "final_loss": last["loss"] if "loss" in last else None, "wall_time_s": time.monotonic() - t_start}
+  out = {
+    "steps": step,
+    "total_steps": total,
+    "num_items": len(seqs),
+    "dropped_items": dropped,
+    "coldstart_selection": select_stats,
+    "final_loss": last["loss"] if "loss" in last else None,
+    "wall_time_s": time.monotonic() - t_start,
+  }
   if export and step >= total:
     hf_dir = os.path.join(workdir, "hf")
     export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer)
@@ -189,7 +214,8 @@ def run_sft(run: RunConfig, workdir: str, *, tokenizer=None,
 def export_with_tokenizer(out_dir: str, model_config, params, tokenizer) -> None:
   """HF model directory + the tokenizer files (so the directory is self-contained)."""
   export_hf(out_dir, model_config, params)
-  from rstar_jax.distributed.primary import is_primary   # [multi-process] one writer
+  from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer
+
   if tokenizer is not None and hasattr(tokenizer, "save_pretrained") and is_primary():
     tokenizer.save_pretrained(out_dir)
 
@@ -200,6 +226,7 @@ def _with_warmup(run: RunConfig, warm: int, total: int) -> RunConfig:
   if run.sft.warmup_ratio > 0:
     o = dataclasses.replace(o, warmup_steps=warm)
   if o.schedule == "cosine":
-    o = dataclasses.replace(o, total_steps=total, warmup_steps=min(o.warmup_steps,
-                                                                    max(0, total - 1)))
+    o = dataclasses.replace(
+      o, total_steps=total, warmup_steps=min(o.warmup_steps, max(0, total - 1))
+    )
   return dataclasses.replace(run, optim=o)

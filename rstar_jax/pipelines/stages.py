@@ -5,9 +5,11 @@ start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prom
 consistently solved. `build_hard_subset` is the pure selection; the RL loop produces the counts
 by sampling k rollouts per problem with the current policy.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,8 +39,12 @@ def locate(stages: Sequence[Stage], global_step: int) -> tuple[int, int]:
   return len(stages), 0
 
 
-def build_hard_subset(problems: Sequence[T], num_correct: Sequence[int], k: int,
-                      num_sampled: Sequence[int] | None = None) -> tuple[list[T], dict]:
+def build_hard_subset(
+  problems: Sequence[T],
+  num_correct: Sequence[int],
+  k: int,
+  num_sampled: Sequence[int] | None = None,
+) -> tuple[list[T], dict]:
   """Drops problems solved k of k; returns (kept problems in order, stats).
 
   Args:
@@ -55,24 +61,33 @@ def build_hard_subset(problems: Sequence[T], num_correct: Sequence[int], k: int,
   if k < 1:
     raise ValueError(f"build_hard_subset: k must be >= 1, got {k}")
   correct = np.asarray(num_correct, np.int64)
-  sampled = np.full(len(problems), k, np.int64) if num_sampled is None else \
-      np.asarray(num_sampled, np.int64)
+  sampled = (
+    np.full(len(problems), k, np.int64)
+    if num_sampled is None
+    else np.asarray(num_sampled, np.int64)
+  )
   if correct.shape != (len(problems),) or sampled.shape != (len(problems),):
-    raise ValueError(f"build_hard_subset: num_correct {correct.shape} / num_sampled "
-                     f"{sampled.shape} must have shape ({len(problems)},)")
+    raise ValueError(
+      f"build_hard_subset: num_correct {correct.shape} / num_sampled "
+      f"{sampled.shape} must have shape ({len(problems)},)"
+    )
   if np.any(correct < 0) or np.any(correct > sampled):
     raise ValueError("build_hard_subset: num_correct must be in [0, num_sampled]")
   always = (sampled >= k) & (correct >= sampled)
   kept = [p for p, a in zip(problems, always) if not a]
   n = len(problems)
-  stats = {"hard_subset_candidates": n, "hard_subset_kept": len(kept),
-           "hard_subset_dropped": n - len(kept),
-           "hard_subset_kept_frac": len(kept) / n if n else 0.0}
+  stats = {
+    "hard_subset_candidates": n,
+    "hard_subset_kept": len(kept),
+    "hard_subset_dropped": n - len(kept),
+    "hard_subset_kept_frac": len(kept) / n if n else 0.0,
+  }
   return kept, stats
 
 
-def recent_unsolved_subset(num_problems: int, history: Sequence[Sequence[Sequence[Any]]]
-                           ) -> tuple[list[int], dict[str, int]]:
+def recent_unsolved_subset(
+  num_problems: int, history: Sequence[Sequence[Sequence[Any]]]
+) -> tuple[list[int], dict[str, int]]:
   """Indices of the problems NOT all-correct at their latest appearance in ``history``.
 
   ASTER's stage-2 filter: the training rollouts of the last stage-1 steps decide; a problem
@@ -93,5 +108,8 @@ def recent_unsolved_subset(num_problems: int, history: Sequence[Sequence[Sequenc
       latest[int(i)] = bool(all_correct)
   dropped = {i for i, ok in latest.items() if ok}
   kept = [i for i in range(num_problems) if i not in dropped]
-  return kept, {"recent_window_steps": len(history), "recent_seen": len(latest),
-                "recent_dropped": len(dropped)}
+  return kept, {
+    "recent_window_steps": len(history),
+    "recent_seen": len(latest),
+    "recent_dropped": len(dropped),
+  }

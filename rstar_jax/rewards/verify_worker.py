@@ -10,6 +10,7 @@ It imports nothing from rstar_jax (starts fast, never touches jax) and calls mat
 its own signal-based timeouts disabled: the parent enforces the time bound by killing the
 process, and math-verify's alarms do not work outside a main thread anyway.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,63 +19,69 @@ import sys
 
 
 def _parse(math_verify, text: str):
-    """Parse an answer string: as a \\boxed{} body first, then as inline math, then bare."""
-    for wrapped in ("\\boxed{" + text + "}", "$" + text + "$", text):
-        parsed = math_verify.parse(wrapped, parsing_timeout=None)
-        if parsed:
-            return parsed
-    return []
+  """Parse an answer string: as a \\boxed{} body first, then as inline math, then bare."""
+  for wrapped in ("\\boxed{" + text + "}", "$" + text + "$", text):
+    parsed = math_verify.parse(wrapped, parsing_timeout=None)
+    if parsed:
+      return parsed
+  return []
 
 
 def verify_strings(pred: str, gold: str) -> bool:
-    """True when math-verify finds ``pred`` equivalent to ``gold`` (both answer bodies)."""
-    import math_verify
-    try:
-        g = _parse(math_verify, gold)
-        p = _parse(math_verify, pred)
-        if not g or not p:
-            return False
-        return bool(math_verify.verify(g, p, timeout_seconds=None))
-    except Exception:  # any parser/sympy failure means "not shown equal"
-        return False
+  """True when math-verify finds ``pred`` equivalent to ``gold`` (both answer bodies)."""
+  import math_verify
+
+  try:
+    g = _parse(math_verify, gold)
+    p = _parse(math_verify, pred)
+    if not g or not p:
+      return False
+    return bool(math_verify.verify(g, p, timeout_seconds=None))
+  except Exception:  # any parser/sympy failure means "not shown equal"
+    return False
 
 
 def verify_text(response: str, gold: str) -> bool:
-    """True when math-verify, reading the whole ``response``, finds an answer equal to ``gold``.
+  """True when math-verify, reading the whole ``response``, finds an answer equal to ``gold``.
 
-    The released rStar2-Agent reward's second check: gold parsed as ``\\boxed{gold}`` with
-    LaTeX extraction; the response searched with expression and LaTeX extraction (math-verify
-    takes the last boxed / dollar-delimited / bare expression it finds).
-    """
-    import math_verify
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig
-    try:
-        g = math_verify.parse("\\boxed{" + gold + "}", extraction_config=[LatexExtractionConfig()],
-                              parsing_timeout=None)
-        p = math_verify.parse(response, extraction_config=[ExprExtractionConfig(),
-                                                           LatexExtractionConfig()],
-                              parsing_timeout=None)
-        if not g or not p:
-            return False
-        return bool(math_verify.verify(g, p, timeout_seconds=None))
-    except Exception:  # any parser/sympy failure means "not shown equal"
-        return False
+  The released rStar2-Agent reward's second check: gold parsed as ``\\boxed{gold}`` with
+  LaTeX extraction; the response searched with expression and LaTeX extraction (math-verify
+  takes the last boxed / dollar-delimited / bare expression it finds).
+  """
+  import math_verify
+  from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+  try:
+    g = math_verify.parse(
+      "\\boxed{" + gold + "}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None
+    )
+    p = math_verify.parse(
+      response,
+      extraction_config=[ExprExtractionConfig(), LatexExtractionConfig()],
+      parsing_timeout=None,
+    )
+    if not g or not p:
+      return False
+    return bool(math_verify.verify(g, p, timeout_seconds=None))
+  except Exception:  # any parser/sympy failure means "not shown equal"
+    return False
 
 
 _KINDS = {"answer": verify_strings, "text": verify_text}
 
 
 def _serve() -> None:
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
-    import math_verify  # noqa: F401  (warm the import before saying ready)
-    verify_strings("1", "1")
-    out.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        req = json.loads(line)
-        fn = _KINDS[req.get("kind", "answer")]
-        out.write(json.dumps({"ok": fn(req["pred"], req["gold"])}) + "\n")
+  out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+  sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
+  import math_verify  # noqa: F401  (warm the import before saying ready)
+
+  verify_strings("1", "1")
+  out.write(json.dumps({"ready": True}) + "\n")
+  for line in sys.stdin:
+    req = json.loads(line)
+    fn = _KINDS[req.get("kind", "answer")]
+    out.write(json.dumps({"ok": fn(req["pred"], req["gold"])}) + "\n")
 
 
 if __name__ == "__main__":
-    _serve()
+  _serve()

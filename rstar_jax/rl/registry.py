@@ -22,47 +22,51 @@ Re-registration: registering the *same* function again (same module and qualifie
 after ``importlib.reload`` or notebook autoreload) replaces the entry silently. Registering a
 *different* function under a taken name raises ``ValueError`` unless ``override=True``.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 
 
 def _same_function(a: Callable, b: Callable) -> bool:
-    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))
-    return a is b or (key(a) == key(b) and key(a)[1] is not None)
+  key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))
+  return a is b or (key(a) == key(b) and key(a)[1] is not None)
 
 
-def register(kind: str, name: str, *, override: bool = False
-             ) -> Callable[[Callable], Callable]:
-    """Decorator registering ``fn`` under (kind, name) (module docstring: re-registration)."""
-    def deco(fn: Callable) -> Callable:
-        table = _REGISTRY.setdefault(kind, {})
-        old = table.get(name)
-        if old is not None and not override and not _same_function(old, fn):
-            raise ValueError(f"registry: {kind}/{name!r} is already registered to {old!r}; "
-                             "pass override=True to replace it")
-        table[name] = fn
-        return fn
-    return deco
+def register(kind: str, name: str, *, override: bool = False) -> Callable[[Callable], Callable]:
+  """Decorator registering ``fn`` under (kind, name) (module docstring: re-registration)."""
+
+  def deco(fn: Callable) -> Callable:
+    table = _REGISTRY.setdefault(kind, {})
+    old = table.get(name)
+    if old is not None and not override and not _same_function(old, fn):
+      raise ValueError(
+        f"registry: {kind}/{name!r} is already registered to {old!r}; "
+        "pass override=True to replace it"
+      )
+    table[name] = fn
+    return fn
+
+  return deco
 
 
 def get(kind: str, name: str) -> Callable:
-    """The function registered under (kind, name); KeyError lists the known names."""
-    table = _REGISTRY.get(kind, {})
-    if name not in table:
-        raise KeyError(f"registry: no {kind} named {name!r}; known: {names(kind)}")
-    return table[name]
+  """The function registered under (kind, name); KeyError lists the known names."""
+  table = _REGISTRY.get(kind, {})
+  if name not in table:
+    raise KeyError(f"registry: no {kind} named {name!r}; known: {names(kind)}")
+  return table[name]
 
 
 def names(kind: str) -> list[str]:
-    """Registered names of ``kind`` in registration order (built-ins first)."""
-    _load_builtins()
-    return list(_REGISTRY.get(kind, {}))
+  """Registered names of ``kind`` in registration order (built-ins first)."""
+  _load_builtins()
+  return list(_REGISTRY.get(kind, {}))
 
 
 def _load_builtins() -> None:
-    # The built-in pieces register on import; make them visible to a config check that runs
-    # before anything imported rstar_jax.rl.losses / advantages / roc.
-    from rstar_jax.rl import advantages, losses, off_policy, roc  # noqa: F401
+  # The built-in pieces register on import; make them visible to a config check that runs
+  # before anything imported rstar_jax.rl.losses / advantages / roc.
+  from rstar_jax.rl import advantages, losses, off_policy, roc  # noqa: F401

@@ -12,6 +12,7 @@ Stop conditions, checked in this order after each assistant turn:
   last turn are still recorded in `tool_calls`, since the model did issue them).
 The response budget counts tool tokens: each generate gets max_new_tokens = budget - used.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,10 @@ import dataclasses
 import hashlib
 import itertools
 import time
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from rstar_jax.rollout.types import (GenerateRequest, SamplingParams, ToolCallRecord, Trajectory)
+from rstar_jax.rollout.types import GenerateRequest, SamplingParams, ToolCallRecord, Trajectory
 from rstar_jax.tokenization import chat_format
 
 _TRAJ_COUNTER = itertools.count()
@@ -31,261 +33,315 @@ RELEASED_TRUNCATION_MARKER = "...(truncated)..."
 
 
 def truncate_middle_released(text: str, max_chars: int) -> str:
-    """verl's ``tool_response_truncate_side="middle"``: a text longer than ``max_chars`` becomes
-    its first and last ``max_chars // 2`` characters joined by "...(truncated)..." (so the
-    result is max_chars + 17 characters for an even limit); shorter texts are unchanged."""
-    if max_chars < 1:
-        raise ValueError(f"truncate_middle_released: max_chars must be >= 1, got {max_chars}")
-    if len(text) <= max_chars:
-        return text
-    half = max_chars // 2
-    return text[:half] + RELEASED_TRUNCATION_MARKER + (text[-half:] if half else "")
+  """verl's ``tool_response_truncate_side="middle"``: a text longer than ``max_chars`` becomes
+  its first and last ``max_chars // 2`` characters joined by "...(truncated)..." (so the
+  result is max_chars + 17 characters for an even limit); shorter texts are unchanged."""
+  if max_chars < 1:
+    raise ValueError(f"truncate_middle_released: max_chars must be >= 1, got {max_chars}")
+  if len(text) <= max_chars:
+    return text
+  half = max_chars // 2
+  return text[:half] + RELEASED_TRUNCATION_MARKER + (text[-half:] if half else "")
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentLoopConfig:
-    """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, paper; the released
-    values are in docs/fidelity.md).
+  """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, paper; the released
+  values are in docs/fidelity.md).
 
-    max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval; released code 5).
-    response_budget: max response tokens, generated + tool (8192 stage 1, 12288 later).
-    temperature / top_p / top_k: sampling (top_k -1 = off).
-    max_parallel_calls: calls executed per turn; 0 = all (paper), 1 = released verl behaviour.
-    max_tool_calls: tool-call budget per trajectory (ASTER); 0 = unlimited. A turn's calls are
-        cut to the remaining budget; once spent, a further call ends the trajectory.
-    tool_timeout_s: per-call execution limit passed to the pool (rStar README: 4 s).
-    max_tool_response_chars: middle-truncation limit of each rendered tool response (released
-        code: 256).
-    tool_truncation: "project" (the renderer keeps the whole body within the limit, marker
-        included) | "released" (verl's middle truncation: the first and last limit // 2
-        characters around "...(truncated)...", see `truncate_middle_released`).
-    chat_format: `rstar_jax.tokenization.chat_format` format name ("rstar2",
-        "rstar2_released", "qwen3_thinking"): prompt, tool name and tool-turn joining.
-    stateful_tool: pass a per-trajectory session_id to the pool (ASTER); False = stateless.
-    seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
-    max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
-    """
-    max_turns: int = 10
-    response_budget: int = 8192
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_parallel_calls: int = 0
-    max_tool_calls: int = 0
-    tool_timeout_s: float = 4.0
-    max_tool_response_chars: int = 2048
-    tool_truncation: str = "project"
-    chat_format: str = "rstar2"
-    stateful_tool: bool = False
-    seed: Optional[int] = None
-    max_concurrent: int = 0
+  max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval; released code 5).
+  response_budget: max response tokens, generated + tool (8192 stage 1, 12288 later).
+  temperature / top_p / top_k: sampling (top_k -1 = off).
+  max_parallel_calls: calls executed per turn; 0 = all (paper), 1 = released verl behaviour.
+  max_tool_calls: tool-call budget per trajectory (ASTER); 0 = unlimited. A turn's calls are
+      cut to the remaining budget; once spent, a further call ends the trajectory.
+  tool_timeout_s: per-call execution limit passed to the pool (rStar README: 4 s).
+  max_tool_response_chars: middle-truncation limit of each rendered tool response (released
+      code: 256).
+  tool_truncation: "project" (the renderer keeps the whole body within the limit, marker
+      included) | "released" (verl's middle truncation: the first and last limit // 2
+      characters around "...(truncated)...", see `truncate_middle_released`).
+  chat_format: `rstar_jax.tokenization.chat_format` format name ("rstar2",
+      "rstar2_released", "qwen3_thinking"): prompt, tool name and tool-turn joining.
+  stateful_tool: pass a per-trajectory session_id to the pool (ASTER); False = stateless.
+  seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
+  max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
+  """
 
-    def __post_init__(self):
-        def need(name, ok, what):
-            if not ok:
-                raise ValueError(f"AgentLoopConfig.{name}: expected {what}, got "
-                                 f"{getattr(self, name)!r}")
-        need("max_turns", self.max_turns >= 1, "an int >= 1")
-        need("response_budget", self.response_budget >= 1, "an int >= 1")
-        need("temperature", self.temperature >= 0, ">= 0")
-        need("top_p", 0 < self.top_p <= 1, "a value in (0, 1]")
-        need("top_k", self.top_k == -1 or self.top_k >= 1, "-1 or >= 1")
-        need("max_parallel_calls", self.max_parallel_calls >= 0, ">= 0 (0 = all)")
-        need("max_tool_calls", self.max_tool_calls >= 0, ">= 0 (0 = unlimited)")
-        need("tool_timeout_s", self.tool_timeout_s > 0, "> 0")
-        need("max_tool_response_chars", self.max_tool_response_chars >= 1, ">= 1")
-        need("max_concurrent", self.max_concurrent >= 0, ">= 0 (0 = all)")
-        need("tool_truncation", self.tool_truncation in TRUNCATIONS, f"one of {TRUNCATIONS}")
-        need("chat_format", self.chat_format in chat_format.FORMATS,
-             f"one of {sorted(chat_format.FORMATS)}")
+  max_turns: int = 10
+  response_budget: int = 8192
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = -1
+  max_parallel_calls: int = 0
+  max_tool_calls: int = 0
+  tool_timeout_s: float = 4.0
+  max_tool_response_chars: int = 2048
+  tool_truncation: str = "project"
+  chat_format: str = "rstar2"
+  stateful_tool: bool = False
+  seed: int | None = None
+  max_concurrent: int = 0
+
+  def __post_init__(self):
+    def need(name, ok, what):
+      if not ok:
+        raise ValueError(f"AgentLoopConfig.{name}: expected {what}, got {getattr(self, name)!r}")
+
+    need("max_turns", self.max_turns >= 1, "an int >= 1")
+    need("response_budget", self.response_budget >= 1, "an int >= 1")
+    need("temperature", self.temperature >= 0, ">= 0")
+    need("top_p", 0 < self.top_p <= 1, "a value in (0, 1]")
+    need("top_k", self.top_k == -1 or self.top_k >= 1, "-1 or >= 1")
+    need("max_parallel_calls", self.max_parallel_calls >= 0, ">= 0 (0 = all)")
+    need("max_tool_calls", self.max_tool_calls >= 0, ">= 0 (0 = unlimited)")
+    need("tool_timeout_s", self.tool_timeout_s > 0, "> 0")
+    need("max_tool_response_chars", self.max_tool_response_chars >= 1, ">= 1")
+    need("max_concurrent", self.max_concurrent >= 0, ">= 0 (0 = all)")
+    need("tool_truncation", self.tool_truncation in TRUNCATIONS, f"one of {TRUNCATIONS}")
+    need(
+      "chat_format",
+      self.chat_format in chat_format.FORMATS,
+      f"one of {sorted(chat_format.FORMATS)}",
+    )
 
 
 _NO_LIMIT = 1 << 62
 
 
-def _turn_seed(seed: Optional[int], *keys: Any) -> Optional[int]:
-    if seed is None:
-        return None
-    digest = hashlib.blake2b(repr((seed,) + keys).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+def _turn_seed(seed: int | None, *keys: Any) -> int | None:
+  if seed is None:
+    return None
+  digest = hashlib.blake2b(repr((seed,) + keys).encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little") >> 1
 
 
 def _default_render(result, max_chars: int) -> str:
-    from rstar_jax.tools.render import render_tool_response
-    return render_tool_response(result, max_chars)
+  from rstar_jax.tools.render import render_tool_response
+
+  return render_tool_response(result, max_chars)
 
 
 @dataclasses.dataclass
 class _Builder:
-    """Accumulates the per-token fields of one trajectory."""
-    ids: list = dataclasses.field(default_factory=list)
-    mask: list = dataclasses.field(default_factory=list)
-    logprobs: list = dataclasses.field(default_factory=list)
-    versions: list = dataclasses.field(default_factory=list)
+  """Accumulates the per-token fields of one trajectory."""
 
-    def add_generated(self, ids, logprobs, versions):
-        self.ids += [int(t) for t in ids]
-        self.mask += [1] * len(ids)
-        self.logprobs += [float(x) for x in logprobs]
-        self.versions += [int(v) for v in versions]
+  ids: list = dataclasses.field(default_factory=list)
+  mask: list = dataclasses.field(default_factory=list)
+  logprobs: list = dataclasses.field(default_factory=list)
+  versions: list = dataclasses.field(default_factory=list)
 
-    def add_template(self, ids):
-        last = self.versions[-1] if self.versions else -1
-        self.ids += ids
-        self.mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [last] * len(ids)
+  def add_generated(self, ids, logprobs, versions):
+    self.ids += [int(t) for t in ids]
+    self.mask += [1] * len(ids)
+    self.logprobs += [float(x) for x in logprobs]
+    self.versions += [int(v) for v in versions]
+
+  def add_template(self, ids):
+    last = self.versions[-1] if self.versions else -1
+    self.ids += ids
+    self.mask += [0] * len(ids)
+    self.logprobs += [0.0] * len(ids)
+    self.versions += [last] * len(ids)
 
 
-async def _execute(pool, call: chat_format.ToolCall, cfg: AgentLoopConfig, session_id,
-                   render) -> tuple[ToolCallRecord, bool]:
-    """Runs one parsed call; returns its record and whether the pool itself raised."""
-    if call.error is not None:
-        return ToolCallRecord("parse_error", 0.0, "", call.error), False
-    t0 = time.perf_counter()
+async def _execute(
+  pool, call: chat_format.ToolCall, cfg: AgentLoopConfig, session_id, render
+) -> tuple[ToolCallRecord, bool]:
+  """Runs one parsed call; returns its record and whether the pool itself raised."""
+  if call.error is not None:
+    return ToolCallRecord("parse_error", 0.0, "", call.error), False
+  t0 = time.perf_counter()
+  try:
+    res = await pool.execute(call.code, call.stdin, cfg.tool_timeout_s, session_id)
+  except Exception as e:  # noqa: BLE001 - the pool failing is an outcome, not a crash
+    return ToolCallRecord(
+      "internal_error",
+      time.perf_counter() - t0,
+      call.code,
+      f"Error when executing tool: {type(e).__name__}: {e}",
+    ), True
+  if cfg.tool_truncation == "released":
+    # The released loop cuts the tool's whole text after rendering, at its own rule.
+    text = truncate_middle_released(render(res, _NO_LIMIT), cfg.max_tool_response_chars)
+  else:
+    text = render(res, cfg.max_tool_response_chars)
+  return ToolCallRecord(res.status, float(res.duration_s), call.code, text), False
+
+
+async def run_trajectory(
+  engine,
+  tokenizer,
+  pool,
+  question: str,
+  config: AgentLoopConfig,
+  *,
+  problem_index: int = 0,
+  sample_index: int = 0,
+  prompt_ids: Sequence[int] | None = None,
+  render: Callable[[Any, int], str] = _default_render,
+  trajectory_id: str | None = None,
+) -> Trajectory:
+  """One rollout of `question` (or of pre-rendered `prompt_ids`) to a Trajectory.
+
+  engine: anything with `async generate([GenerateRequest]) -> [GenerateResult]`; if it also has
+      `trajectory_lease(tid, budget_tokens)` (an async context manager, e.g. SGLangEngine's
+      KV-capacity scheduler) the trajectory holds a lease for its whole life.
+  pool: `await pool.execute(code, stdin, timeout_s, session_id) -> ExecResult`.
+  """
+  fmt = chat_format.get_format(config.chat_format)
+  prompt = (
+    list(prompt_ids) if prompt_ids is not None else chat_format.prompt_ids(tokenizer, fmt, question)
+  )
+  stop_id = chat_format.stop_token_id(tokenizer)
+  tid = trajectory_id or f"traj{next(_TRAJ_COUNTER)}-p{problem_index}-s{sample_index}"
+  session_id = tid if config.stateful_tool else None
+  lease_fn = getattr(engine, "trajectory_lease", None)
+  lease = (
+    lease_fn(tid, len(prompt) + config.response_budget)
+    if lease_fn is not None
+    else contextlib.nullcontext()
+  )
+  b = _Builder()
+  calls: list[ToolCallRecord] = []
+  turns = 0
+  finish = "length"
+  async with lease:
     try:
-        res = await pool.execute(call.code, call.stdin, cfg.tool_timeout_s, session_id)
-    except Exception as e:  # noqa: BLE001 - the pool failing is an outcome, not a crash
-        return ToolCallRecord("internal_error", time.perf_counter() - t0, call.code,
-                              f"Error when executing tool: {type(e).__name__}: {e}"), True
-    if cfg.tool_truncation == "released":
-        # The released loop cuts the tool's whole text after rendering, at its own rule.
-        text = truncate_middle_released(render(res, _NO_LIMIT), cfg.max_tool_response_chars)
-    else:
-        text = render(res, cfg.max_tool_response_chars)
-    return ToolCallRecord(res.status, float(res.duration_s), call.code, text), False
-
-
-async def run_trajectory(engine, tokenizer, pool, question: str, config: AgentLoopConfig, *,
-                         problem_index: int = 0, sample_index: int = 0,
-                         prompt_ids: Optional[Sequence[int]] = None,
-                         render: Callable[[Any, int], str] = _default_render,
-                         trajectory_id: Optional[str] = None) -> Trajectory:
-    """One rollout of `question` (or of pre-rendered `prompt_ids`) to a Trajectory.
-
-    engine: anything with `async generate([GenerateRequest]) -> [GenerateResult]`; if it also has
-        `trajectory_lease(tid, budget_tokens)` (an async context manager, e.g. SGLangEngine's
-        KV-capacity scheduler) the trajectory holds a lease for its whole life.
-    pool: `await pool.execute(code, stdin, timeout_s, session_id) -> ExecResult`.
-    """
-    fmt = chat_format.get_format(config.chat_format)
-    prompt = list(prompt_ids) if prompt_ids is not None else \
-        chat_format.prompt_ids(tokenizer, fmt, question)
-    stop_id = chat_format.stop_token_id(tokenizer)
-    tid = trajectory_id or f"traj{next(_TRAJ_COUNTER)}-p{problem_index}-s{sample_index}"
-    session_id = tid if config.stateful_tool else None
-    lease_fn = getattr(engine, "trajectory_lease", None)
-    lease = lease_fn(tid, len(prompt) + config.response_budget) if lease_fn is not None \
-        else contextlib.nullcontext()
-    b = _Builder()
-    calls: list[ToolCallRecord] = []
-    turns = 0
-    finish = "length"
-    async with lease:
-        try:
-            while True:
-                remaining = config.response_budget - len(b.ids)
-                if remaining <= 0:
-                    finish = "length"
-                    break
-                sp = SamplingParams(max_new_tokens=remaining, temperature=config.temperature,
-                                    top_p=config.top_p, top_k=config.top_k,
-                                    stop_token_ids=(stop_id,),
-                                    seed=_turn_seed(config.seed, problem_index, sample_index,
-                                                    turns))
-                req = GenerateRequest(prompt + b.ids, sp, rid=f"{tid}:{turns}")
-                res = (await engine.generate([req]))[0]
-                turns += 1
-                out = list(res.output_ids)[:remaining]  # an engine must not exceed the budget
-                b.add_generated(out, list(res.logprobs)[:len(out)], res.token_versions()[:len(out)])
-                if res.finish_reason == "abort":
-                    finish = "abort"
-                    break
-                if len(b.ids) >= config.response_budget or res.finish_reason == "length":
-                    finish = "length"
-                    break
-                # Decoded only to find tool calls; the ids above are what the trajectory keeps.
-                parsed = chat_format.parse_tool_calls(
-                    tokenizer.decode(out, skip_special_tokens=False), fmt.tool_name)
-                if not parsed:
-                    finish = "stop"
-                    break
-                if turns >= config.max_turns:
-                    finish = "max_turns"
-                    break
-                if config.max_parallel_calls:
-                    parsed = parsed[:config.max_parallel_calls]
-                if config.max_tool_calls:
-                    left = config.max_tool_calls - len(calls)
-                    if left <= 0:
-                        finish = "max_tool_calls"
-                        break
-                    parsed = parsed[:left]
-                outcomes = await asyncio.gather(*[
-                    _execute(pool, c, config, session_id, render) for c in parsed])
-                records = [dataclasses.replace(r, turn=turns - 1) for r, _ in outcomes]
-                calls += records
-                if any(raised for _, raised in outcomes):
-                    finish = "tool_error"
-                    break
-                tool_ids = chat_format.format_tool_turn_ids(tokenizer, fmt,
-                                                            [r.output_text for r in records])
-                if len(b.ids) + len(tool_ids) >= config.response_budget:
-                    finish = "tool_overflow"
-                    break
-                b.add_template(tool_ids)
-        finally:
-            if session_id is not None and hasattr(pool, "close_session"):
-                with contextlib.suppress(Exception):
-                    await pool.close_session(session_id)
-    text = tokenizer.decode(b.ids, skip_special_tokens=False)
-    return Trajectory(prompt_ids=prompt, response_ids=b.ids, loss_mask=b.mask,
-                      logprobs=b.logprobs, weight_versions=b.versions, num_turns=turns,
-                      tool_calls=calls, finish_reason=finish,
-                      num_answer_tags=text.count("<answer>"), response_text=text,
-                      problem_index=problem_index, sample_index=sample_index)
+      while True:
+        remaining = config.response_budget - len(b.ids)
+        if remaining <= 0:
+          finish = "length"
+          break
+        sp = SamplingParams(
+          max_new_tokens=remaining,
+          temperature=config.temperature,
+          top_p=config.top_p,
+          top_k=config.top_k,
+          stop_token_ids=(stop_id,),
+          seed=_turn_seed(config.seed, problem_index, sample_index, turns),
+        )
+        req = GenerateRequest(prompt + b.ids, sp, rid=f"{tid}:{turns}")
+        res = (await engine.generate([req]))[0]
+        turns += 1
+        out = list(res.output_ids)[:remaining]  # an engine must not exceed the budget
+        b.add_generated(out, list(res.logprobs)[: len(out)], res.token_versions()[: len(out)])
+        if res.finish_reason == "abort":
+          finish = "abort"
+          break
+        if len(b.ids) >= config.response_budget or res.finish_reason == "length":
+          finish = "length"
+          break
+        # Decoded only to find tool calls; the ids above are what the trajectory keeps.
+        parsed = chat_format.parse_tool_calls(
+          tokenizer.decode(out, skip_special_tokens=False), fmt.tool_name
+        )
+        if not parsed:
+          finish = "stop"
+          break
+        if turns >= config.max_turns:
+          finish = "max_turns"
+          break
+        if config.max_parallel_calls:
+          parsed = parsed[: config.max_parallel_calls]
+        if config.max_tool_calls:
+          left = config.max_tool_calls - len(calls)
+          if left <= 0:
+            finish = "max_tool_calls"
+            break
+          parsed = parsed[:left]
+        outcomes = await asyncio.gather(
+          *[_execute(pool, c, config, session_id, render) for c in parsed]
+        )
+        records = [dataclasses.replace(r, turn=turns - 1) for r, _ in outcomes]
+        calls += records
+        if any(raised for _, raised in outcomes):
+          finish = "tool_error"
+          break
+        tool_ids = chat_format.format_tool_turn_ids(
+          tokenizer, fmt, [r.output_text for r in records]
+        )
+        if len(b.ids) + len(tool_ids) >= config.response_budget:
+          finish = "tool_overflow"
+          break
+        b.add_template(tool_ids)
+    finally:
+      if session_id is not None and hasattr(pool, "close_session"):
+        with contextlib.suppress(Exception):
+          await pool.close_session(session_id)
+  text = tokenizer.decode(b.ids, skip_special_tokens=False)
+  return Trajectory(
+    prompt_ids=prompt,
+    response_ids=b.ids,
+    loss_mask=b.mask,
+    logprobs=b.logprobs,
+    weight_versions=b.versions,
+    num_turns=turns,
+    tool_calls=calls,
+    finish_reason=finish,
+    num_answer_tags=text.count("<answer>"),
+    response_text=text,
+    problem_index=problem_index,
+    sample_index=sample_index,
+  )
 
 
 def _question(p: Any) -> str:
-    if isinstance(p, str):
-        return p
-    q = getattr(p, "problem", None)
-    if q is None and isinstance(p, dict):
-        q = p.get("problem", p.get("question"))
-    if not isinstance(q, str):
-        raise TypeError(f"run_agent_loop: a problem must be a str, have a .problem str or a "
-                        f"'problem' key; got {type(p).__name__}")
-    return q
+  if isinstance(p, str):
+    return p
+  q = getattr(p, "problem", None)
+  if q is None and isinstance(p, dict):
+    q = p.get("problem", p.get("question"))
+  if not isinstance(q, str):
+    raise TypeError(
+      f"run_agent_loop: a problem must be a str, have a .problem str or a "
+      f"'problem' key; got {type(p).__name__}"
+    )
+  return q
 
 
-async def run_agent_loop(engine, tokenizer, pool, problems: Sequence[Any], n_samples: int,
-                         config: AgentLoopConfig,
-                         progress: Optional[Callable[[int, int, Trajectory], Any]] = None,
-                         render: Callable[[Any, int], str] = _default_render
-                         ) -> list[Trajectory]:
-    """`n_samples` trajectories per problem, all concurrent; returned problem-major
-    ([p0s0, p0s1, ..., p1s0, ...]). `progress(done, total, trajectory)` runs as each finishes
-    (it may be a coroutine function)."""
-    if n_samples < 1:
-        raise ValueError(f"run_agent_loop: n_samples must be >= 1, got {n_samples}")
-    questions = [_question(p) for p in problems]
-    prompts = [chat_format.prompt_ids(tokenizer, config.chat_format, q) for q in questions]
-    total = len(questions) * n_samples
-    sem = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
-    done = 0
+async def run_agent_loop(
+  engine,
+  tokenizer,
+  pool,
+  problems: Sequence[Any],
+  n_samples: int,
+  config: AgentLoopConfig,
+  progress: Callable[[int, int, Trajectory], Any] | None = None,
+  render: Callable[[Any, int], str] = _default_render,
+) -> list[Trajectory]:
+  """`n_samples` trajectories per problem, all concurrent; returned problem-major
+  ([p0s0, p0s1, ..., p1s0, ...]). `progress(done, total, trajectory)` runs as each finishes
+  (it may be a coroutine function)."""
+  if n_samples < 1:
+    raise ValueError(f"run_agent_loop: n_samples must be >= 1, got {n_samples}")
+  questions = [_question(p) for p in problems]
+  prompts = [chat_format.prompt_ids(tokenizer, config.chat_format, q) for q in questions]
+  total = len(questions) * n_samples
+  sem = asyncio.Semaphore(config.max_concurrent) if config.max_concurrent else None
+  done = 0
 
-    async def one(pi: int, si: int) -> Trajectory:
-        nonlocal done
-        async with (sem if sem is not None else contextlib.nullcontext()):
-            t = await run_trajectory(engine, tokenizer, pool, questions[pi], config,
-                                     problem_index=pi, sample_index=si, prompt_ids=prompts[pi],
-                                     render=render)
-        done += 1
-        if progress is not None:
-            r = progress(done, total, t)
-            if asyncio.iscoroutine(r):
-                await r
-        return t
+  async def one(pi: int, si: int) -> Trajectory:
+    nonlocal done
+    async with sem if sem is not None else contextlib.nullcontext():
+      t = await run_trajectory(
+        engine,
+        tokenizer,
+        pool,
+        questions[pi],
+        config,
+        problem_index=pi,
+        sample_index=si,
+        prompt_ids=prompts[pi],
+        render=render,
+      )
+    done += 1
+    if progress is not None:
+      r = progress(done, total, t)
+      if asyncio.iscoroutine(r):
+        await r
+    return t
 
-    return list(await asyncio.gather(*[one(pi, si) for pi in range(len(questions))
-                                       for si in range(n_samples)]))
+  return list(
+    await asyncio.gather(*[one(pi, si) for pi in range(len(questions)) for si in range(n_samples)])
+  )

@@ -27,6 +27,7 @@ SGLang endpoints used (``sglang.srt.entrypoints.http_server``): ``POST /pause_ge
 finish_reason abort and keeps the server paused), ``POST /continue_generation {}``, and
 ``POST /abort_request {"rid": ...}`` for single requests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,8 @@ import collections
 import contextvars
 import dataclasses
 import logging
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 
@@ -50,15 +52,17 @@ class RolloutTicket:
   epoch: the wrapper's push count when the trajectory first generated (None before that).
   restarted: set by the wrapper when a push in "restart" mode aborted this trajectory.
   """
-  epoch: Optional[int] = None
+
+  epoch: int | None = None
   restarted: bool = False
 
 
-CURRENT_TICKET: contextvars.ContextVar[Optional[RolloutTicket]] = contextvars.ContextVar(
-    "rstar_jax_rollout_ticket", default=None)
+CURRENT_TICKET: contextvars.ContextVar[RolloutTicket | None] = contextvars.ContextVar(
+  "rstar_jax_rollout_ticket", default=None
+)
 
 
-def _continuation_seed(seed: Optional[int], done: int) -> Optional[int]:
+def _continuation_seed(seed: int | None, done: int) -> int | None:
   # A resubmitted remainder must not replay the random stream of the tokens it already has.
   return None if seed is None else (int(seed) * 1_000_003 + 7_919 * done) % (2**63 - 1)
 
@@ -80,19 +84,20 @@ class InterruptibleEngine:
 
   def __init__(self, engine, mode: str = "continue"):
     if mode not in PARTIAL_ROLLOUT_MODES:
-      raise ValueError(f"InterruptibleEngine.mode: expected one of {list(PARTIAL_ROLLOUT_MODES)}, "
-                       f"got {mode!r}")
+      raise ValueError(
+        f"InterruptibleEngine.mode: expected one of {list(PARTIAL_ROLLOUT_MODES)}, got {mode!r}"
+      )
     self.inner = engine
     self.mode = mode
     self.version_history: list[int] = [int(engine.weight_version)]
     self.stats = collections.Counter()
     self._epoch = 0
-    self._resumed: Optional[asyncio.Event] = None
-    self._inflight: dict[int, tuple[GenerateRequest, Optional[RolloutTicket]]] = {}
+    self._resumed: asyncio.Event | None = None
+    self._inflight: dict[int, tuple[GenerateRequest, RolloutTicket | None]] = {}
     self._next_key = 0
-    self._push_lock: Optional[asyncio.Lock] = None
+    self._push_lock: asyncio.Lock | None = None
 
-  def __getattr__(self, name):   # trajectory_lease, abort, close, wait_healthy, health, ...
+  def __getattr__(self, name):  # trajectory_lease, abort, close, wait_healthy, health, ...
     return getattr(self.inner, name)
 
   @property
@@ -118,13 +123,13 @@ class InterruptibleEngine:
   def _abort_result(self) -> GenerateResult:
     return GenerateResult([], [], "abort", self.weight_version, [])
 
-  async def _one(self, req: GenerateRequest, ticket: Optional[RolloutTicket]) -> GenerateResult:
+  async def _one(self, req: GenerateRequest, ticket: RolloutTicket | None) -> GenerateResult:
     await self._event().wait()
     if ticket is not None:
       if ticket.epoch is None:
         ticket.epoch = self._epoch
       elif self.mode == "restart" and ticket.epoch < self._epoch:
-        self._mark_restarted(ticket)    # it sat in a tool call across a push
+        self._mark_restarted(ticket)  # it sat in a tool call across a push
       if ticket.restarted:
         return self._abort_result()
     ids: list[int] = []
@@ -153,10 +158,14 @@ class InterruptibleEngine:
       if left <= 0:
         return self._merged(ids, lps, vers, "length")
       self.stats["resubmitted_requests"] += 1
-      sp = dataclasses.replace(req.sampling, max_new_tokens=left,
-                               seed=_continuation_seed(req.sampling.seed, len(ids)))
-      cur = GenerateRequest(list(req.input_ids) + ids, sp, rid=req.rid and
-                            f"{req.rid}.{self.stats['resubmitted_requests']}")
+      sp = dataclasses.replace(
+        req.sampling, max_new_tokens=left, seed=_continuation_seed(req.sampling.seed, len(ids))
+      )
+      cur = GenerateRequest(
+        list(req.input_ids) + ids,
+        sp,
+        rid=req.rid and f"{req.rid}.{self.stats['resubmitted_requests']}",
+      )
 
   def _merged(self, ids, lps, vers, finish) -> GenerateResult:
     return GenerateResult(ids, lps, finish, min(vers, default=self.weight_version), vers)
@@ -168,8 +177,7 @@ class InterruptibleEngine:
 
   # ------------------------------------------------------------------ weight push
 
-  async def update_weights(self, config: Any, params: Any, version: Optional[int] = None
-                           ) -> None:
+  async def update_weights(self, config: Any, params: Any, version: int | None = None) -> None:
     """Pushes new weights; in-flight work continues or restarts per ``mode``."""
     if self._push_lock is None:
       self._push_lock = asyncio.Lock()

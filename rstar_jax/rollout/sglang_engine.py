@@ -1,4 +1,4 @@
-"""SGLangEngine: the rollout Engine over one or more SGLang HTTP servers (SPEC Part II).
+"""SGLangEngine: the rollout Engine over one or more SGLang HTTP servers (endpoints as in SGLang's `srt/entrypoints/http_server.py`; see rollout/README.md).
 
 Token-in/token-out: `POST /generate` with `input_ids`, `sampling_params`, `return_logprob` and a
 `rid`; the result's `output_ids`, `meta_info.output_token_logprobs` ((logprob, id, text)
@@ -24,6 +24,7 @@ Starting a real server (its own venv: sglang pins its own torch/transformers; GP
 `staging_dir` must be readable by the server processes (tmpfs on one node, a shared filesystem
 across nodes). `--skip-tokenizer-init` is safe: nothing here sends or reads text.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +32,8 @@ import collections
 import contextlib
 import logging
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
@@ -40,394 +42,447 @@ log = logging.getLogger(__name__)
 
 
 class SGLangError(RuntimeError):
-    """A server answered with an error that retries did not fix (names url, path, status)."""
+  """A server answered with an error that retries did not fix (names url, path, status)."""
 
 
 class _Retryable(Exception):
-    pass
+  pass
 
 
-def _session_key(rid: Optional[str]) -> Optional[str]:
-    """Agent-loop rids are "<trajectory id>:<turn>"; the trajectory id pins the server."""
-    return rid.rsplit(":", 1)[0] if rid else None
+def _session_key(rid: str | None) -> str | None:
+  """Agent-loop rids are "<trajectory id>:<turn>"; the trajectory id pins the server."""
+  return rid.rsplit(":", 1)[0] if rid else None
 
 
 def _parse_version(v: Any, default: int) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
+  try:
+    return int(v)
+  except (TypeError, ValueError):
+    return default
 
 
 def sampling_to_sglang(sp) -> dict:
-    """SamplingParams -> SGLang `sampling_params` (only the fields SGLang knows)."""
-    out = {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature,
-           "top_p": sp.top_p, "top_k": sp.top_k,
-           "stop_token_ids": list(sp.stop_token_ids),
-           # keep special tokens in text-free mode and never trim the matched stop
-           "skip_special_tokens": False, "no_stop_trim": True}
-    text_stops = [s for s in sp.stop if isinstance(s, str)]
-    if len(text_stops) != len(sp.stop):
-        raise ValueError("SGLangEngine: stop sequences given as token ids are not supported by "
-                         "SGLang's /generate; pass strings (the server tokenizer matches them)")
-    if text_stops:
-        out["stop"] = text_stops
-    if sp.seed is not None:
-        out["sampling_seed"] = int(sp.seed)
-    return out
+  """SamplingParams -> SGLang `sampling_params` (only the fields SGLang knows)."""
+  out = {
+    "max_new_tokens": sp.max_new_tokens,
+    "temperature": sp.temperature,
+    "top_p": sp.top_p,
+    "top_k": sp.top_k,
+    "stop_token_ids": list(sp.stop_token_ids),
+    # keep special tokens in text-free mode and never trim the matched stop
+    "skip_special_tokens": False,
+    "no_stop_trim": True,
+  }
+  text_stops = [s for s in sp.stop if isinstance(s, str)]
+  if len(text_stops) != len(sp.stop):
+    raise ValueError(
+      "SGLangEngine: stop sequences given as token ids are not supported by "
+      "SGLang's /generate; pass strings (the server tokenizer matches them)"
+    )
+  if text_stops:
+    out["stop"] = text_stops
+  if sp.seed is not None:
+    out["sampling_seed"] = int(sp.seed)
+  return out
 
 
 def parse_generate_response(body: dict, default_version: int) -> GenerateResult:
-    """SGLang /generate JSON (one request) -> GenerateResult."""
-    if not isinstance(body, dict) or "output_ids" not in body:
-        raise SGLangError(f"/generate: response lacks output_ids: {str(body)[:300]}")
-    meta = body.get("meta_info") or {}
-    ids = [int(t) for t in body["output_ids"]]
-    lp_items = meta.get("output_token_logprobs")
-    if lp_items is None:
-        logprobs = [0.0] * len(ids)
-    else:
-        if len(lp_items) != len(ids) or any(int(it[1]) != t for it, t in zip(lp_items, ids)):
-            raise SGLangError("/generate: output_token_logprobs do not match output_ids "
-                              f"({len(lp_items)} vs {len(ids)} items)")
-        logprobs = [float(it[0]) for it in lp_items]
-    fr = meta.get("finish_reason")
-    kind = fr.get("type") if isinstance(fr, dict) else fr
-    if kind not in ("stop", "length", "abort"):
-        raise SGLangError(f"/generate: unknown finish_reason {fr!r}")
-    return GenerateResult(ids, logprobs, kind,
-                          _parse_version(meta.get("weight_version"), default_version))
+  """SGLang /generate JSON (one request) -> GenerateResult."""
+  if not isinstance(body, dict) or "output_ids" not in body:
+    raise SGLangError(f"/generate: response lacks output_ids: {str(body)[:300]}")
+  meta = body.get("meta_info") or {}
+  ids = [int(t) for t in body["output_ids"]]
+  lp_items = meta.get("output_token_logprobs")
+  if lp_items is None:
+    logprobs = [0.0] * len(ids)
+  else:
+    if len(lp_items) != len(ids) or any(int(it[1]) != t for it, t in zip(lp_items, ids)):
+      raise SGLangError(
+        "/generate: output_token_logprobs do not match output_ids "
+        f"({len(lp_items)} vs {len(ids)} items)"
+      )
+    logprobs = [float(it[0]) for it in lp_items]
+  fr = meta.get("finish_reason")
+  kind = fr.get("type") if isinstance(fr, dict) else fr
+  if kind not in ("stop", "length", "abort"):
+    raise SGLangError(f"/generate: unknown finish_reason {fr!r}")
+  return GenerateResult(
+    ids, logprobs, kind, _parse_version(meta.get("weight_version"), default_version)
+  )
 
 
 class SGLangEngine:
-    """Engine over SGLang servers. Every argument but `urls` has a default.
+  """Engine over SGLang servers. Every argument but `urls` has a default.
 
-    urls: server base urls. staging_dir: where `update_weights` writes HF dirs (must be
-    visible to the servers). request_timeout_s: per /generate attempt. max_retries: extra
-    attempts on transient errors, sleeping backoff_s * 2**k. keep_versions: staged dirs kept.
-    capacities: {url: KV tokens} to skip /get_server_info; utilization: share of it to use.
-    load_refresh_s: /get_load is re-read at most this often, when a trajectory asks for a lease.
-    weight_transport: "disk" | "tensor" | "distributed" (rollout/weight_transfer);
-    transport_options: its keyword arguments (bucket_bytes, timeout_s, backend, ...).
-    weight_delta: push only the HF tensors whose bytes changed since the last push.
-    colocated: servers share the learner's accelerators (release/resume KV memory per push).
-    """
+  urls: server base urls. staging_dir: where `update_weights` writes HF dirs (must be
+  visible to the servers). request_timeout_s: per /generate attempt. max_retries: extra
+  attempts on transient errors, sleeping backoff_s * 2**k. keep_versions: staged dirs kept.
+  capacities: {url: KV tokens} to skip /get_server_info; utilization: share of it to use.
+  load_refresh_s: /get_load is re-read at most this often, when a trajectory asks for a lease.
+  weight_transport: "disk" | "tensor" | "distributed" (rollout/weight_transfer);
+  transport_options: its keyword arguments (bucket_bytes, timeout_s, backend, ...).
+  weight_delta: push only the HF tensors whose bytes changed since the last push.
+  colocated: servers share the learner's accelerators (release/resume KV memory per push).
+  """
 
-    def __init__(self, urls: Sequence[str], staging_dir: Optional[str] = None, *,
-                 request_timeout_s: float = 3600.0, admin_timeout_s: float = 600.0,
-                 max_retries: int = 3, backoff_s: float = 0.5, keep_versions: int = 2,
-                 capacities: Optional[dict] = None, utilization: float = 0.9,
-                 weight_version: int = 0, max_connections: int = 1024,
-                 load_refresh_s: float = 5.0, weight_transport: str = "disk",
-                 weight_delta: bool = False, colocated: bool = False,
-                 transport_options: Optional[dict] = None):
-        if isinstance(urls, str):
-            urls = [urls]
-        self.urls = [u.rstrip("/") for u in urls]
-        if not self.urls:
-            raise ValueError("SGLangEngine: urls is empty")
-        if max_retries < 0 or backoff_s < 0 or keep_versions < 1:
-            raise ValueError("SGLangEngine: max_retries, backoff_s >= 0 and keep_versions >= 1")
-        self.staging_dir = staging_dir or os.path.join(
-            "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights")
-        self.request_timeout_s = request_timeout_s
-        self.admin_timeout_s = admin_timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.keep_versions = keep_versions
-        self.max_connections = max_connections
-        self._version = int(weight_version)
-        self._session = None
-        self._inflight: dict[str, str] = {}                  # rid -> url
-        self._active = collections.Counter()                 # url -> requests in flight
-        self._sticky: collections.OrderedDict = collections.OrderedDict()  # key -> url (LRU)
-        self.scheduler = KVCapacityScheduler(self.urls, capacities, utilization)
-        self._capacities_known = capacities is not None
-        from rstar_jax.rollout.weight_transfer import make_transport
-        self.transport = make_transport(weight_transport, staging_dir=self.staging_dir,
-                                        keep_versions=keep_versions,
-                                        **(transport_options or {}))
-        self._transport_opened = True
-        self.weight_delta = bool(weight_delta)
-        self.colocated = bool(colocated)
-        self._last_pushed = None
-        self.last_push = None
-        self.push_history: list = []
-        self.retries = 0
-        self.load_refresh_s = load_refresh_s
-        self._last_load = float("-inf")
+  def __init__(
+    self,
+    urls: Sequence[str],
+    staging_dir: str | None = None,
+    *,
+    request_timeout_s: float = 3600.0,
+    admin_timeout_s: float = 600.0,
+    max_retries: int = 3,
+    backoff_s: float = 0.5,
+    keep_versions: int = 2,
+    capacities: dict | None = None,
+    utilization: float = 0.9,
+    weight_version: int = 0,
+    max_connections: int = 1024,
+    load_refresh_s: float = 5.0,
+    weight_transport: str = "disk",
+    weight_delta: bool = False,
+    colocated: bool = False,
+    transport_options: dict | None = None,
+  ):
+    if isinstance(urls, str):
+      urls = [urls]
+    self.urls = [u.rstrip("/") for u in urls]
+    if not self.urls:
+      raise ValueError("SGLangEngine: urls is empty")
+    if max_retries < 0 or backoff_s < 0 or keep_versions < 1:
+      raise ValueError("SGLangEngine: max_retries, backoff_s >= 0 and keep_versions >= 1")
+    self.staging_dir = staging_dir or os.path.join(
+      "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights"
+    )
+    self.request_timeout_s = request_timeout_s
+    self.admin_timeout_s = admin_timeout_s
+    self.max_retries = max_retries
+    self.backoff_s = backoff_s
+    self.keep_versions = keep_versions
+    self.max_connections = max_connections
+    self._version = int(weight_version)
+    self._session = None
+    self._inflight: dict[str, str] = {}  # rid -> url
+    self._active = collections.Counter()  # url -> requests in flight
+    self._sticky: collections.OrderedDict = collections.OrderedDict()  # key -> url (LRU)
+    self.scheduler = KVCapacityScheduler(self.urls, capacities, utilization)
+    self._capacities_known = capacities is not None
+    from rstar_jax.rollout.weight_transfer import make_transport
 
-    # ------------------------------------------------------------------ plumbing
-    @property
-    def weight_version(self) -> int:
-        return self._version
+    self.transport = make_transport(
+      weight_transport,
+      staging_dir=self.staging_dir,
+      keep_versions=keep_versions,
+      **(transport_options or {}),
+    )
+    self._transport_opened = True
+    self.weight_delta = bool(weight_delta)
+    self.colocated = bool(colocated)
+    self._last_pushed = None
+    self.last_push = None
+    self.push_history: list = []
+    self.retries = 0
+    self.load_refresh_s = load_refresh_s
+    self._last_load = float("-inf")
 
-    async def _client(self):
-        import aiohttp
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections))
-        return self._session
+  # ------------------------------------------------------------------ plumbing
+  @property
+  def weight_version(self) -> int:
+    return self._version
 
-    async def close(self) -> None:
-        if self._transport_opened:
-            try:
-                await self.transport.close(self)
-            except Exception as e:  # noqa: BLE001 - closing anyway
-                log.warning("closing the weight transport failed: %s", e)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+  async def _client(self):
+    import aiohttp
 
-    async def __aenter__(self):
-        return self
+    if self._session is None or self._session.closed:
+      self._session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=self.max_connections)
+      )
+    return self._session
 
-    async def __aexit__(self, *exc):
-        await self.close()
+  async def close(self) -> None:
+    if self._transport_opened:
+      try:
+        await self.transport.close(self)
+      except Exception as e:  # noqa: BLE001 - closing anyway
+        log.warning("closing the weight transport failed: %s", e)
+    if self._session is not None:
+      await self._session.close()
+      self._session = None
 
-    async def _request(self, method: str, url: str, path: str, body: Optional[dict] = None,
-                       timeout_s: Optional[float] = None, on_timeout=None) -> Any:
-        """One HTTP call with retries; returns parsed JSON (or text). Raises SGLangError."""
-        import aiohttp
-        session = await self._client()
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.admin_timeout_s)
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self.retries += 1
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                async with session.request(method, url + path, json=body, timeout=timeout) as r:
-                    text = await r.text()
-                    if r.status >= 500 or r.status == 429:
-                        last = f"HTTP {r.status}: {text[:200]}"
-                        continue
-                    if r.status >= 400:
-                        raise SGLangError(f"{method} {url}{path}: HTTP {r.status}: {text[:500]}")
-                    if not text:
-                        return None
-                    try:
-                        return await r.json(content_type=None)
-                    except ValueError:
-                        return text
-            except asyncio.TimeoutError:
-                last = f"timeout after {timeout.total}s"
-                if on_timeout is not None:
-                    await on_timeout()
-            except aiohttp.ClientError as e:
-                last = f"{type(e).__name__}: {e}"
-        raise SGLangError(f"{method} {url}{path}: failed after {self.max_retries + 1} attempts; "
-                          f"last error: {last}")
+  async def __aenter__(self):
+    return self
 
-    # ------------------------------------------------------------------ routing
-    def _route(self, rid: Optional[str]) -> str:
-        key = _session_key(rid)
-        if key is not None:
-            url = self.scheduler.server_for(key) or self._sticky.get(key)
-            if url is not None:
-                self._sticky[key] = url
-                self._sticky.move_to_end(key)
-                return url
-        url = min(self.urls, key=lambda u: (self._active[u], self.urls.index(u)))
-        if key is not None:
-            self._sticky[key] = url
-            while len(self._sticky) > 100_000:
-                self._sticky.popitem(last=False)
+  async def __aexit__(self, *exc):
+    await self.close()
+
+  async def _request(
+    self,
+    method: str,
+    url: str,
+    path: str,
+    body: dict | None = None,
+    timeout_s: float | None = None,
+    on_timeout=None,
+  ) -> Any:
+    """One HTTP call with retries; returns parsed JSON (or text). Raises SGLangError."""
+    import aiohttp
+
+    session = await self._client()
+    timeout = aiohttp.ClientTimeout(total=timeout_s or self.admin_timeout_s)
+    last = ""
+    for attempt in range(self.max_retries + 1):
+      if attempt:
+        self.retries += 1
+        await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+      try:
+        async with session.request(method, url + path, json=body, timeout=timeout) as r:
+          text = await r.text()
+          if r.status >= 500 or r.status == 429:
+            last = f"HTTP {r.status}: {text[:200]}"
+            continue
+          if r.status >= 400:
+            raise SGLangError(f"{method} {url}{path}: HTTP {r.status}: {text[:500]}")
+          if not text:
+            return None
+          try:
+            return await r.json(content_type=None)
+          except ValueError:
+            return text
+      except TimeoutError:
+        last = f"timeout after {timeout.total}s"
+        if on_timeout is not None:
+          await on_timeout()
+      except aiohttp.ClientError as e:
+        last = f"{type(e).__name__}: {e}"
+    raise SGLangError(
+      f"{method} {url}{path}: failed after {self.max_retries + 1} attempts; last error: {last}"
+    )
+
+  # ------------------------------------------------------------------ routing
+  def _route(self, rid: str | None) -> str:
+    key = _session_key(rid)
+    if key is not None:
+      url = self.scheduler.server_for(key) or self._sticky.get(key)
+      if url is not None:
+        self._sticky[key] = url
+        self._sticky.move_to_end(key)
         return url
+    url = min(self.urls, key=lambda u: (self._active[u], self.urls.index(u)))
+    if key is not None:
+      self._sticky[key] = url
+      while len(self._sticky) > 100_000:
+        self._sticky.popitem(last=False)
+    return url
 
-    @contextlib.asynccontextmanager
-    async def trajectory_lease(self, tid: str, budget_tokens: int):
-        """Holds `budget_tokens` of one server's KV capacity for a trajectory (agent loop hook)."""
-        if not self._capacities_known:
-            await self.refresh_capacity()
-        elif asyncio.get_running_loop().time() - self._last_load > self.load_refresh_s:
-            await self.refresh_load()
-        async with self.scheduler.lease(tid, budget_tokens) as url:
-            self._sticky[tid] = url
-            try:
-                yield url
-            finally:
-                self._sticky.pop(tid, None)
+  @contextlib.asynccontextmanager
+  async def trajectory_lease(self, tid: str, budget_tokens: int):
+    """Holds `budget_tokens` of one server's KV capacity for a trajectory (agent loop hook)."""
+    if not self._capacities_known:
+      await self.refresh_capacity()
+    elif asyncio.get_running_loop().time() - self._last_load > self.load_refresh_s:
+      await self.refresh_load()
+    async with self.scheduler.lease(tid, budget_tokens) as url:
+      self._sticky[tid] = url
+      try:
+        yield url
+      finally:
+        self._sticky.pop(tid, None)
 
-    async def refresh_capacity(self) -> dict:
-        """Reads max_total_num_tokens (/get_server_info) and usage (/get_load) of each server."""
-        infos = await asyncio.gather(*[self._request("GET", u, "/get_server_info")
-                                       for u in self.urls])
-        caps = {}
-        for u, info in zip(self.urls, infos):
-            cap = (info or {}).get("max_total_num_tokens")
-            if cap is None:
-                states = (info or {}).get("internal_states") or [{}]
-                cap = states[0].get("max_total_num_tokens")
-            if cap is None:
-                raise SGLangError(f"{u}/get_server_info: no max_total_num_tokens in the reply")
-            caps[u] = int(cap)
-        self.scheduler.set_capacities(caps)
-        self._capacities_known = True
-        await self.refresh_load()
-        return caps
+  async def refresh_capacity(self) -> dict:
+    """Reads max_total_num_tokens (/get_server_info) and usage (/get_load) of each server."""
+    infos = await asyncio.gather(*[self._request("GET", u, "/get_server_info") for u in self.urls])
+    caps = {}
+    for u, info in zip(self.urls, infos):
+      cap = (info or {}).get("max_total_num_tokens")
+      if cap is None:
+        states = (info or {}).get("internal_states") or [{}]
+        cap = states[0].get("max_total_num_tokens")
+      if cap is None:
+        raise SGLangError(f"{u}/get_server_info: no max_total_num_tokens in the reply")
+      caps[u] = int(cap)
+    self.scheduler.set_capacities(caps)
+    self._capacities_known = True
+    await self.refresh_load()
+    return caps
 
-    async def refresh_load(self) -> None:
-        """Tokens each server reports in use (/get_load); usage beyond our leases is subtracted
-        from its free capacity (another client, or requests not under a lease)."""
-        self._last_load = asyncio.get_running_loop().time()
-        loads = await asyncio.gather(*[self._request("GET", u, "/get_load") for u in self.urls])
-        for u, load in zip(self.urls, loads):
-            rows = load if isinstance(load, list) else [load or {}]
-            used = sum(int(r.get("num_tokens", 0) or 0) for r in rows if isinstance(r, dict))
-            self.scheduler.set_external_usage(u, used)
+  async def refresh_load(self) -> None:
+    """Tokens each server reports in use (/get_load); usage beyond our leases is subtracted
+    from its free capacity (another client, or requests not under a lease)."""
+    self._last_load = asyncio.get_running_loop().time()
+    loads = await asyncio.gather(*[self._request("GET", u, "/get_load") for u in self.urls])
+    for u, load in zip(self.urls, loads):
+      rows = load if isinstance(load, list) else [load or {}]
+      used = sum(int(r.get("num_tokens", 0) or 0) for r in rows if isinstance(r, dict))
+      self.scheduler.set_external_usage(u, used)
 
-    # ------------------------------------------------------------------ engine API
-    async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        return list(await asyncio.gather(*[self._generate_one(r) for r in requests]))
+  # ------------------------------------------------------------------ engine API
+  async def generate(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    return list(await asyncio.gather(*[self._generate_one(r) for r in requests]))
 
-    async def _generate_one(self, req: GenerateRequest) -> GenerateResult:
-        url = self._route(req.rid)
-        body = {"input_ids": [int(t) for t in req.input_ids],
-                "sampling_params": sampling_to_sglang(req.sampling), "return_logprob": True}
-        if req.rid is not None:
-            body["rid"] = req.rid
-            self._inflight[req.rid] = url
+  async def _generate_one(self, req: GenerateRequest) -> GenerateResult:
+    url = self._route(req.rid)
+    body = {
+      "input_ids": [int(t) for t in req.input_ids],
+      "sampling_params": sampling_to_sglang(req.sampling),
+      "return_logprob": True,
+    }
+    if req.rid is not None:
+      body["rid"] = req.rid
+      self._inflight[req.rid] = url
 
-        async def abort_on_timeout():
-            if req.rid is not None:
-                await self.abort(req.rid)
-        self._active[url] += 1
+    async def abort_on_timeout():
+      if req.rid is not None:
+        await self.abort(req.rid)
+
+    self._active[url] += 1
+    try:
+      reply = await self._request(
+        "POST", url, "/generate", body, self.request_timeout_s, on_timeout=abort_on_timeout
+      )
+    finally:
+      self._active[url] -= 1
+      if req.rid is not None:
+        self._inflight.pop(req.rid, None)
+    return parse_generate_response(reply, self._version)
+
+  async def abort(self, rid: str) -> bool:
+    """Aborts `rid` on the worker holding it; False when no such request is in flight."""
+    url = self._inflight.get(rid)
+    if url is None:
+      return False
+    import aiohttp
+
+    session = await self._client()
+    try:
+      async with session.post(
+        url + "/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=30)
+      ) as r:
+        return r.status < 400
+    except (TimeoutError, aiohttp.ClientError) as e:
+      log.warning("abort %s on %s failed: %s", rid, url, e)
+      return False
+
+  async def health(self) -> dict[str, bool]:
+    import aiohttp
+
+    session = await self._client()
+
+    async def one(u):
+      try:
+        async with session.get(u + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
+          return r.status == 200
+      except (TimeoutError, aiohttp.ClientError):
+        return False
+
+    return dict(zip(self.urls, await asyncio.gather(*[one(u) for u in self.urls])))
+
+  async def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while True:
+      h = await self.health()
+      if all(h.values()):
+        return
+      if loop.time() > end:
+        raise SGLangError(
+          f"servers not healthy after {timeout_s}s: {[u for u, ok in h.items() if not ok]}"
+        )
+      await asyncio.sleep(poll_s)
+
+  async def update_weights(self, config, params, version: int | None = None) -> dict:
+    """Pushes ``params`` through the configured transport; returns the push metrics.
+
+    Delta (``weight_delta``): only the HF tensors whose bytes changed since the last
+    successful push are sent (none changed: ``/update_weight_version`` alone). Colocated:
+    ``/release_memory_occupation`` {tags: [kv_cache]} before, ``/resume_memory_occupation``
+    after (also after a failure), so the KV cache's memory is free while weights move.
+    Ends with ``/get_weight_version`` == version on every server. On any failure the engine
+    stays on its previous version, the next delta push resends everything, and the error
+    names the transport and the failing call.
+    """
+    import time
+
+    from rstar_jax.models import qwen3_hf_layout as layout
+    from rstar_jax.rollout.weight_transfer import base, source
+
+    version = self._version + 1 if version is None else int(version)
+    base.check_params(config, params)
+    t0 = time.perf_counter()
+    table = layout.hf_table(config)
+    prev = self._last_pushed if self.weight_delta else None
+    tensors = await asyncio.to_thread(source.changed_tensors, params, prev, table)
+    stats = base.PushStats(
+      self.transport.name, version, tensors_sent=len(tensors), tensors_total=len(table)
+    )
+    released = False
+    try:
+      if self.colocated:
+        await self._all("/release_memory_occupation", {"tags": ["kv_cache"]})
+        released = True
+      if tensors:
+        stats.bytes = await self.transport.push(self, config, params, tensors, version)
+      else:
+        await self._all(
+          "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}
+        )
+      got = await asyncio.gather(
+        *[self._request("GET", u, "/get_weight_version") for u in self.urls]
+      )
+      for u, g in zip(self.urls, got):
+        v = g.get("weight_version") if isinstance(g, dict) else g
+        if str(v) != str(version):
+          raise SGLangError(f"{u}: weight version after update is {v!r}, expected {version}")
+    except Exception as e:
+      self._last_pushed = None
+      raise SGLangError(
+        f"weight push to version {version} via {self.transport.name!r} "
+        f"failed; engine stays on version {self._version}: "
+        f"{type(e).__name__}: {e}"
+      ) from e
+    finally:
+      if released:
         try:
-            reply = await self._request("POST", url, "/generate", body, self.request_timeout_s,
-                                        on_timeout=abort_on_timeout)
-        finally:
-            self._active[url] -= 1
-            if req.rid is not None:
-                self._inflight.pop(req.rid, None)
-        return parse_generate_response(reply, self._version)
+          await self._all("/resume_memory_occupation", {"tags": ["kv_cache"]})
+        except SGLangError as e:
+          log.error("resume_memory_occupation after a push failed: %s", e)
+    stats.seconds = time.perf_counter() - t0
+    self._version = version
+    self._last_pushed = params if self.weight_delta else None
+    self.last_push = stats
+    self.push_history.append(stats)
+    return stats.metrics()
 
-    async def abort(self, rid: str) -> bool:
-        """Aborts `rid` on the worker holding it; False when no such request is in flight."""
-        url = self._inflight.get(rid)
-        if url is None:
-            return False
-        import aiohttp
-        session = await self._client()
-        try:
-            async with session.post(url + "/abort_request", json={"rid": rid},
-                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
-                return r.status < 400
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            log.warning("abort %s on %s failed: %s", rid, url, e)
-            return False
+  async def _all(self, path: str, body: dict) -> list:
+    """POST to every server; raises SGLangError unless each reply is a success."""
+    replies = await asyncio.gather(*[self._request("POST", u, path, body) for u in self.urls])
+    for u, rep in zip(self.urls, replies):
+      if isinstance(rep, dict) and rep.get("success") is False:
+        raise SGLangError(f"{u}{path}: {rep}")
+    return replies
 
-    async def health(self) -> dict[str, bool]:
-        import aiohttp
-        session = await self._client()
+  @property
+  def push_metrics(self) -> dict:
+    """Metrics of the last successful push (``push/bytes``, ``push/seconds``, ...)."""
+    return self.last_push.metrics() if self.last_push is not None else {}
 
-        async def one(u):
-            try:
-                async with session.get(u + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    return r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                return False
-        return dict(zip(self.urls, await asyncio.gather(*[one(u) for u in self.urls])))
+  # ------------------------------------------------------------------ pause / continue
+  # (asynchronous RL, partial rollouts: see rollout/interruptible.py)
+  async def pause_generation(self, mode: str = "abort") -> None:
+    """`POST /pause_generation {"mode": mode}` on every server.
 
-    async def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout_s
-        while True:
-            h = await self.health()
-            if all(h.values()):
-                return
-            if loop.time() > end:
-                raise SGLangError(f"servers not healthy after {timeout_s}s: "
-                                  f"{[u for u, ok in h.items() if not ok]}")
-            await asyncio.sleep(poll_s)
+    "abort": every running request returns now with finish_reason abort and its partial
+    output; "retract" / "in_place": running requests are parked (KV recomputed / kept).
+    The servers stay paused until `continue_generation`.
+    """
+    if mode not in ("abort", "retract", "in_place"):
+      raise ValueError(
+        f"pause_generation: mode must be 'abort', 'retract' or 'in_place', got {mode!r}"
+      )
+    await asyncio.gather(
+      *[self._request("POST", u, "/pause_generation", {"mode": mode}) for u in self.urls]
+    )
 
-    async def update_weights(self, config, params, version: Optional[int] = None) -> dict:
-        """Pushes ``params`` through the configured transport; returns the push metrics.
-
-        Delta (``weight_delta``): only the HF tensors whose bytes changed since the last
-        successful push are sent (none changed: ``/update_weight_version`` alone). Colocated:
-        ``/release_memory_occupation`` {tags: [kv_cache]} before, ``/resume_memory_occupation``
-        after (also after a failure), so the KV cache's memory is free while weights move.
-        Ends with ``/get_weight_version`` == version on every server. On any failure the engine
-        stays on its previous version, the next delta push resends everything, and the error
-        names the transport and the failing call.
-        """
-        import time
-
-        from rstar_jax.models import qwen3_hf_layout as layout
-        from rstar_jax.rollout.weight_transfer import base, source
-        version = self._version + 1 if version is None else int(version)
-        base.check_params(config, params)
-        t0 = time.perf_counter()
-        table = layout.hf_table(config)
-        prev = self._last_pushed if self.weight_delta else None
-        tensors = await asyncio.to_thread(source.changed_tensors, params, prev, table)
-        stats = base.PushStats(self.transport.name, version, tensors_sent=len(tensors),
-                               tensors_total=len(table))
-        released = False
-        try:
-            if self.colocated:
-                await self._all("/release_memory_occupation", {"tags": ["kv_cache"]})
-                released = True
-            if tensors:
-                stats.bytes = await self.transport.push(self, config, params, tensors, version)
-            else:
-                await self._all("/update_weight_version", {"new_version": str(version),
-                                                           "abort_all_requests": False})
-            got = await asyncio.gather(*[self._request("GET", u, "/get_weight_version")
-                                         for u in self.urls])
-            for u, g in zip(self.urls, got):
-                v = g.get("weight_version") if isinstance(g, dict) else g
-                if str(v) != str(version):
-                    raise SGLangError(f"{u}: weight version after update is {v!r}, "
-                                      f"expected {version}")
-        except Exception as e:
-            self._last_pushed = None
-            raise SGLangError(f"weight push to version {version} via {self.transport.name!r} "
-                              f"failed; engine stays on version {self._version}: "
-                              f"{type(e).__name__}: {e}") from e
-        finally:
-            if released:
-                try:
-                    await self._all("/resume_memory_occupation", {"tags": ["kv_cache"]})
-                except SGLangError as e:
-                    log.error("resume_memory_occupation after a push failed: %s", e)
-        stats.seconds = time.perf_counter() - t0
-        self._version = version
-        self._last_pushed = params if self.weight_delta else None
-        self.last_push = stats
-        self.push_history.append(stats)
-        return stats.metrics()
-
-    async def _all(self, path: str, body: dict) -> list:
-        """POST to every server; raises SGLangError unless each reply is a success."""
-        replies = await asyncio.gather(*[self._request("POST", u, path, body) for u in self.urls])
-        for u, rep in zip(self.urls, replies):
-            if isinstance(rep, dict) and rep.get("success") is False:
-                raise SGLangError(f"{u}{path}: {rep}")
-        return replies
-
-    @property
-    def push_metrics(self) -> dict:
-        """Metrics of the last successful push (``push/bytes``, ``push/seconds``, ...)."""
-        return self.last_push.metrics() if self.last_push is not None else {}
-
-    # ------------------------------------------------------------------ pause / continue
-    # (asynchronous RL, partial rollouts: see rollout/interruptible.py)
-    async def pause_generation(self, mode: str = "abort") -> None:
-        """`POST /pause_generation {"mode": mode}` on every server.
-
-        "abort": every running request returns now with finish_reason abort and its partial
-        output; "retract" / "in_place": running requests are parked (KV recomputed / kept).
-        The servers stay paused until `continue_generation`.
-        """
-        if mode not in ("abort", "retract", "in_place"):
-            raise ValueError(f"pause_generation: mode must be 'abort', 'retract' or 'in_place', "
-                             f"got {mode!r}")
-        await asyncio.gather(*[self._request("POST", u, "/pause_generation", {"mode": mode})
-                               for u in self.urls])
-
-    async def continue_generation(self) -> None:
-        """`POST /continue_generation {}` on every server (ends a `pause_generation`)."""
-        await asyncio.gather(*[self._request("POST", u, "/continue_generation", {})
-                               for u in self.urls])
+  async def continue_generation(self) -> None:
+    """`POST /continue_generation {}` on every server (ends a `pause_generation`)."""
+    await asyncio.gather(*[self._request("POST", u, "/continue_generation", {}) for u in self.urls])

@@ -5,45 +5,65 @@ Calls are micro-batched (up to `max_batch` calls per request, sent when full or 
 timeouts, and a call that still cannot be placed is surfaced as an internal_error whose stderr
 starts with "queue_timeout" (counted in `stats`), never as a hang.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Optional
 
 import aiohttp
 
-from rstar_jax.tools.code_pool import (MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, BatchExecuteMixin,
-                                       ExecResult, check_seconds)
+from rstar_jax.tools.code_pool import (
+  MAX_QUEUE_TIMEOUT_S,
+  MAX_TIMEOUT_S,
+  BatchExecuteMixin,
+  ExecResult,
+  check_seconds,
+)
 
 log = logging.getLogger(__name__)
 
 
 class CodePoolClient(BatchExecuteMixin):
-
-  def __init__(self, url: str, *, max_batch: int = 64, max_wait_s: float = 0.005,
-               concurrency: int = 8, max_retries: int = 4, backoff_s: float = 0.5,
-               request_timeout_s: float = 600.0, queue_timeout_s: Optional[float] = None):
+  def __init__(
+    self,
+    url: str,
+    *,
+    max_batch: int = 64,
+    max_wait_s: float = 0.005,
+    concurrency: int = 8,
+    max_retries: int = 4,
+    backoff_s: float = 0.5,
+    request_timeout_s: float = 600.0,
+    queue_timeout_s: float | None = None,
+  ):
     if max_batch < 1 or concurrency < 1 or max_retries < 0:
-      raise ValueError(f"need max_batch >= 1, concurrency >= 1, max_retries >= 0; got "
-                       f"{max_batch}, {concurrency}, {max_retries}")
+      raise ValueError(
+        f"need max_batch >= 1, concurrency >= 1, max_retries >= 0; got "
+        f"{max_batch}, {concurrency}, {max_retries}"
+      )
     self.url = url.rstrip("/")
     self.max_batch, self.max_wait_s = max_batch, max_wait_s
     self.max_retries, self.backoff_s = max_retries, backoff_s
-    self.request_timeout_s = check_seconds("request_timeout_s", request_timeout_s,
-                                           MAX_QUEUE_TIMEOUT_S)
-    self.queue_timeout_s = None if queue_timeout_s is None else check_seconds(
-        "queue_timeout_s", queue_timeout_s, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
+    self.request_timeout_s = check_seconds(
+      "request_timeout_s", request_timeout_s, MAX_QUEUE_TIMEOUT_S
+    )
+    self.queue_timeout_s = (
+      None
+      if queue_timeout_s is None
+      else check_seconds("queue_timeout_s", queue_timeout_s, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
+    )
     self._sem = asyncio.Semaphore(concurrency)
-    self._queue: Optional[asyncio.Queue] = None
-    self._session: Optional[aiohttp.ClientSession] = None
-    self._batcher: Optional[asyncio.Task] = None
+    self._queue: asyncio.Queue | None = None
+    self._session: aiohttp.ClientSession | None = None
+    self._batcher: asyncio.Task | None = None
     self._tasks: set = set()
     self.stats = {"batches": 0, "retries": 0, "queue_timeouts": 0, "transport_errors": 0}
 
-  async def start(self) -> "CodePoolClient":
+  async def start(self) -> CodePoolClient:
     self._session = aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=self.request_timeout_s))
+      timeout=aiohttp.ClientTimeout(total=self.request_timeout_s)
+    )
     self._queue = asyncio.Queue()
     self._batcher = asyncio.create_task(self._batch_loop())
     return self
@@ -67,8 +87,13 @@ class CodePoolClient(BatchExecuteMixin):
       resp.raise_for_status()
       return await resp.json()
 
-  async def execute(self, code: str, stdin: str = "", timeout_s: Optional[float] = None,
-                    session_id: Optional[str] = None) -> ExecResult:
+  async def execute(
+    self,
+    code: str,
+    stdin: str = "",
+    timeout_s: float | None = None,
+    session_id: str | None = None,
+  ) -> ExecResult:
     if self._queue is None:
       raise RuntimeError("CodePoolClient is not started: use `async with CodePoolClient(url)`")
     if not isinstance(code, str):
@@ -82,10 +107,10 @@ class CodePoolClient(BatchExecuteMixin):
     await self._queue.put((item, fut, 0))
     return await fut
 
-
   async def close_session(self, session_id: str) -> bool:
-    async with self._session.post(self.url + "/close_session",
-                                  json={"session_id": str(session_id)}) as resp:
+    async with self._session.post(
+      self.url + "/close_session", json={"session_id": str(session_id)}
+    ) as resp:
       resp.raise_for_status()
       return bool((await resp.json())["closed"])
 
@@ -101,7 +126,7 @@ class CodePoolClient(BatchExecuteMixin):
           break
         try:
           batch.append(await asyncio.wait_for(self._queue.get(), left))
-        except asyncio.TimeoutError:
+        except TimeoutError:
           break
       await self._sem.acquire()
       self._spawn(self._send(batch))
@@ -126,14 +151,17 @@ class CodePoolClient(BatchExecuteMixin):
             last = f"HTTP {resp.status}: {(await resp.text())[:200]}"
             continue
           if resp.status != 200:
-            raise ValueError(f"code pool service rejected the batch: HTTP {resp.status}: "
-                             f"{(await resp.text())[:500]}")
+            raise ValueError(
+              f"code pool service rejected the batch: HTTP {resp.status}: "
+              f"{(await resp.text())[:500]}"
+            )
           return (await resp.json())["results"]
-      except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+      except (TimeoutError, aiohttp.ClientError) as e:
         self.stats["transport_errors"] += 1
         last = repr(e)
-    raise ConnectionError(f"code pool service unreachable after {self.max_retries + 1} tries: "
-                          f"{last}")
+    raise ConnectionError(
+      f"code pool service unreachable after {self.max_retries + 1} tries: {last}"
+    )
 
   async def _send(self, batch: list) -> None:
     try:
@@ -154,11 +182,24 @@ class CodePoolClient(BatchExecuteMixin):
             self._spawn(self._requeue(item, fut, tries + 1))
           else:
             self.stats["queue_timeouts"] += 1
-            fut.set_result(ExecResult("internal_error", "", f"queue_timeout: {res['stderr']}"
-                                      f" (after {tries + 1} tries)\n", 0.0))
+            fut.set_result(
+              ExecResult(
+                "internal_error",
+                "",
+                f"queue_timeout: {res['stderr']} (after {tries + 1} tries)\n",
+                0.0,
+              )
+            )
           continue
-        fut.set_result(ExecResult(res["status"], res["stdout"], res["stderr"],
-                                  float(res["duration_s"]), res.get("exit_code")))
+        fut.set_result(
+          ExecResult(
+            res["status"],
+            res["stdout"],
+            res["stderr"],
+            float(res["duration_s"]),
+            res.get("exit_code"),
+          )
+        )
     finally:
       self._sem.release()
 

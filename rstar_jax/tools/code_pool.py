@@ -24,6 +24,7 @@ unless `allow_subprocesses`), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubb
 with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
 speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,27 +39,37 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, Iterable, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from rstar_jax.tools import wire
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "error", "timeout", "memory_limit", "output_limit", "internal_error")
-FAILURE_STATUSES = frozenset({"error", "timeout", "memory_limit", "output_limit",
-                              "internal_error", "parse_error"})
+FAILURE_STATUSES = frozenset(
+  {"error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+)
 ISOLATION_LEVELS = ("namespaces", "pidns", "uid", "rlimits")
 _TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_template.py")
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Accelerators are hidden by setting these empty (an absent variable would expose every device).
-_HIDDEN_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                   "GPU_DEVICE_ORDINAL")
+_HIDDEN_DEVICES = (
+  "CUDA_VISIBLE_DEVICES",
+  "HIP_VISIBLE_DEVICES",
+  "ROCR_VISIBLE_DEVICES",
+  "GPU_DEVICE_ORDINAL",
+)
 # Documented bounds of every number a caller passes (ValueError outside them).
-MAX_TIMEOUT_S = 3600.0          # per call (execute / run_function / sessions)
+MAX_TIMEOUT_S = 3600.0  # per call (execute / run_function / sessions)
 MAX_QUEUE_TIMEOUT_S = 86400.0
-MAX_CODE_BYTES = 64 << 20       # code and stdin of one call, each
-_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "NUMEXPR_NUM_THREADS": "1"}
+MAX_CODE_BYTES = 64 << 20  # code and stdin of one call, each
+_THREAD_ENV = {
+  "OPENBLAS_NUM_THREADS": "1",
+  "OMP_NUM_THREADS": "1",
+  "MKL_NUM_THREADS": "1",
+  "NUMEXPR_NUM_THREADS": "1",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +80,12 @@ class ExecResult:
   duration_s: wall time inside the sandbox (fork to exit). exit_code: the user process's exit
   code (128+n when killed by signal n), None when the call never ran.
   """
+
   status: str
   stdout: str = ""
   stderr: str = ""
   duration_s: float = 0.0
-  exit_code: Optional[int] = None
+  exit_code: int | None = None
 
   @property
   def ok(self) -> bool:
@@ -110,32 +122,33 @@ except Exception:
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
   """Limits and layout of a CodePool. Sizes in MiB/bytes, times in seconds."""
-  num_workers: int = 4                 # max calls executing at once (sessions idle for free)
-  num_templates: Optional[int] = None  # warm template processes; default min(workers, cpus)
-  timeout_s: float = 4.0               # default wall-clock limit per call (rStar README: 4 s)
-  memory_limit_mb: int = 1024          # address space a call may add on top of the template's
-  max_output_bytes: int = 1 << 20      # cap on stdout and on stderr (and on any file written)
-  max_procs: int = 64                  # RLIMIT_NPROC per call (processes + threads)
-  max_open_files: int = 128            # RLIMIT_NOFILE
-  scratch_mb: int = 512                # size of the sandbox's private /tmp (namespaces level)
-  isolation: str = "auto"              # "auto" (strongest available) or exactly one level
+
+  num_workers: int = 4  # max calls executing at once (sessions idle for free)
+  num_templates: int | None = None  # warm template processes; default min(workers, cpus)
+  timeout_s: float = 4.0  # default wall-clock limit per call (rStar README: 4 s)
+  memory_limit_mb: int = 1024  # address space a call may add on top of the template's
+  max_output_bytes: int = 1 << 20  # cap on stdout and on stderr (and on any file written)
+  max_procs: int = 64  # RLIMIT_NPROC per call (processes + threads)
+  max_open_files: int = 128  # RLIMIT_NOFILE
+  scratch_mb: int = 512  # size of the sandbox's private /tmp (namespaces level)
+  isolation: str = "auto"  # "auto" (strongest available) or exactly one level
   preload: tuple[str, ...] = ("numpy", "sympy")
   # Run once in each template after preloading: pulls in the lazily imported submodules that
   # typical math snippets touch, so each call does not import them again after its fork.
   warmup_code: str = _DEFAULT_WARMUP
   python: str = sys.executable
-  session_timeout_cpu_s: int = 3600    # RLIMIT_CPU of a whole session process
+  session_timeout_cpu_s: int = 3600  # RLIMIT_CPU of a whole session process
   startup_timeout_s: float = 180.0
-  reply_grace_s: float = 30.0          # host-side backstop past the call timeout
-  queue_timeout_s: Optional[float] = None
-  uid_base: Optional[int] = None       # first sandbox uid; default derived from the pid
+  reply_grace_s: float = 30.0  # host-side backstop past the call timeout
+  queue_timeout_s: float | None = None
+  uid_base: int | None = None  # first sandbox uid; default derived from the pid
   uids_per_template: int = 1024
   extra_ro_binds: tuple[str, ...] = ()  # more host paths visible read-only (namespaces level)
   # Calls may fork/spawn processes. Off by default: with processes blocked (seccomp) a call is
   # one address space, so RLIMIT_AS bounds the whole call's memory (no cgroup needed); with
   # them allowed a call may hold up to max_procs x memory_limit_mb.
   allow_subprocesses: bool = False
-  seccomp: bool = True                 # install the call filter (see README); off only to debug
+  seccomp: bool = True  # install the call filter (see README); off only to debug
 
   def __post_init__(self):
     if self.num_workers < 1:
@@ -147,27 +160,41 @@ class PoolConfig:
     check_seconds("PoolConfig.reply_grace_s", self.reply_grace_s, MAX_TIMEOUT_S)
     if self.queue_timeout_s is not None:
       check_seconds("PoolConfig.queue_timeout_s", self.queue_timeout_s, MAX_QUEUE_TIMEOUT_S)
-    for name in ("num_workers", "memory_limit_mb", "max_output_bytes", "max_procs",
-                 "max_open_files", "scratch_mb", "session_timeout_cpu_s", "uids_per_template"):
+    for name in (
+      "num_workers",
+      "memory_limit_mb",
+      "max_output_bytes",
+      "max_procs",
+      "max_open_files",
+      "scratch_mb",
+      "session_timeout_cpu_s",
+      "uids_per_template",
+    ):
       v = getattr(self, name)
       if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"PoolConfig.{name} must be an int, got {type(v).__name__} {v!r}")
-    if not 1 <= self.session_timeout_cpu_s <= 10 ** 6:
-      raise ValueError("PoolConfig.session_timeout_cpu_s must be in [1, 1e6], got "
-                       f"{self.session_timeout_cpu_s}")
+    if not 1 <= self.session_timeout_cpu_s <= 10**6:
+      raise ValueError(
+        f"PoolConfig.session_timeout_cpu_s must be in [1, 1e6], got {self.session_timeout_cpu_s}"
+      )
     if self.max_output_bytes > 1 << 30 or self.memory_limit_mb > 1 << 22:
-      raise ValueError("PoolConfig.max_output_bytes must be <= 1 GiB and memory_limit_mb <= 4 TiB,"
-                       f" got {self.max_output_bytes} and {self.memory_limit_mb}")
+      raise ValueError(
+        "PoolConfig.max_output_bytes must be <= 1 GiB and memory_limit_mb <= 4 TiB,"
+        f" got {self.max_output_bytes} and {self.memory_limit_mb}"
+      )
     if self.memory_limit_mb < 16:
       raise ValueError(f"PoolConfig.memory_limit_mb must be >= 16, got {self.memory_limit_mb}")
     if self.max_output_bytes < 1024:
       raise ValueError(f"PoolConfig.max_output_bytes must be >= 1024, got {self.max_output_bytes}")
     if self.max_procs < 1 or self.max_open_files < 16:
-      raise ValueError("PoolConfig.max_procs must be >= 1 and max_open_files >= 16, got "
-                       f"{self.max_procs} and {self.max_open_files}")
+      raise ValueError(
+        "PoolConfig.max_procs must be >= 1 and max_open_files >= 16, got "
+        f"{self.max_procs} and {self.max_open_files}"
+      )
     if self.isolation not in ("auto",) + ISOLATION_LEVELS:
-      raise ValueError(f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, "
-                       f"got {self.isolation!r}")
+      raise ValueError(
+        f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}"
+      )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
 
@@ -181,8 +208,9 @@ def check_seconds(name: str, value: Any, upper: float, allow_zero: bool = False)
   v = float(value)
   lo_ok = v >= 0 if allow_zero else v > 0
   if not (math.isfinite(v) and lo_ok and v <= upper):
-    raise ValueError(f"{name} must be finite and in {'[' if allow_zero else '('}0, {upper:g}], "
-                     f"got {value!r}")
+    raise ValueError(
+      f"{name} must be finite and in {'[' if allow_zero else '('}0, {upper:g}], got {value!r}"
+    )
   return v
 
 
@@ -193,9 +221,15 @@ def _is_root() -> bool:
 def _bwrap_binds(cfg: PoolConfig) -> list[str]:
   # Only what imports need: the Python install, the venv and this package (not the rest of the
   # project tree, which may hold checkpoints, logs or credentials). Add more via extra_ro_binds.
-  paths = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
-                                         os.path.join(_PROJECT_ROOT, "rstar_jax"),
-                                         os.path.dirname(os.path.realpath(cfg.python)))]
+  paths = [
+    os.path.realpath(p)
+    for p in (
+      sys.base_prefix,
+      sys.prefix,
+      os.path.join(_PROJECT_ROOT, "rstar_jax"),
+      os.path.dirname(os.path.realpath(cfg.python)),
+    )
+  ]
   paths += list(cfg.extra_ro_binds)
   out: list[str] = []
   for p in sorted(set(paths), key=len):
@@ -209,14 +243,35 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
   bwrap = shutil.which("bwrap")
   if bwrap is None:
     raise FileNotFoundError("bwrap")
-  argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-          "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-          "--ro-bind", "/usr", "/usr"]
+  argv = [
+    bwrap,
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
+    "--new-session",
+    "--clearenv",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+  ]
   for name in ("lib", "lib64", "bin", "sbin"):
     if os.path.exists(f"/usr/{name}"):
       argv += ["--symlink", f"usr/{name}", f"/{name}"]
-  argv += ["--proc", "/proc", "--dev", "/dev",
-           "--perms", "0755", "--size", str(cfg.scratch_mb << 20), "--tmpfs", "/tmp"]
+  argv += [
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--perms",
+    "0755",
+    "--size",
+    str(cfg.scratch_mb << 20),
+    "--tmpfs",
+    "/tmp",
+  ]
   made = {"/", "/usr", "/tmp", "/proc", "/dev"}
   for p in _bwrap_binds(cfg):
     # bwrap would create missing parents as 0700, which the sandbox uid could not traverse.
@@ -228,8 +283,15 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
         made.add(d)
     argv += ["--ro-bind", p, p]
     made.add(p)
-  for cap in ("CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
-              "CAP_FOWNER", "CAP_KILL"):
+  for cap in (
+    "CAP_SYS_ADMIN",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_KILL",
+  ):
     argv += ["--cap-add", cap]
   for k, v in _THREAD_ENV.items():
     argv += ["--setenv", k, v]
@@ -239,24 +301,37 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
 
 def _probe(argv: list[str]) -> bool:
   try:
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, timeout=60,
-                          start_new_session=True).returncode == 0
+    return (
+      subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=60,
+        start_new_session=True,
+      ).returncode
+      == 0
+    )
   except (OSError, subprocess.SubprocessError):
     return False
 
 
-_PIDNS_PROBE = ("import ctypes,os,sys;l=ctypes.CDLL(None,use_errno=True);"
-                "sys.exit(0 if l.unshare(0x20000000)==0 else 1)")
+_PIDNS_PROBE = (
+  "import ctypes,os,sys;l=ctypes.CDLL(None,use_errno=True);"
+  "sys.exit(0 if l.unshare(0x20000000)==0 else 1)"
+)
 
 
 def detect_isolation(cfg: PoolConfig) -> str:
-  """"auto": the strongest level this machine allows; a level name: exactly that level."""
+  """ "auto": the strongest level this machine allows; a level name: exactly that level."""
   candidates = list(ISOLATION_LEVELS) if cfg.isolation == "auto" else [cfg.isolation]
   for level in candidates:
     if level == "namespaces":
-      if _is_root() and shutil.which("bwrap") and _probe(
-          _bwrap_argv(cfg) + ["--", cfg.python, "-I", "-c", _PIDNS_PROBE]):
+      if (
+        _is_root()
+        and shutil.which("bwrap")
+        and _probe(_bwrap_argv(cfg) + ["--", cfg.python, "-I", "-c", _PIDNS_PROBE])
+      ):
         return level
     elif level == "pidns":
       if _is_root() and _probe([cfg.python, "-I", "-c", _PIDNS_PROBE]):
@@ -266,19 +341,21 @@ def detect_isolation(cfg: PoolConfig) -> str:
         return level
     else:
       return level
-  raise RuntimeError(f"isolation {cfg.isolation!r} is not available on this machine "
-                     f"(root={_is_root()}, bwrap={shutil.which('bwrap')})")
+  raise RuntimeError(
+    f"isolation {cfg.isolation!r} is not available on this machine "
+    f"(root={_is_root()}, bwrap={shutil.which('bwrap')})"
+  )
 
 
 _DESCRIPTIONS = {
-    "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
-                  "private /tmp) + per-call PID/net/IPC namespaces + unprivileged uid + seccomp "
-                  "+ rlimits",
-    "pidns": "per-call PID/net/IPC namespaces + unprivileged uid + seccomp + rlimits (host "
-             "filesystem)",
-    "uid": "unprivileged uid per call, escapees killed by uid + seccomp (no sockets) + rlimits "
-           "(host filesystem)",
-    "rlimits": "seccomp + rlimits + process group only: NOT isolated (host uid and filesystem)",
+  "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
+  "private /tmp) + per-call PID/net/IPC namespaces + unprivileged uid + seccomp "
+  "+ rlimits",
+  "pidns": "per-call PID/net/IPC namespaces + unprivileged uid + seccomp + rlimits (host "
+  "filesystem)",
+  "uid": "unprivileged uid per call, escapees killed by uid + seccomp (no sockets) + rlimits "
+  "(host filesystem)",
+  "rlimits": "seccomp + rlimits + process group only: NOT isolated (host uid and filesystem)",
 }
 
 
@@ -324,19 +401,25 @@ def _kill_uid_range(lo: int, hi: int) -> None:
 
 
 def _internal(msg: str, retryable: bool = False) -> dict:
-  return {"status": "internal_error", "stdout": b"", "stderr": msg.encode(), "duration_s": 0.0,
-          "exit_code": None, "retryable": retryable}
+  return {
+    "status": "internal_error",
+    "stdout": b"",
+    "stderr": msg.encode(),
+    "duration_s": 0.0,
+    "exit_code": None,
+    "retryable": retryable,
+  }
 
 
 class _Template:
   """Host-side handle of one template process; restarts it when it dies."""
 
-  def __init__(self, pool: "CodePool", index: int):
+  def __init__(self, pool: CodePool, index: int):
     self.pool = pool
     self.index = index
-    self.proc: Optional[asyncio.subprocess.Process] = None
+    self.proc: asyncio.subprocess.Process | None = None
     self.pending: dict[int, asyncio.Future] = {}
-    self.reader: Optional[asyncio.Task] = None
+    self.reader: asyncio.Task | None = None
     self.ready = asyncio.Event()
     self.generation = 0
     self.inflight = 0
@@ -354,21 +437,40 @@ class _Template:
     c = self.pool.config
     level = self.pool.isolation_level
     lo, hi = self.uid_range
-    user_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-                **_THREAD_ENV, **{k: "" for k in _HIDDEN_DEVICES}}
+    user_env = {
+      "PATH": "/usr/bin:/bin",
+      "LANG": "C.UTF-8",
+      "PYTHONIOENCODING": "utf-8",
+      **_THREAD_ENV,
+      **{k: "" for k in _HIDDEN_DEVICES},
+    }
     scratch = "/tmp/code_pool" if level == "namespaces" else self.pool._scratch_dir(self.index)
     call_ns = level in ("namespaces", "pidns")
-    return {"call_ns": call_ns, "use_seccomp": c.seccomp,
-            "allow_subprocesses": c.allow_subprocesses, "allow_sockets": call_ns,
-            # Without bubblewrap, make the interpreter readable by sandbox uids (e.g. under
-            # /root, mode 700) in the template's own mount namespace; not at "rlimits".
-            "expose_paths": _bwrap_binds(c) if level in ("pidns", "uid") else [],"preload": tuple(c.preload), "warmup_code": c.warmup_code if c.preload else "",
-            "template_env": dict(_THREAD_ENV), "user_env": user_env,
-            "limits": {"memory_limit_mb": c.memory_limit_mb, "max_output_bytes": c.max_output_bytes,
-                       "max_procs": c.max_procs, "max_open_files": c.max_open_files},
-            "pidns": level in ("namespaces", "pidns"), "drop_uid": level != "rlimits",
-            "uid_lo": lo, "uid_hi": hi, "scratch_root": scratch,
-            "session_cpu_s": c.session_timeout_cpu_s}
+    return {
+      "call_ns": call_ns,
+      "use_seccomp": c.seccomp,
+      "allow_subprocesses": c.allow_subprocesses,
+      "allow_sockets": call_ns,
+      # Without bubblewrap, make the interpreter readable by sandbox uids (e.g. under
+      # /root, mode 700) in the template's own mount namespace; not at "rlimits".
+      "expose_paths": _bwrap_binds(c) if level in ("pidns", "uid") else [],
+      "preload": tuple(c.preload),
+      "warmup_code": c.warmup_code if c.preload else "",
+      "template_env": dict(_THREAD_ENV),
+      "user_env": user_env,
+      "limits": {
+        "memory_limit_mb": c.memory_limit_mb,
+        "max_output_bytes": c.max_output_bytes,
+        "max_procs": c.max_procs,
+        "max_open_files": c.max_open_files,
+      },
+      "pidns": level in ("namespaces", "pidns"),
+      "drop_uid": level != "rlimits",
+      "uid_lo": lo,
+      "uid_hi": hi,
+      "scratch_root": scratch,
+      "session_cpu_s": c.session_timeout_cpu_s,
+    }
 
   async def start(self) -> None:
     c = self.pool.config
@@ -377,8 +479,13 @@ class _Template:
     if self.pool.isolation_level == "namespaces":
       argv = _bwrap_argv(c) + ["--"] + argv
     self.proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
-        start_new_session=True, close_fds=True)
+      *argv,
+      stdin=asyncio.subprocess.PIPE,
+      stdout=asyncio.subprocess.PIPE,
+      env=env,
+      start_new_session=True,
+      close_fds=True,
+    )
     self.proc.stdin.write(wire.frame(self._template_cfg()))
     await self.proc.stdin.drain()
     try:
@@ -386,10 +493,11 @@ class _Template:
       wire.check_record(self.info, {"ready": bool, "import_error": str}, "template start")
       if self.info["import_error"]:
         raise RuntimeError(
-            f"isolation {self.pool.isolation_level!r}: a sandbox uid cannot read the Python "
-            f"install ({self.info['import_error']}; {self.info.get('exposed') or 'nothing exposed'}"
-            "): make it world-readable (chmod o+rx on its parent directories), or use the "
-            "namespaces level (bubblewrap)")
+          f"isolation {self.pool.isolation_level!r}: a sandbox uid cannot read the Python "
+          f"install ({self.info['import_error']}; {self.info.get('exposed') or 'nothing exposed'}"
+          "): make it world-readable (chmod o+rx on its parent directories), or use the "
+          "namespaces level (bubblewrap)"
+        )
     except BaseException:
       self._kill()
       raise
@@ -397,8 +505,13 @@ class _Template:
     self.reader = asyncio.create_task(self._read_loop())
     self.restarting = False
     self.ready.set()
-    log.info("code pool template %d ready (pid %s, preloaded %s in %.2fs)", self.index,
-             self.proc.pid, self.info.get("preloaded"), self.info.get("startup_s", 0.0))
+    log.info(
+      "code pool template %d ready (pid %s, preloaded %s in %.2fs)",
+      self.index,
+      self.proc.pid,
+      self.info.get("preloaded"),
+      self.info.get("startup_s", 0.0),
+    )
 
   async def _read_frame(self) -> dict:
     # Bounded: a reply holds at most two capped streams plus a few small fields.
@@ -480,13 +593,13 @@ class _Template:
   async def _reap(proc) -> None:
     try:
       await asyncio.wait_for(proc.wait(), 10)
-    except (asyncio.TimeoutError, ProcessLookupError):
+    except (TimeoutError, ProcessLookupError):
       pass
 
-  async def request(self, req: dict, timeout: Optional[float]) -> dict:
+  async def request(self, req: dict, timeout: float | None) -> dict:
     try:
       await asyncio.wait_for(self.ready.wait(), self.pool.config.startup_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
       return _internal("no sandbox template available (it keeps failing to start)\n")
     rid = next(self.pool._rids)
     req["rid"] = rid
@@ -509,7 +622,7 @@ class _Template:
       return _internal(f"could not reach the sandbox template: {e!r}\n", retryable=True)
     try:
       return await asyncio.wait_for(asyncio.shield(fut), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
       # The template did not answer long after the call's own deadline: it is wedged.
       self._on_death("the sandbox template stopped answering")
       return _internal("the sandbox template stopped answering\n", retryable=True)
@@ -526,7 +639,7 @@ class _Template:
         await self.proc.stdin.drain()
         self.proc.stdin.close()
         await asyncio.wait_for(self.proc.wait(), 10)
-    except (asyncio.TimeoutError, ConnectionError, RuntimeError):
+    except (TimeoutError, ConnectionError, RuntimeError):
       pass
     if self.reader is not None:
       self.reader.cancel()
@@ -547,35 +660,43 @@ class BatchExecuteMixin:
     for i, r in enumerate(reqs):
       if "code" not in r:
         raise ValueError(f"execute_many: request {i} has no 'code' field (keys: {sorted(r)})")
-    return list(await asyncio.gather(*(
-        self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
-        for r in reqs)))
+    return list(
+      await asyncio.gather(
+        *(
+          self.execute(r["code"], r.get("stdin", ""), r.get("timeout_s"), r.get("session_id"))
+          for r in reqs
+        )
+      )
+    )
 
 
 class CodePool(BatchExecuteMixin):
   """Sandboxed Python execution pool (see module docstring). Use as `async with CodePool()`."""
 
-  def __init__(self, num_workers: int = 4, *, config: Optional[PoolConfig] = None, **overrides):
+  def __init__(self, num_workers: int = 4, *, config: PoolConfig | None = None, **overrides):
     if config is None:
       config = PoolConfig(num_workers=num_workers, **overrides)
     elif overrides:
       config = dataclasses.replace(config, **overrides)
     self.config = config
-    self.isolation_level: Optional[str] = None
+    self.isolation_level: str | None = None
     self._templates: list[_Template] = []
-    self._sem: Optional[asyncio.Semaphore] = None
+    self._sem: asyncio.Semaphore | None = None
     self._rids = itertools.count(1)
     self._sessions: dict[str, tuple[int, int]] = {}
     self._session_locks: dict[str, asyncio.Lock] = {}
     self._closing = False
     self._tasks: set[asyncio.Task] = set()
-    self._tmpdir: Optional[str] = None
-    self._uid_base = config.uid_base if config.uid_base is not None else \
-        10_000_000 + (os.getpid() % 100_000) * 4096 * 4
+    self._tmpdir: str | None = None
+    self._uid_base = (
+      config.uid_base
+      if config.uid_base is not None
+      else 10_000_000 + (os.getpid() % 100_000) * 4096 * 4
+    )
     self.stats = {"calls": 0, "queue_timeouts": 0}
 
   # -- lifecycle
-  async def start(self) -> "CodePool":
+  async def start(self) -> CodePool:
     c = self.config
     loop = asyncio.get_running_loop()
     self.isolation_level = await loop.run_in_executor(None, detect_isolation, c)
@@ -585,8 +706,9 @@ class CodePool(BatchExecuteMixin):
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
-    log.warning("CodePool isolation level: %s (%s)", self.isolation_level,
-                _DESCRIPTIONS[self.isolation_level])
+    log.warning(
+      "CodePool isolation level: %s (%s)", self.isolation_level, _DESCRIPTIONS[self.isolation_level]
+    )
     self._sem = asyncio.Semaphore(c.num_workers)
     self._templates = [_Template(self, i) for i in range(n)]
     try:
@@ -613,7 +735,7 @@ class CodePool(BatchExecuteMixin):
     if self._tmpdir:
       wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
 
-  async def __aenter__(self) -> "CodePool":
+  async def __aenter__(self) -> CodePool:
     return await self.start()
 
   async def __aexit__(self, *exc) -> None:
@@ -629,7 +751,7 @@ class CodePool(BatchExecuteMixin):
     alive = [t for t in self._templates if t.ready.is_set()] or self._templates
     return min(alive, key=lambda t: t.inflight)
 
-  async def _acquire(self, queue_timeout_s: Optional[float]) -> None:
+  async def _acquire(self, queue_timeout_s: float | None) -> None:
     if self._sem is None or self._closing:
       raise RuntimeError("CodePool is not running: use `async with CodePool(...)` or start()")
     timeout = queue_timeout_s if queue_timeout_s is not None else self.config.queue_timeout_s
@@ -640,12 +762,13 @@ class CodePool(BatchExecuteMixin):
       return
     try:
       await asyncio.wait_for(self._sem.acquire(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
       self.stats["queue_timeouts"] += 1
       raise QueueTimeout(f"no sandbox worker free within {timeout:.1f}s") from None
 
-  async def _run(self, tpl: Optional[_Template], req: dict, timeout_s: float,
-                 queue_timeout_s: Optional[float]) -> dict:
+  async def _run(
+    self, tpl: _Template | None, req: dict, timeout_s: float, queue_timeout_s: float | None
+  ) -> dict:
     await self._acquire(queue_timeout_s)
     if tpl is None:
       tpl = self._pick()  # after the wait, so the least busy template at start time gets it
@@ -669,9 +792,15 @@ class CodePool(BatchExecuteMixin):
       self._sem.release()
 
   # -- public API
-  async def execute(self, code: str, stdin: str = "", timeout_s: Optional[float] = None,
-                    session_id: Optional[str] = None, *,
-                    queue_timeout_s: Optional[float] = None) -> ExecResult:
+  async def execute(
+    self,
+    code: str,
+    stdin: str = "",
+    timeout_s: float | None = None,
+    session_id: str | None = None,
+    *,
+    queue_timeout_s: float | None = None,
+  ) -> ExecResult:
     """Runs `code` with `stdin`; never raises for anything the code does."""
     try:
       return await self._execute(code, stdin, timeout_s, session_id, queue_timeout_s)
@@ -684,20 +813,24 @@ class CodePool(BatchExecuteMixin):
       raise TypeError(f"code must be str, got {type(code).__name__}")
     if not isinstance(stdin, (str, bytes)):
       raise TypeError(f"stdin must be str or bytes, got {type(stdin).__name__}")
-    timeout = check_seconds("timeout_s", timeout_s if timeout_s is not None
-                            else self.config.timeout_s, MAX_TIMEOUT_S)
+    timeout = check_seconds(
+      "timeout_s", timeout_s if timeout_s is not None else self.config.timeout_s, MAX_TIMEOUT_S
+    )
     if queue_timeout_s is not None:
       check_seconds("queue_timeout_s", queue_timeout_s, MAX_QUEUE_TIMEOUT_S, allow_zero=True)
     stdin_b = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
     if len(code) > MAX_CODE_BYTES or len(stdin_b) > MAX_CODE_BYTES:
-      raise ValueError(f"code and stdin must each be <= {MAX_CODE_BYTES} bytes, got "
-                       f"{len(code)} and {len(stdin_b)}")
+      raise ValueError(
+        f"code and stdin must each be <= {MAX_CODE_BYTES} bytes, got {len(code)} and {len(stdin_b)}"
+      )
     self.stats["calls"] += 1
     req = {"kind": "exec", "code": code, "stdin": stdin_b, "timeout_s": timeout}
     if session_id is not None:
       if not isinstance(session_id, str) or not 0 < len(session_id) <= 1024:
-        raise ValueError(f"session_id must be a non-empty str of <= 1024 chars, got "
-                         f"{type(session_id).__name__} of length {len(str(session_id))}")
+        raise ValueError(
+          f"session_id must be a non-empty str of <= 1024 chars, got "
+          f"{type(session_id).__name__} of length {len(str(session_id))}"
+        )
       req["kind"] = "session"
       req["session_id"] = session_id
       # One call at a time per session, in arrival order (a session is one interpreter).
@@ -715,10 +848,13 @@ class CodePool(BatchExecuteMixin):
 
   @staticmethod
   def _result(msg: dict) -> ExecResult:
-    return ExecResult(status=msg["status"],
-                      stdout=msg["stdout"].decode("utf-8", "replace"),
-                      stderr=msg["stderr"].decode("utf-8", "replace"),
-                      duration_s=float(msg["duration_s"]), exit_code=msg.get("exit_code"))
+    return ExecResult(
+      status=msg["status"],
+      stdout=msg["stdout"].decode("utf-8", "replace"),
+      stderr=msg["stderr"].decode("utf-8", "replace"),
+      duration_s=float(msg["duration_s"]),
+      exit_code=msg.get("exit_code"),
+    )
 
   def _session_template(self, sid: str) -> tuple[_Template, bytes]:
     known = self._sessions.get(sid)
@@ -730,7 +866,6 @@ class CodePool(BatchExecuteMixin):
     self._sessions[sid] = (tpl.index, tpl.generation)
     note = b"" if known is None else _RESTART_NOTE
     return tpl, note
-
 
   def _abort_session(self, sid: str) -> None:
     """A caller gave up on a session call: its interpreter is mid-call in an unknown state, so
@@ -776,9 +911,16 @@ class CodePool(BatchExecuteMixin):
       # as plain `wire` values, never unpickled.
       payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, AttributeError, TypeError) as e:
-      raise TypeError(f"run_function needs a module-level picklable callable and arguments: {e}")
-    req = {"kind": "func", "payload": payload, "timeout_s": timeout, "stdin": b"",
-           "sys_path": [p for p in sys.path if p and os.path.isdir(p)]}
+      raise TypeError(
+        f"run_function needs a module-level picklable callable and arguments: {e}"
+      ) from e
+    req = {
+      "kind": "func",
+      "payload": payload,
+      "timeout_s": timeout,
+      "stdin": b"",
+      "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
+    }
     msg = await self._run(None, req, timeout, None)
     stderr = msg["stderr"].decode("utf-8", "replace")
     if msg["status"] != "ok":
@@ -788,7 +930,7 @@ class CodePool(BatchExecuteMixin):
       if type(record) is not list or len(record) != 2 or type(record[0]) is not bool:
         raise wire.WireError("not a [ok, value] record")
     except wire.WireError as e:
-      raise FunctionRunError("error", f"bad result record ({e}); stderr: {stderr[-1000:]}")
+      raise FunctionRunError("error", f"bad result record ({e}); stderr: {stderr[-1000:]}") from e
     good, value = record
     if not good:
       raise FunctionRunError("error", value if isinstance(value, str) else repr(value))

@@ -11,12 +11,13 @@ special token. So stdout/stderr are escaped first (`escape_special_tokens`): a z
 `</name>`) and inside any extra token string given, so code output can never end the tool turn
 or forge an assistant turn; the text still reads the same to the model.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
-from rstar_jax.tools.code_pool import ExecResult, FAILURE_STATUSES
+from rstar_jax.tools.code_pool import FAILURE_STATUSES, ExecResult
 
 TRUNCATION_MARKER = "...(truncated)..."
 ZERO_WIDTH_SPACE = "\u200b"
@@ -37,13 +38,14 @@ def escape_special_tokens(text: str, extra_tokens: Iterable[str] = ()) -> str:
       text = text.replace(tok, tok[0] + ZERO_WIDTH_SPACE + tok[1:])
   return text
 
+
 _REASONS = {
-    "error": "error",
-    "timeout": "timeout: execution exceeded the time limit",
-    "memory_limit": "memory_limit: execution exceeded the memory limit",
-    "output_limit": "output_limit: output exceeded the size limit",
-    "internal_error": "internal_error",
-    "parse_error": "parse_error: the tool call is not valid JSON with a 'code' argument",
+  "error": "error",
+  "timeout": "timeout: execution exceeded the time limit",
+  "memory_limit": "memory_limit: execution exceeded the memory limit",
+  "output_limit": "output_limit: output exceeded the size limit",
+  "internal_error": "internal_error",
+  "parse_error": "parse_error: the tool call is not valid JSON with a 'code' argument",
 }
 
 
@@ -61,8 +63,13 @@ def truncate_middle(text: str, max_chars: int, marker: str = TRUNCATION_MARKER) 
   return text[:head] + marker + (text[-tail:] if tail else "")
 
 
-def render_tool_response(result: ExecResult, max_chars: int = 2048, *,
-                         show_time: bool = True, extra_special_tokens: Iterable[str] = ()) -> str:
+def render_tool_response(
+  result: ExecResult,
+  max_chars: int = 2048,
+  *,
+  show_time: bool = True,
+  extra_special_tokens: Iterable[str] = (),
+) -> str:
   """(ExecResult, max_chars) -> the body text of one <tool_response>.
 
   ok:      "Tool call success\\nstdout: ...\\nstderr: ...\\nexecution time: 0.01s"

@@ -24,6 +24,7 @@ stdout/stderr go to memfds whose size is capped by RLIMIT_FSIZE, so a child that
 gigabytes is stopped by the kernel (SIGXFSZ/EFBIG) and neither the template nor the host ever
 holds more than the cap.
 """
+
 import ast
 import builtins
 import collections
@@ -49,8 +50,16 @@ CLONE_NEWPID = 0x20000000
 CLONE_THREAD = 0x00010000
 # Every namespace flag clone/unshare accept (NEWTIME, NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER,
 # NEWPID, NEWNET).
-_NS_FLAGS = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | \
-    0x20000000 | 0x40000000
+_NS_FLAGS = (
+  0x00000080
+  | 0x00020000
+  | 0x02000000
+  | 0x04000000
+  | 0x08000000
+  | 0x10000000
+  | 0x20000000
+  | 0x40000000
+)
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
@@ -59,12 +68,17 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 # Exit code the executor uses for an uncaught MemoryError (reported as status memory_limit).
 MEMORY_EXIT_CODE = 247
 USER_FILENAME = "<code>"
-MAX_REQUEST_BYTES = 1 << 30   # a request holds code + stdin; the host caps both far lower
+MAX_REQUEST_BYTES = 1 << 30  # a request holds code + stdin; the host caps both far lower
 MAX_TIMEOUT_S = 86400.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
+_libc.mount.argtypes = [
+  ctypes.c_char_p,
+  ctypes.c_char_p,
+  ctypes.c_char_p,
+  ctypes.c_ulong,
+  ctypes.c_char_p,
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,25 +111,92 @@ def write_frame(fd, obj):
 # Syscall numbers per architecture (from the kernel's syscall tables).
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SYSCALLS = {
-    "x86_64": {"unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-               "chroot": 161, "add_key": 248, "request_key": 249, "keyctl": 250, "shmget": 29,
-               "semget": 64, "msgget": 68, "bpf": 321, "userfaultfd": 323,
-               "perf_event_open": 298, "io_uring_setup": 425, "open_tree": 428,
-               "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-               "fspick": 433, "ptrace": 101, "clone3": 435, "clone": 56, "fork": 57,
-               "vfork": 58, "socket": 41, "socketpair": 53},
-    "aarch64": {"unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
-                "chroot": 51, "add_key": 217, "request_key": 218, "keyctl": 219, "shmget": 194,
-                "semget": 190, "msgget": 186, "bpf": 280, "userfaultfd": 282,
-                "perf_event_open": 241, "io_uring_setup": 425, "open_tree": 428,
-                "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
-                "fspick": 433, "ptrace": 117, "clone3": 435, "clone": 220, "socket": 198,
-                "socketpair": 199},
+  "x86_64": {
+    "unshare": 272,
+    "setns": 308,
+    "mount": 165,
+    "umount2": 166,
+    "pivot_root": 155,
+    "chroot": 161,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "shmget": 29,
+    "semget": 64,
+    "msgget": 68,
+    "bpf": 321,
+    "userfaultfd": 323,
+    "perf_event_open": 298,
+    "io_uring_setup": 425,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "ptrace": 101,
+    "clone3": 435,
+    "clone": 56,
+    "fork": 57,
+    "vfork": 58,
+    "socket": 41,
+    "socketpair": 53,
+  },
+  "aarch64": {
+    "unshare": 97,
+    "setns": 268,
+    "mount": 40,
+    "umount2": 39,
+    "pivot_root": 41,
+    "chroot": 51,
+    "add_key": 217,
+    "request_key": 218,
+    "keyctl": 219,
+    "shmget": 194,
+    "semget": 190,
+    "msgget": 186,
+    "bpf": 280,
+    "userfaultfd": 282,
+    "perf_event_open": 241,
+    "io_uring_setup": 425,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "ptrace": 117,
+    "clone3": 435,
+    "clone": 220,
+    "socket": 198,
+    "socketpair": 199,
+  },
 }
-_ALWAYS_BLOCKED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "add_key",
-                   "request_key", "keyctl", "shmget", "semget", "msgget", "bpf", "userfaultfd",
-                   "perf_event_open", "io_uring_setup", "open_tree", "move_mount", "fsopen",
-                   "fsconfig", "fsmount", "fspick", "ptrace")
+_ALWAYS_BLOCKED = (
+  "unshare",
+  "setns",
+  "mount",
+  "umount2",
+  "pivot_root",
+  "chroot",
+  "add_key",
+  "request_key",
+  "keyctl",
+  "shmget",
+  "semget",
+  "msgget",
+  "bpf",
+  "userfaultfd",
+  "perf_event_open",
+  "io_uring_setup",
+  "open_tree",
+  "move_mount",
+  "fsopen",
+  "fsconfig",
+  "fsmount",
+  "fspick",
+  "ptrace",
+)
 _RET_ALLOW = 0x7FFF0000
 _EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
 
@@ -149,12 +230,12 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
         rules.append((nrs[n], _ret_errno(_EAGAIN)))
   if not allow_sockets:
     rules += [(nrs["socket"], _ret_errno(_EPERM)), (nrs["socketpair"], _ret_errno(_EPERM))]
-  prog.append((ld_w, 0, 0, 4))                      # A = arch
+  prog.append((ld_w, 0, 0, 4))  # A = arch
   prog.append((jeq, 1, 0, arch))
-  prog.append((ret, 0, 0, _ret_errno(_EPERM)))      # foreign ABI (e.g. int 0x80): refuse
-  prog.append((ld_w, 0, 0, 0))                      # A = syscall nr
+  prog.append((ret, 0, 0, _ret_errno(_EPERM)))  # foreign ABI (e.g. int 0x80): refuse
+  prog.append((ld_w, 0, 0, 0))  # A = syscall nr
   if machine == "x86_64":
-    prog.append((jge, 0, 1, 0x40000000))            # x32 ABI
+    prog.append((jge, 0, 1, 0x40000000))  # x32 ABI
     prog.append((ret, 0, 0, _ret_errno(_EPERM)))
   for nr, action in rules:
     prog.append((jeq, 0, 1, nr))
@@ -167,14 +248,18 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
   if not allow_subprocesses:
     prog.append((jset, 1, 0, CLONE_THREAD))
     prog.append((ret, 0, 0, _ret_errno(_EAGAIN)))
-  prog.append((ret, 0, 0, _RET_ALLOW))              # a thread, or clone allowed
-  prog.append((ret, 0, 0, _RET_ALLOW))              # every other syscall
+  prog.append((ret, 0, 0, _RET_ALLOW))  # a thread, or clone allowed
+  prog.append((ret, 0, 0, _RET_ALLOW))  # every other syscall
   return prog
 
 
 class _SockFilter(ctypes.Structure):
-  _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
-              ("k", ctypes.c_uint32)]
+  _fields_ = [
+    ("code", ctypes.c_uint16),
+    ("jt", ctypes.c_uint8),
+    ("jf", ctypes.c_uint8),
+    ("k", ctypes.c_uint32),
+  ]
 
 
 class _SockFprog(ctypes.Structure):
@@ -204,12 +289,21 @@ def _user_traceback(exc):
 
 def _new_std_streams():
   # closefd=False: the fds belong to the process, a new wrapper per call must not close them.
-  sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                               encoding="utf-8", errors="replace")
-  sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-                                encoding="utf-8", errors="backslashreplace", write_through=False)
-  sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                                encoding="utf-8", errors="backslashreplace", write_through=True)
+  sys.stdin = io.TextIOWrapper(
+    io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+  )
+  sys.stdout = io.TextIOWrapper(
+    io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+    encoding="utf-8",
+    errors="backslashreplace",
+    write_through=False,
+  )
+  sys.stderr = io.TextIOWrapper(
+    io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+    encoding="utf-8",
+    errors="backslashreplace",
+    write_through=True,
+  )
 
 
 def _flush_std():
@@ -331,8 +425,11 @@ def _wait_as_init(user_pid):
       continue
     if pid == user_pid:
       if os.WIFEXITED(status):
-        return min(os.WEXITSTATUS(status), 127) if os.WEXITSTATUS(status) != MEMORY_EXIT_CODE \
-            else MEMORY_EXIT_CODE
+        return (
+          min(os.WEXITSTATUS(status), 127)
+          if os.WEXITSTATUS(status) != MEMORY_EXIT_CODE
+          else MEMORY_EXIT_CODE
+        )
       return 128 + os.WTERMSIG(status)
 
 
@@ -393,6 +490,7 @@ def _run_function(job):
   so nothing this process writes is ever unpickled by the host.
   """
   import pickle
+
   for p in job.get("sys_path", ()):
     if p not in sys.path:
       sys.path.append(p)
@@ -418,6 +516,7 @@ def _run_function(job):
 
 def _join_threads():
   import threading
+
   for t in threading.enumerate():
     if t is not threading.main_thread() and not t.daemon:
       t.join()
@@ -455,14 +554,20 @@ def _session_loop():
 # ---------------------------------------------------------------------------------------------
 # template
 _REQ_FIELDS = {
-    "exec": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float},
-    "func": {"rid": int, "payload": bytes, "stdin": bytes, "timeout_s": float, "sys_path": list},
-    "session": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float, "session_id": str,
-                "note": bytes},
-    "close_session": {"rid": int, "session_id": str},
-    "abort_session": {"rid": int, "session_id": str},
-    "ping": {"rid": int},
-    "shutdown": {},
+  "exec": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float},
+  "func": {"rid": int, "payload": bytes, "stdin": bytes, "timeout_s": float, "sys_path": list},
+  "session": {
+    "rid": int,
+    "code": str,
+    "stdin": bytes,
+    "timeout_s": float,
+    "session_id": str,
+    "note": bytes,
+  },
+  "close_session": {"rid": int, "session_id": str},
+  "abort_session": {"rid": int, "session_id": str},
+  "ping": {"rid": int},
+  "shutdown": {},
 }
 
 
@@ -477,7 +582,6 @@ def check_request(req):
 
 
 class Template:
-
   def __init__(self, cfg, ctl_in, ctl_out):
     self.cfg = cfg
     self.ctl_in = ctl_in
@@ -485,15 +589,15 @@ class Template:
     self.lim = cfg["limits"]
     # FIFO: a released uid goes to the back, so the next call gets the least recently used one.
     self.free_uids = collections.deque(range(cfg["uid_lo"], cfg["uid_hi"]))
-    self.calls = {}      # pidfd -> call record (exec/func)
-    self.sessions = {}   # session_id -> session record
+    self.calls = {}  # pidfd -> call record (exec/func)
+    self.sessions = {}  # session_id -> session record
     self.sel = selectors.DefaultSelector()
     self.buf = bytearray()
     self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY) if cfg["pidns"] else None
     # PID 1 of each call's namespace: a tiny exec'd process (cheaper than forking this big
     # interpreter twice). Orphans re-parent to it; killing it tears the namespace down.
     self.init_path = next((p for p in ("/usr/bin/sleep", "/bin/sleep") if os.path.exists(p)), None)
-    self.reaping = {}    # init pidfd -> (init pid, uid, scratch) awaiting namespace teardown
+    self.reaping = {}  # init pidfd -> (init pid, uid, scratch) awaiting namespace teardown
     self.scratch_root = cfg["scratch_root"]
     os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
     os.chmod(self.scratch_root, 0o711)
@@ -643,18 +747,35 @@ class Template:
       taken.append(("scratch", scratch))
       out, err, inp = self._memfds(("stdout", "stderr", "stdin"), req["stdin"])
       taken.append(("fds", (out, err, inp)))
-      job = {"kind": kind, "uid": uid, "scratch": scratch, "cpu_s": int(timeout) + 1,
-             "code": req.get("code", ""), "payload": req.get("payload"),
-             "sys_path": req.get("sys_path", ())}
+      job = {
+        "kind": kind,
+        "uid": uid,
+        "scratch": scratch,
+        "cpu_s": int(timeout) + 1,
+        "code": req.get("code", ""),
+        "payload": req.get("payload"),
+        "sys_path": req.get("sys_path", ()),
+      }
       pid, init = self._fork(job, {"in": inp, "out": out, "err": err})
     except BaseException:
       self._give_back(taken)
       raise
     os.close(inp)
     pidfd = os.pidfd_open(pid)
-    call = {"rid": req["rid"], "kind": kind, "pid": pid, "pidfd": pidfd, "uid": uid,
-            "scratch": scratch, "out": out, "err": err, "t0": t0, "init": init,
-            "deadline": t0 + timeout, "killed": None}
+    call = {
+      "rid": req["rid"],
+      "kind": kind,
+      "pid": pid,
+      "pidfd": pidfd,
+      "uid": uid,
+      "scratch": scratch,
+      "out": out,
+      "err": err,
+      "t0": t0,
+      "init": init,
+      "deadline": t0 + timeout,
+      "killed": None,
+    }
     self.calls[pidfd] = call
     self.sel.register(pidfd, selectors.EVENT_READ, ("call", pidfd))
 
@@ -713,8 +834,16 @@ class Template:
       err += f"\nProcess killed by signal {signal.Signals(rc - 128).name}\n".encode()
     elif rc and status_s == "error" and rc < 128 and not err.strip():
       err += f"Process exited with code {rc}\n".encode()
-    self.reply(call["rid"], {"status": status_s, "stdout": out, "stderr": err, "exit_code": rc,
-                             "duration_s": time.monotonic() - call["t0"]})
+    self.reply(
+      call["rid"],
+      {
+        "status": status_s,
+        "stdout": out,
+        "stderr": err,
+        "exit_code": rc,
+        "duration_s": time.monotonic() - call["t0"],
+      },
+    )
 
   # -- sessions
   def _start_session(self, sid):
@@ -729,17 +858,32 @@ class Template:
       fds = self._memfds(("stdout", "stderr", "stdin", "code", "rc"))
       taken.append(("fds", fds))
       out, err, inp, code_fd, rc_fd = fds
-      job = {"kind": "session", "uid": uid, "scratch": scratch,
-             "cpu_s": int(self.cfg["session_cpu_s"])}
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "code": code_fd,
-                                   "rc": rc_fd})
+      job = {
+        "kind": "session",
+        "uid": uid,
+        "scratch": scratch,
+        "cpu_s": int(self.cfg["session_cpu_s"]),
+      }
+      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "code": code_fd, "rc": rc_fd})
     except BaseException:
       self._give_back(taken)
       raise
     pidfd = os.pidfd_open(pid)
-    s = {"sid": sid, "pid": pid, "pidfd": pidfd, "uid": uid, "init": init, "scratch": scratch,
-         "out": out, "err": err, "inp": inp, "code": code_fd, "rc": rc_fd, "call": None,
-         "stopped": False}
+    s = {
+      "sid": sid,
+      "pid": pid,
+      "pidfd": pidfd,
+      "uid": uid,
+      "init": init,
+      "scratch": scratch,
+      "out": out,
+      "err": err,
+      "inp": inp,
+      "code": code_fd,
+      "rc": rc_fd,
+      "call": None,
+      "stopped": False,
+    }
     self.sessions[sid] = s
     self.sel.register(pidfd, selectors.EVENT_READ, ("sess_dead", sid))
     return s
@@ -749,14 +893,29 @@ class Template:
     t0 = time.monotonic()
     s = self.sessions.get(sid)
     if s is not None and s["call"] is not None:
-      self.reply(req["rid"], {"status": "internal_error", "stdout": b"", "exit_code": None,
-                              "stderr": b"session is busy with another call\n", "duration_s": 0.0})
+      self.reply(
+        req["rid"],
+        {
+          "status": "internal_error",
+          "stdout": b"",
+          "exit_code": None,
+          "stderr": b"session is busy with another call\n",
+          "duration_s": 0.0,
+        },
+      )
       return
     if s is None:
       s = self._start_session(sid)
-    s["call"] = {"rid": req["rid"], "t0": t0, "deadline": t0 + req["timeout_s"],
-                 "killed": None, "note": req["note"], "code": req["code"],
-                 "stdin": req["stdin"], "running": False}
+    s["call"] = {
+      "rid": req["rid"],
+      "t0": t0,
+      "deadline": t0 + req["timeout_s"],
+      "killed": None,
+      "note": req["note"],
+      "code": req["code"],
+      "stdin": req["stdin"],
+      "running": False,
+    }
     if s["stopped"]:
       self._dispatch(s)
 
@@ -866,8 +1025,16 @@ class Template:
       err += b"\n[session terminated: its state is lost; the next call starts a fresh session]\n"
       if status == "ok":
         status = "error"
-    self.reply(call["rid"], {"status": status, "stdout": out, "stderr": call["note"] + err,
-                             "exit_code": rc, "duration_s": time.monotonic() - call["t0"]})
+    self.reply(
+      call["rid"],
+      {
+        "status": status,
+        "stdout": out,
+        "stderr": call["note"] + err,
+        "exit_code": rc,
+        "duration_s": time.monotonic() - call["t0"],
+      },
+    )
 
   def kill_session(self, s, reason):
     if s["call"] is not None and s["call"]["killed"] is None:
@@ -895,9 +1062,16 @@ class Template:
       self._session_result(s, rc, dead=True)
     elif s["call"] is not None:  # died before it ever ran the call
       call = s["call"]
-      self.reply(call["rid"], {"status": "internal_error", "stdout": b"", "exit_code": rc,
-                               "stderr": call["note"] + b"session process failed to start\n",
-                               "duration_s": time.monotonic() - call["t0"]})
+      self.reply(
+        call["rid"],
+        {
+          "status": "internal_error",
+          "stdout": b"",
+          "exit_code": rc,
+          "stderr": call["note"] + b"session process failed to start\n",
+          "duration_s": time.monotonic() - call["t0"],
+        },
+      )
     for fd in (s["pidfd"], s["out"], s["err"], s["inp"], s["code"], s["rc"]):
       os.close(fd)
     self._end(s)
@@ -906,7 +1080,9 @@ class Template:
     s = self.sessions.get(req["session_id"])
     if s is not None:
       self.kill_session(s, "closed")
-      self.on_session_dead(s["sid"], block=True)  # reap now: a next call with this id must start fresh
+      self.on_session_dead(
+        s["sid"], block=True
+      )  # reap now: a next call with this id must start fresh
     if req["kind"] == "close_session":
       self.reply(req["rid"], {"closed": s is not None})
 
@@ -924,8 +1100,8 @@ class Template:
       n = wire.frame_length(bytes(self.buf[:4]), MAX_REQUEST_BYTES)
       if len(self.buf) < 4 + n:
         break
-      req = check_request(wire.decode(bytes(self.buf[4:4 + n])))
-      del self.buf[:4 + n]
+      req = check_request(wire.decode(bytes(self.buf[4 : 4 + n])))
+      del self.buf[: 4 + n]
       kind = req["kind"]
       if kind in ("close_session", "abort_session"):
         self.close_session(req)
@@ -937,9 +1113,16 @@ class Template:
         try:
           self.start_call(req)
         except BaseException as e:
-          self.reply(req["rid"], {"status": "internal_error", "stdout": b"", "exit_code": None,
-                                  "stderr": f"sandbox failed to start the call: {e!r}\n".encode(),
-                                  "duration_s": 0.0})
+          self.reply(
+            req["rid"],
+            {
+              "status": "internal_error",
+              "stdout": b"",
+              "exit_code": None,
+              "stderr": f"sandbox failed to start the call: {e!r}\n".encode(),
+              "duration_s": 0.0,
+            },
+          )
 
   def check_deadlines(self):
     now = time.monotonic()
@@ -995,8 +1178,9 @@ class Template:
     # Kill everything first, then reap the call processes before their namespaces' PID 1s:
     # a namespace's teardown waits until its zombies are reaped, and ours are our children.
     recs = list(self.calls.values()) + list(self.sessions.values())
-    inits = [r["init"] for r in recs if r.get("init")] + \
-        [(v[0], fd) for fd, v in self.reaping.items()]
+    inits = [r["init"] for r in recs if r.get("init")] + [
+      (v[0], fd) for fd, v in self.reaping.items()
+    ]
     for fd in [r["pidfd"] for r in recs] + [fd for _, fd in inits]:
       try:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
@@ -1072,8 +1256,7 @@ def expose_paths(paths):
       raise OSError(ctypes.get_errno(), f"mount tmpfs on {anc} failed")
     for t, fd in fds.items():
       os.makedirs(t, mode=0o755, exist_ok=True)
-      if _libc.mount(f"/proc/self/fd/{fd}".encode(), t.encode(), None, MS_BIND | MS_REC,
-                     None) != 0:
+      if _libc.mount(f"/proc/self/fd/{fd}".encode(), t.encode(), None, MS_BIND | MS_REC, None) != 0:
         raise OSError(ctypes.get_errno(), f"bind {t} failed")
       os.close(fd)
     done.append(f"{anc} -> {sorted(fds)}")
@@ -1084,6 +1267,7 @@ def check_imports(cfg, modules):
   """Forks a child that drops to a sandbox uid and opens every module's files; "" when all
   are readable, else a message naming the first that is not."""
   import importlib.util
+
   files = []
   for name in modules:
     try:
@@ -1126,8 +1310,17 @@ def check_imports(cfg, modules):
   return msg.decode("utf-8", "replace")
 
 
-_STDLIB_PROBE = ("json", "fractions", "decimal", "itertools", "collections", "re", "random",
-                 "statistics", "encodings.idna")
+_STDLIB_PROBE = (
+  "json",
+  "fractions",
+  "decimal",
+  "itertools",
+  "collections",
+  "re",
+  "random",
+  "statistics",
+  "encodings.idna",
+)
 
 
 def main():
@@ -1174,10 +1367,20 @@ def main():
   tpl = Template(cfg, ctl_in, ctl_out)
   gc.collect()
   gc.freeze()  # keep the preloaded heap out of the children's GC passes: fewer CoW faults
-  write_frame(ctl_out, {"ready": True, "pid": os.getpid(), "preloaded": loaded,
-                        "startup_s": time.monotonic() - t0, "as_limit": cfg["as_limit"],
-                        "pidns_self": os.getpid() in (1, 2), "import_error": import_error,
-                        "exposed": exposed, "seccomp": prog is not None and cfg["use_seccomp"]})
+  write_frame(
+    ctl_out,
+    {
+      "ready": True,
+      "pid": os.getpid(),
+      "preloaded": loaded,
+      "startup_s": time.monotonic() - t0,
+      "as_limit": cfg["as_limit"],
+      "pidns_self": os.getpid() in (1, 2),
+      "import_error": import_error,
+      "exposed": exposed,
+      "seccomp": prog is not None and cfg["use_seccomp"],
+    },
+  )
   tpl.run()
 
 

@@ -10,18 +10,26 @@ Endpoints (JSON):
   POST /close_session  {"session_id"} -> {"closed": bool}
 There is deliberately no endpoint that unpickles functions: run_function stays in-process/Ray.
 """
+
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from aiohttp import web
 
-from rstar_jax.tools.code_pool import (MAX_CODE_BYTES, MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, CodePool, PoolConfig,
-                                       QueueTimeout, check_seconds)
+from rstar_jax.tools.code_pool import (
+  MAX_CODE_BYTES,
+  MAX_QUEUE_TIMEOUT_S,
+  MAX_TIMEOUT_S,
+  CodePool,
+  PoolConfig,
+  QueueTimeout,
+  check_seconds,
+)
 
 log = logging.getLogger(__name__)
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -55,23 +63,31 @@ def _parse_item(i: int, item: Any) -> dict:
     timeout = check_seconds(f"requests[{i}].timeout_s", timeout, MAX_TIMEOUT_S)
   sid = item.get("session_id")
   if sid is not None and (not isinstance(sid, str) or not 0 < len(sid) <= 1024):
-    raise ValueError(f"requests[{i}].session_id must be a non-empty string of <= 1024 chars, "
-                     f"got {type(sid).__name__}")
+    raise ValueError(
+      f"requests[{i}].session_id must be a non-empty string of <= 1024 chars, "
+      f"got {type(sid).__name__}"
+    )
   return {"code": item["code"], "stdin": stdin, "timeout_s": timeout, "session_id": sid}
 
 
 class CodePoolServer:
   """Owns a CodePool and serves it; `port=0` picks a free port (see `.port`)."""
 
-  def __init__(self, config: PoolConfig, host: str = "127.0.0.1", port: int = 8088,
-               queue_timeout_s: Optional[float] = None, max_batch: int = 4096):
+  def __init__(
+    self,
+    config: PoolConfig,
+    host: str = "127.0.0.1",
+    port: int = 8088,
+    queue_timeout_s: float | None = None,
+    max_batch: int = 4096,
+  ):
     if host not in _LOOPBACK:
       log.warning("code pool server binding %s: anyone who can reach it runs code here", host)
     self.pool = CodePool(config=config)
     self.host, self.port = host, port
     self.queue_timeout_s = queue_timeout_s
     self.max_batch = max_batch
-    self._runner: Optional[web.AppRunner] = None
+    self._runner: web.AppRunner | None = None
 
   def app(self) -> web.Application:
     app = web.Application(client_max_size=256 << 20)
@@ -80,15 +96,19 @@ class CodePoolServer:
     app.router.add_post("/close_session", self.close_session)
     return app
 
-  async def start(self) -> "CodePoolServer":
+  async def start(self) -> CodePoolServer:
     await self.pool.start()
     self._runner = web.AppRunner(self.app(), access_log=None)
     await self._runner.setup()
     site = web.TCPSite(self._runner, self.host, self.port)
     await site.start()
     self.port = site._server.sockets[0].getsockname()[1]
-    log.warning("code pool server on http://%s:%d (isolation %s)", self.host, self.port,
-                self.pool.isolation_level)
+    log.warning(
+      "code pool server on http://%s:%d (isolation %s)",
+      self.host,
+      self.port,
+      self.pool.isolation_level,
+    )
     return self
 
   async def stop(self) -> None:
@@ -103,9 +123,14 @@ class CodePoolServer:
     await self.stop()
 
   async def health(self, request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "isolation_level": self.pool.isolation_level,
-                              "num_workers": self.pool.config.num_workers,
-                              "stats": self.pool.stats})
+    return web.json_response(
+      {
+        "ok": True,
+        "isolation_level": self.pool.isolation_level,
+        "num_workers": self.pool.config.num_workers,
+        "stats": self.pool.stats,
+      }
+    )
 
   async def execute_batch(self, request: web.Request) -> web.Response:
     try:
@@ -132,8 +157,13 @@ class CodePoolServer:
       try:
         r = await self.pool._execute(it["code"], it["stdin"], it["timeout_s"], it["session_id"], qt)
       except QueueTimeout as e:
-        return {"status": "queue_timeout", "stdout": "", "stderr": str(e), "duration_s": 0.0,
-                "exit_code": None}
+        return {
+          "status": "queue_timeout",
+          "stdout": "",
+          "stderr": str(e),
+          "duration_s": 0.0,
+          "exit_code": None,
+        }
       return dataclasses.asdict(r)
 
     results = await asyncio.gather(*(one(it) for it in parsed))
@@ -150,7 +180,8 @@ class CodePoolServer:
     return web.json_response({"closed": await self.pool.close_session(sid)})
 
 
-async def serve_forever(config: PoolConfig, host: str, port: int,
-                        queue_timeout_s: Optional[float] = None) -> None:
+async def serve_forever(
+  config: PoolConfig, host: str, port: int, queue_timeout_s: float | None = None
+) -> None:
   async with CodePoolServer(config, host, port, queue_timeout_s):
     await asyncio.Event().wait()

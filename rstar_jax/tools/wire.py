@@ -11,6 +11,7 @@ against the bytes actually present, the nesting depth, the dict key types and th
 trails the value; anything else raises `WireError`. Nothing is ever executed or imported while
 decoding, so bytes written by a sandboxed process can at worst be rejected.
 """
+
 import os
 import stat
 import struct
@@ -66,8 +67,10 @@ def _enc(obj, out, depth):
       _enc(k, out, depth + 1)
       _enc(v, out, depth + 1)
   else:
-    raise WireError(f"cannot encode a {type(obj).__name__} (plain values only: None, bool, int, "
-                    "float, str, bytes, list, tuple, dict)")
+    raise WireError(
+      f"cannot encode a {type(obj).__name__} (plain values only: None, bool, int, "
+      "float, str, bytes, list, tuple, dict)"
+    )
 
 
 def decode(data: bytes):
@@ -81,7 +84,7 @@ def decode(data: bytes):
 def _take(view, pos, n):
   if n < 0 or pos + n > len(view):
     raise WireError(f"truncated frame: need {n} bytes at offset {pos}, have {len(view) - pos}")
-  return view[pos:pos + n], pos + n
+  return view[pos : pos + n], pos + n
 
 
 def _dec(view, pos, depth):

@@ -1,5 +1,6 @@
 """The interaction-dense cold-start builder: real code-pool calls, chat format, loss masks,
 filtering and ASTER density selection."""
+
 import asyncio
 import dataclasses
 
@@ -17,6 +18,7 @@ FAMILIES = ["mul", "mulmod", "powmod", "digit_sum_pow", "ncr_mod"]
 def built():
   """Chats built through one real CodePool under several solver settings."""
   from rstar_jax.tools.code_pool import CodePool
+
   probs, _ = synthetic_tasks.make_splits(3, 10, 1, families=FAMILIES, difficulty="easy")
   wrong = dataclasses.replace(probs[0], answer=str(int(probs[0].answer) + 1))
 
@@ -24,17 +26,24 @@ def built():
     async with CodePool(num_workers=2) as pool:
       out = {}
       out["default"] = await coldstart.build_coldstart(
-          probs, pool, coldstart.ColdStartConfig(min_tool_calls=0, system_prompt="Use code."))
+        probs, pool, coldstart.ColdStartConfig(min_tool_calls=0, system_prompt="Use code.")
+      )
       out["buggy"] = await coldstart.build_coldstart(
-          probs, pool, coldstart.ColdStartConfig(bug_prob=1.0, explore_prob=1.0,
-                                                 min_tool_calls=3, show_time=False))
+        probs,
+        pool,
+        coldstart.ColdStartConfig(
+          bug_prob=1.0, explore_prob=1.0, min_tool_calls=3, show_time=False
+        ),
+      )
       out["capped"] = await coldstart.build_coldstart(
-          probs, pool, coldstart.ColdStartConfig(bug_prob=1.0, explore_prob=1.0, max_calls=2))
+        probs, pool, coldstart.ColdStartConfig(bug_prob=1.0, explore_prob=1.0, max_calls=2)
+      )
       out["plain"] = await coldstart.build_coldstart(
-          probs, pool, coldstart.ColdStartConfig(bug_prob=0.0, explore_prob=0.0,
-                                                 min_tool_calls=2))
+        probs, pool, coldstart.ColdStartConfig(bug_prob=0.0, explore_prob=0.0, min_tool_calls=2)
+      )
       out["wrong"] = await coldstart.solve_one(pool, wrong, coldstart.ColdStartConfig(), 0)
       return out
+
   return probs, asyncio.run(main())
 
 
@@ -76,7 +85,7 @@ def test_buggy_calls_really_fail_and_are_corrected(built):
     texts = _tool_texts(ex)
     assert texts[1].startswith("Tool call failure\nreason: error")
     assert ("NameError" in texts[1]) or ("SyntaxError" in texts[1])
-    assert not any("execution time" in t for t in texts)          # show_time=False
+    assert not any("execution time" in t for t in texts)  # show_time=False
     assert ex.messages[-3]["content"] == coldstart.FIX_TEXT
 
 
@@ -92,16 +101,23 @@ def test_wrong_final_answer_is_not_kept(built):
 
 def test_density_selection_drops_sparse_chats(built):
   probs, out = built
-  kept, stats = out["plain"]        # one call each: all below min_tool_calls=2
+  kept, stats = out["plain"]  # one call each: all below min_tool_calls=2
   assert kept == [] and stats["dropped_sparse"] == len(probs) and stats["solved"] == len(probs)
 
 
 def _chat(n_calls, tag):
   msgs = [{"role": "user", "content": tag}]
   for i in range(n_calls):
-    msgs += [{"role": "assistant", "content": "c", "tool_calls": [
-        {"function": {"name": chat_format.TOOL_NAME, "arguments": {"code": "print(1)"}}}]},
-             {"role": "tool", "content": "Tool call success\nstdout: 1"}]
+    msgs += [
+      {
+        "role": "assistant",
+        "content": "c",
+        "tool_calls": [
+          {"function": {"name": chat_format.TOOL_NAME, "arguments": {"code": "print(1)"}}}
+        ],
+      },
+      {"role": "tool", "content": "Tool call success\nstdout: 1"},
+    ]
   msgs.append({"role": "assistant", "content": "<answer>\\boxed{1}</answer>"})
   return ChatExample(messages=tuple(msgs))
 
@@ -121,19 +137,21 @@ def test_masks_and_ids_match_the_agent_loop(built, tmp_path):
   probs, out = built
   kept, _ = out["buggy"]
   tok = bpe.train_bpe_tokenizer(coldstart.chat_texts(kept) + [p.problem for p in probs], 400)
-  (ids, mask), = coldstart.render_examples(tok, kept[:1], with_tools=False)
+  ((ids, mask),) = coldstart.render_examples(tok, kept[:1], with_tools=False)
   ex = kept[0]
-  assert ex.messages[0]["role"] == "user"          # no system message: the default prompt
+  assert ex.messages[0]["role"] == "user"  # no system message: the default prompt
   prompt = chat_format.build_prompt_ids(tok, ex.messages[0]["content"], with_tools=False)
-  assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+  assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
   # rebuild the response the way the agent loop does: generated turns (mask 1) + tool turns
   # from the fixed template (mask 0)
   want_ids, want_mask = [], []
   im_end = chat_format.stop_token_id(tok)
   for m in ex.messages[1:]:
     if m["role"] == "assistant":
-      text = m["content"] + "".join(chat_format.format_tool_call(
-          c["function"]["arguments"]["code"], "") for c in m.get("tool_calls") or ())
+      text = m["content"] + "".join(
+        chat_format.format_tool_call(c["function"]["arguments"]["code"], "")
+        for c in m.get("tool_calls") or ()
+      )
       piece = tok.encode(text, add_special_tokens=False) + [im_end]
       want_ids += piece
       want_mask += [1] * len(piece)
@@ -141,7 +159,7 @@ def test_masks_and_ids_match_the_agent_loop(built, tmp_path):
       piece = chat_format.tool_turn_ids(tok, [m["content"]])
       want_ids += piece
       want_mask += [0] * len(piece)
-  assert ids[len(prompt):] == want_ids and mask[len(prompt):] == want_mask
+  assert ids[len(prompt) :] == want_ids and mask[len(prompt) :] == want_mask
   # every tool response token is masked out, the final answer is trained on
   text_masked = tok.decode([t for t, k in zip(ids, mask) if k], skip_special_tokens=False)
   assert "Tool call failure" not in text_masked and "<tool_response>" not in text_masked
@@ -156,6 +174,7 @@ def test_masks_and_ids_match_the_agent_loop(built, tmp_path):
 
 def test_break_code_breaks_and_config_errors():
   import random
+
   rng = random.Random(0)
   for code in ("print(1 * 2)", "import math\nprint(math.comb(5, 2) % 7)"):
     for _ in range(4):

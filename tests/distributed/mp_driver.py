@@ -14,6 +14,7 @@ params, gathered) in each run's folder and, for SFT, ``hf/`` (the multi-process 
 Env RSTAR_TEST_DIE_AT_STEP=s and RSTAR_TEST_DIE_PROCESS=i: process i SIGKILLs itself at the
 start of RL step s's rollouts (fault test).
 """
+
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ def _flat(tree, prefix=""):
 def _config(mode):
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
+
   return from_config_dict(rstar2_tiny_cpu.get_config(mode))
 
 
@@ -43,6 +45,7 @@ def run_rl(workdir, steps):
 
   async def rule_rewards(self, trajs, answers):
     return [float(sum(t.response_ids) % 2) for t in trajs]
+
   agent_runner.AgentRunner.rewards = rule_rewards
   die_at = int(os.environ.get("RSTAR_TEST_DIE_AT_STEP", "0"))
   die_proc = int(os.environ.get("RSTAR_TEST_DIE_PROCESS", "-1"))
@@ -53,21 +56,27 @@ def run_rl(workdir, steps):
       print(f"test: process {die_proc} kills itself at step {die_at}", flush=True)
       os.kill(os.getpid(), signal.SIGKILL)
     return await orig(self, *a, **kw)
+
   rl_loop.RLLoop.rollout = rollout
   return rl_loop.run_rl(_config("rl"), workdir, max_steps=steps)
 
 
 def run_sft(workdir, steps):
   from rstar_jax.pipelines import sft_loop
-  out = sft_loop.run_sft(_config("sft"), workdir, max_steps=steps,
-                         export=False)
-  sft_loop.export_with_tokenizer(os.path.join(workdir, "hf"), out["learner"].model_config,
-                                 out["learner"].state.params, out["tokenizer"])
+
+  out = sft_loop.run_sft(_config("sft"), workdir, max_steps=steps, export=False)
+  sft_loop.export_with_tokenizer(
+    os.path.join(workdir, "hf"),
+    out["learner"].model_config,
+    out["learner"].state.params,
+    out["tokenizer"],
+  )
   return out
 
 
 def save_params(out, workdir):
   from rstar_jax.distributed import hostdata, primary
+
   params = hostdata.host_params(out["learner"].state.params)
   if primary.is_primary():
     np.savez(os.path.join(workdir, "params.npz"), **_flat(params))
@@ -76,20 +85,27 @@ def save_params(out, workdir):
 def main():
   mode, workdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
   from rstar_jax.pipelines import runtime
+
   runtime.setup_logging()
   runtime.maybe_initialize_distributed()
   import jax
+
   if mode == "rl":
     save_params(run_rl(workdir, steps), workdir)
-  elif mode in ("all", "rl_eval"):   # [SFT], RL, eval of the RL policy: one start-up
+  elif mode in ("all", "rl_eval"):  # [SFT], RL, eval of the RL policy: one start-up
     if mode == "all":
       sft_steps = int(sys.argv[4])
       save_params(run_sft(os.path.join(workdir, "sft"), sft_steps), os.path.join(workdir, "sft"))
     out = run_rl(os.path.join(workdir, "rl"), steps)
     save_params(out, os.path.join(workdir, "rl"))
     from rstar_jax.pipelines import evaluation
-    evaluation.run_eval(_config("eval"), os.path.join(workdir, "eval.json"),
-                        params=out["learner"].state.params, tokenizer=out["tokenizer"])
+
+    evaluation.run_eval(
+      _config("eval"),
+      os.path.join(workdir, "eval.json"),
+      params=out["learner"].state.params,
+      tokenizer=out["tokenizer"],
+    )
   else:
     raise SystemExit(f"mode: expected rl, all or rl_eval, got {mode!r}")
   print(f"driver done: process {jax.process_index()} of {jax.process_count()}", flush=True)

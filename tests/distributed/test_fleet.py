@@ -1,12 +1,13 @@
 """Which servers / code pool each JAX process uses (`rstar_jax.distributed.fleet`)."""
+
 import asyncio
 
 import pytest
 
 from configs import rstar2_tiny_cpu
-from rstar_jax.distributed import fleet
 from rstar_jax.config import from_config_dict
 from rstar_jax.config.checks import ConfigError
+from rstar_jax.distributed import fleet
 
 URLS = [f"http://127.0.0.1:{3000 + i}" for i in range(5)]
 
@@ -14,10 +15,13 @@ URLS = [f"http://127.0.0.1:{3000 + i}" for i in range(5)]
 def test_each_server_belongs_to_one_process():
   parts = [fleet.process_urls(URLS, process_index=i, process_count=2) for i in range(2)]
   assert parts == [URLS[0::2], URLS[1::2]]
-  assert fleet.process_urls(URLS) == URLS          # one process: every server
+  assert fleet.process_urls(URLS) == URLS  # one process: every server
   # Fewer servers than processes: shared round-robin.
-  assert [fleet.process_urls(URLS[:2], process_index=i, process_count=3) for i in range(3)] == \
-      [[URLS[0]], [URLS[1]], [URLS[0]]]
+  assert [fleet.process_urls(URLS[:2], process_index=i, process_count=3) for i in range(3)] == [
+    [URLS[0]],
+    [URLS[1]],
+    [URLS[0]],
+  ]
   with pytest.raises(ValueError, match="at least one URL"):
     fleet.process_urls([])
 
@@ -42,6 +46,7 @@ def test_tool_backend_is_validated():
 def test_http_backend_runs_code_through_the_service():
   from rstar_jax.tools.code_pool import PoolConfig
   from rstar_jax.tools.server import CodePoolServer
+
   cfg = rstar2_tiny_cpu.get_config("rl")
 
   async def go():

@@ -1,4 +1,5 @@
 """Single-process behaviour of the multi-process helpers, and the local cluster runner."""
+
 import os
 import subprocess
 import sys
@@ -15,8 +16,7 @@ CLUSTER = os.path.join(REPO, "scripts", "local_cluster.sh")
 
 @pytest.mark.parametrize("n,count", [(0, 2), (1, 2), (2, 2), (7, 3), (8, 4), (5, 8)])
 def test_local_indices_split_contiguously_and_cover_everything(n, count):
-  parts = [hostdata.local_indices(n, process_index=i, process_count=count)
-           for i in range(count)]
+  parts = [hostdata.local_indices(n, process_index=i, process_count=count) for i in range(count)]
   assert [j for p in parts for j in p] == list(range(n))
   sizes = [len(p) for p in parts]
   assert max(sizes) - min(sizes) <= 1
@@ -36,9 +36,10 @@ def test_single_process_gathers_are_the_identity():
 
 def test_global_batch_places_the_host_rows_on_the_sharding():
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  mesh = jax.make_mesh((jax.device_count(),), ("data",),
-                       axis_types=(jax.sharding.AxisType.Auto,))
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
   batch = {"x": np.arange(16 * 3, dtype=np.int32).reshape(16, 3)}
   out = hostdata.global_batch(batch, lambda v: NamedSharding(mesh, P("data")))
   np.testing.assert_array_equal(np.asarray(out["x"]), batch["x"])
@@ -48,6 +49,7 @@ def test_global_batch_places_the_host_rows_on_the_sharding():
 
 def test_initialize_from_env_names_the_bad_variable(monkeypatch):
   from rstar_jax.distributed import init
+
   monkeypatch.setenv(init.ENV_NUM_PROCESSES, "2")
   monkeypatch.setenv(init.ENV_COORDINATOR, "127.0.0.1:1")
   monkeypatch.setenv(init.ENV_PROCESS_ID, "5")
@@ -59,22 +61,45 @@ def test_initialize_from_env_names_the_bad_variable(monkeypatch):
 
 def test_local_cluster_prefixes_output_and_passes_the_environment():
   out = subprocess.run(
-      ["bash", CLUSTER, "2", "3", "--", "bash", "-c",
-       'echo "id=$RSTAR_PROCESS_ID n=$RSTAR_NUM_PROCESSES c=${RSTAR_COORDINATOR%:*} $XLA_FLAGS"'],
-      capture_output=True, text=True, timeout=60)
+    [
+      "bash",
+      CLUSTER,
+      "2",
+      "3",
+      "--",
+      "bash",
+      "-c",
+      'echo "id=$RSTAR_PROCESS_ID n=$RSTAR_NUM_PROCESSES c=${RSTAR_COORDINATOR%:*} $XLA_FLAGS"',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert out.returncode == 0, out.stderr
   lines = sorted(out.stdout.splitlines())
-  assert lines == [f"[{i}] id={i} n=2 c=127.0.0.1 --xla_force_host_platform_device_count=3"
-                   for i in range(2)]
+  assert lines == [
+    f"[{i}] id={i} n=2 c=127.0.0.1 --xla_force_host_platform_device_count=3" for i in range(2)
+  ]
 
 
 def test_local_cluster_ends_the_others_when_one_fails(tmp_path):
   marker = tmp_path / "pids"
   t0 = time.monotonic()
   out = subprocess.run(
-      ["bash", CLUSTER, "3", "1", "--", "bash", "-c",
-       f'echo $$ >> {marker}; if [ "$RSTAR_PROCESS_ID" = 1 ]; then sleep 0.5; exit 7; fi; '
-       'sleep 300'], capture_output=True, text=True, timeout=120)
+    [
+      "bash",
+      CLUSTER,
+      "3",
+      "1",
+      "--",
+      "bash",
+      "-c",
+      f'echo $$ >> {marker}; if [ "$RSTAR_PROCESS_ID" = 1 ]; then sleep 0.5; exit 7; fi; sleep 300',
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode == 7
   assert time.monotonic() - t0 < 60
   assert "process 1 exited with status 7" in out.stderr
@@ -84,8 +109,9 @@ def test_local_cluster_ends_the_others_when_one_fails(tmp_path):
 
 
 def test_local_cluster_usage_error():
-  out = subprocess.run(["bash", CLUSTER, "2", "x", "--", "true"], capture_output=True,
-                       text=True, timeout=30)
+  out = subprocess.run(
+    ["bash", CLUSTER, "2", "x", "--", "true"], capture_output=True, text=True, timeout=30
+  )
   assert out.returncode == 2 and "DEVICES_PER_PROCESS" in out.stderr
 
 
@@ -96,7 +122,9 @@ def test_compare_metrics_ignores_timings_and_flags_differences(tmp_path):
   finally:
     sys.path.pop(0)
   a = {1: {"step": 1, "loss": 1.0, "time_step_s": 3.0}}
-  assert compare_metrics.compare(a, {1: {"step": 1, "loss": 1.0, "time_step_s": 9.0}},
-                                 1e-4, 1e-6) == []
-  assert compare_metrics.compare(a, {1: {"step": 1, "loss": 1.1, "time_step_s": 3.0}},
-                                 1e-4, 1e-6) == ["step 1 loss: 1.0 vs 1.1"]
+  assert (
+    compare_metrics.compare(a, {1: {"step": 1, "loss": 1.0, "time_step_s": 9.0}}, 1e-4, 1e-6) == []
+  )
+  assert compare_metrics.compare(
+    a, {1: {"step": 1, "loss": 1.1, "time_step_s": 3.0}}, 1e-4, 1e-6
+  ) == ["step 1 loss: 1.0 vs 1.1"]

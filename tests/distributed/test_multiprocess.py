@@ -7,6 +7,7 @@ run, so the match with the 1-process run checks the resume too).
 Each run is a subprocess of `tests/distributed/mp_driver.py` (1 process) or of it under
 `scripts/local_cluster.sh` (2 processes).
 """
+
 import json
 import os
 import re
@@ -25,12 +26,16 @@ import compare_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 RL_STEPS, SFT_STEPS = 2, 3
-PROMPTS, ROLLOUTS = 2, 4     # configs/rstar2_tiny_cpu.py: batch_prompts 2, oversample 2 x G 2
+PROMPTS, ROLLOUTS = 2, 4  # configs/rstar2_tiny_cpu.py: batch_prompts 2, oversample 2 x G 2
 
 
 def _env(**extra):
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  env = dict(
+    os.environ,
+    PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+  )
   for k in ("RSTAR_COORDINATOR", "RSTAR_NUM_PROCESSES", "RSTAR_PROCESS_ID"):
     env.pop(k, None)
   env.update(extra)
@@ -51,6 +56,7 @@ def _run(args, processes, timeout=900, **extra):
 
 def _free_port():
   import socket
+
   s = socket.socket()
   s.bind(("127.0.0.1", 0))
   port = s.getsockname()[1]
@@ -65,12 +71,25 @@ def _run_faulted(args):
   port = _free_port()
   procs = []
   for i in range(2):
-    env = _env(RSTAR_COORDINATOR=f"127.0.0.1:{port}", RSTAR_NUM_PROCESSES="2",
-               RSTAR_PROCESS_ID=str(i), RSTAR_HEARTBEAT_S="5",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               RSTAR_TEST_DIE_AT_STEP="2", RSTAR_TEST_DIE_PROCESS="1")
-    procs.append(subprocess.Popen([sys.executable, DRIVER, *args], env=env, cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    env = _env(
+      RSTAR_COORDINATOR=f"127.0.0.1:{port}",
+      RSTAR_NUM_PROCESSES="2",
+      RSTAR_PROCESS_ID=str(i),
+      RSTAR_HEARTBEAT_S="5",
+      XLA_FLAGS="--xla_force_host_platform_device_count=4",
+      RSTAR_TEST_DIE_AT_STEP="2",
+      RSTAR_TEST_DIE_PROCESS="1",
+    )
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, DRIVER, *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    )
   try:
     out1, _ = procs[1].communicate(timeout=900)
     t_dead = time.monotonic()
@@ -138,6 +157,7 @@ def test_sft_and_export_two_processes_match_one(runs):
   assert compare_metrics.compare(one, two, 1e-4, 1e-6) == []
   _assert_same_params(runs["sft", 1], runs["sft", 2])
   from safetensors.numpy import load_file
+
   ha = load_file(os.path.join(runs["sft", 1], "hf", "model.safetensors"))
   hb = load_file(os.path.join(runs["sft", 2], "hf", "model.safetensors"))
   assert sorted(ha) == sorted(hb) and len(ha) > 5
@@ -165,7 +185,7 @@ def test_only_process_zero_writes(runs):
     name = "metrics.jsonl" if os.path.basename(d) == "rl" else "sft_metrics.jsonl"
     with open(os.path.join(d, name)) as f:
       steps = [json.loads(line)["step"] for line in f if line.strip()]
-    assert steps == sorted(set(steps))       # one record per step: no second writer
+    assert steps == sorted(set(steps))  # one record per step: no second writer
 
 
 def test_lost_process_fails_the_other_and_restart_resumes(runs):

@@ -1,4 +1,5 @@
 """Makes the learner test helpers (learner_toy_model) importable under --import-mode=importlib."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """RL / SFT batch building from trajectories (token-aligned target convention)."""
+
 import dataclasses
 
 import numpy as np
@@ -9,32 +10,34 @@ from rstar_jax.learner.batch import make_rl_batch, make_sft_batch, split_rl_batc
 
 @dataclasses.dataclass
 class Traj:
-    prompt_ids: list
-    response_ids: list
-    loss_mask: list
-    logprobs: list
+  prompt_ids: list
+  response_ids: list
+  loss_mask: list
+  logprobs: list
 
 
 def test_rl_batch_layout():
-    # response: 2 generated tokens, 2 tool tokens (mask 0), 1 generated token.
-    t0 = Traj([5, 6, 7], [10, 11, 90, 91, 12], [1, 1, 0, 0, 1], [-0.1, -0.2, -9.0, -9.0, -0.3])
-    t1 = Traj([8], [13], [1], [-0.5])
-    b = make_rl_batch([t0, t1], [1.5, -0.5], pad_to=10, pad_id=3, row_multiple=4)
-    assert b["input_ids"].shape == (4, 10) and b["advantages"].shape == (4,)
-    assert b["input_ids"].dtype == np.int32 and b["loss_mask"].dtype == np.float32
-    np.testing.assert_array_equal(b["input_ids"][0], [5, 6, 7, 10, 11, 90, 91, 12, 3, 3])
-    np.testing.assert_array_equal(b["attention_mask"][0], [1] * 8 + [0] * 2)
-    np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 0, 1, 1, 0, 0, 1, 0, 0])
-    # Logprobs sit on the column of the token they score; tool-token logprobs are zeroed.
-    np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
-    np.testing.assert_array_equal(b["input_ids"][1, :2], [8, 13])
-    np.testing.assert_array_equal(b["loss_mask"][1], [0, 1] + [0] * 8)
-    np.testing.assert_allclose(b["advantages"], [1.5, -0.5, 0, 0])
-    # Rows added for row_multiple are empty.
-    assert b["attention_mask"][2:].sum() == 0 and b["loss_mask"][2:].sum() == 0
+  # response: 2 generated tokens, 2 tool tokens (mask 0), 1 generated token.
+  t0 = Traj([5, 6, 7], [10, 11, 90, 91, 12], [1, 1, 0, 0, 1], [-0.1, -0.2, -9.0, -9.0, -0.3])
+  t1 = Traj([8], [13], [1], [-0.5])
+  b = make_rl_batch([t0, t1], [1.5, -0.5], pad_to=10, pad_id=3, row_multiple=4)
+  assert b["input_ids"].shape == (4, 10) and b["advantages"].shape == (4,)
+  assert b["input_ids"].dtype == np.int32 and b["loss_mask"].dtype == np.float32
+  np.testing.assert_array_equal(b["input_ids"][0], [5, 6, 7, 10, 11, 90, 91, 12, 3, 3])
+  np.testing.assert_array_equal(b["attention_mask"][0], [1] * 8 + [0] * 2)
+  np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 0, 1, 1, 0, 0, 1, 0, 0])
+  # Logprobs sit on the column of the token they score; tool-token logprobs are zeroed.
+  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
+  np.testing.assert_array_equal(b["input_ids"][1, :2], [8, 13])
+  np.testing.assert_array_equal(b["loss_mask"][1], [0, 1] + [0] * 8)
+  np.testing.assert_allclose(b["advantages"], [1.5, -0.5, 0, 0])
+  # Rows added for row_multiple are empty.
+  assert b["attention_mask"][2:].sum() == 0 and b["loss_mask"][2:].sum() == 0
 
 
-@pytest.mark.parametrize("traj,adv,match", [
+@pytest.mark.parametrize(
+  "traj,adv,match",
+  [
     (Traj([1], [2, 3], [1], [0.0, 0.0]), [0.0], "one entry per response token"),
     (Traj([1], [2, 3], [1, 1], [0.0]), [0.0], "one entry per response token"),
     (Traj([], [2], [1], [0.0]), [0.0], "empty prompt_ids"),
@@ -42,32 +45,41 @@ def test_rl_batch_layout():
     (Traj([1], [2], [2], [0.0]), [0.0], "only 0/1"),
     (Traj([1], [2], [1], [0.0]), [0.0, 1.0], "advantages must have shape"),
     (Traj([1], [2], [1], [0.0]), [float("nan")], "not finite"),
-])
+  ],
+)
 def test_rl_batch_errors_name_problem(traj, adv, match):
-    with pytest.raises(ValueError, match=match):
-        make_rl_batch([traj], adv, pad_to=10)
+  with pytest.raises(ValueError, match=match):
+    make_rl_batch([traj], adv, pad_to=10)
 
 
 def test_sft_batch():
-    b = make_sft_batch([([1, 2, 3, 4], [1, 0, 1, 1]), ([7, 8], [0, 1])], pad_to=6, row_multiple=3)
-    np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 0, 0])
-    # Column 0 is never a target (nothing predicts it).
-    np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 1, 0, 0])
-    np.testing.assert_array_equal(b["loss_mask"][1], [0, 1, 0, 0, 0, 0])
-    assert b["input_ids"].shape == (3, 6) and b["attention_mask"][2].sum() == 0
-    with pytest.raises(ValueError, match="sequence 0: loss_mask has 1 entries, ids has 2"):
-        make_sft_batch([([1, 2], [1])], pad_to=6)
+  b = make_sft_batch([([1, 2, 3, 4], [1, 0, 1, 1]), ([7, 8], [0, 1])], pad_to=6, row_multiple=3)
+  np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 0, 0])
+  # Column 0 is never a target (nothing predicts it).
+  np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 1, 0, 0])
+  np.testing.assert_array_equal(b["loss_mask"][1], [0, 1, 0, 0, 0, 0])
+  assert b["input_ids"].shape == (3, 6) and b["attention_mask"][2].sum() == 0
+  with pytest.raises(ValueError, match="sequence 0: loss_mask has 1 entries, ids has 2"):
+    make_sft_batch([([1, 2], [1])], pad_to=6)
 
 
 def test_rl_batch_from_rollout_trajectory():
-    from rstar_jax.rollout.types import TRAJECTORY_FINISH_REASONS, Trajectory
-    tr = Trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5], loss_mask=[1, 0, 1],
-                    logprobs=[-0.25, 0.0, -0.75], weight_versions=[4, 4, 4], num_turns=2,
-                    tool_calls=[], finish_reason=TRAJECTORY_FINISH_REASONS[0])
-    b = make_rl_batch([tr], [2.0], pad_to=6)
-    np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 5, 0])
-    np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 0, 1, 0])
-    np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
+  from rstar_jax.rollout.types import TRAJECTORY_FINISH_REASONS, Trajectory
+
+  tr = Trajectory(
+    prompt_ids=[1, 2],
+    response_ids=[3, 4, 5],
+    loss_mask=[1, 0, 1],
+    logprobs=[-0.25, 0.0, -0.75],
+    weight_versions=[4, 4, 4],
+    num_turns=2,
+    tool_calls=[],
+    finish_reason=TRAJECTORY_FINISH_REASONS[0],
+  )
+  b = make_rl_batch([tr], [2.0], pad_to=6)
+  np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 5, 0])
+  np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 0, 1, 0])
+  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
 
 
 def _seven_row_batch():

@@ -1,4 +1,5 @@
 """Shared fixture: tiny random transformers checkpoints saved into tmp dirs (no hub)."""
+
 import os
 import sys
 
@@ -10,17 +11,16 @@ from model_test_utils import CASES, build_torch_model  # noqa: E402
 
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
-    """Lazily built {case: (hf_dir, torch_model)} cache for the whole session."""
-    cache = {}
+  """Lazily built {case: (hf_dir, torch_model)} cache for the whole session."""
+  cache = {}
 
-    def get(case: str):
-        if case not in cache:
-            model_type, kw = CASES[case]
-            model = build_torch_model(model_type, kw)
-            d = tmp_path_factory.mktemp(case)
-            model.save_pretrained(d)
-            cache[case] = (str(d), model)
-        return cache[case]
-    return get
+  def get(case: str):
+    if case not in cache:
+      model_type, kw = CASES[case]
+      model = build_torch_model(model_type, kw)
+      d = tmp_path_factory.mktemp(case)
+      model.save_pretrained(d)
+      cache[case] = (str(d), model)
+    return cache[case]
 
-
+  return get

@@ -1,5 +1,6 @@
 """The asynchronous producer (pipelines/async_rollout.py) against a simulated engine: issue cap,
 staleness drops and regeneration, exact data position, resume mid-overlap, metrics."""
+
 import asyncio
 import collections
 
@@ -55,21 +56,29 @@ class SimEngine:
 class SimRunner:
   def __init__(self, engine):
     self.engine = engine
-    self.seen = []          # (problem text, seed) of every rollout started
+    self.seen = []  # (problem text, seed) of every rollout started
 
   async def rollout(self, problem, *, seed, settings):
     self.seen.append((problem.problem, seed))
     req = GenerateRequest([1, 2], SamplingParams(TOKENS), rid=f"{problem.problem}|{seed}:0")
     res = (await self.engine.generate([req]))[0]
     n = len(res.output_ids)
-    return Trajectory(prompt_ids=[1, 2], response_ids=list(res.output_ids), loss_mask=[1] * n,
-                      logprobs=list(res.logprobs), weight_versions=res.token_versions(),
-                      num_turns=1, tool_calls=[], finish_reason=res.finish_reason)
+    return Trajectory(
+      prompt_ids=[1, 2],
+      response_ids=list(res.output_ids),
+      loss_mask=[1] * n,
+      logprobs=list(res.logprobs),
+      weight_versions=res.token_versions(),
+      num_turns=1,
+      tool_calls=[],
+      finish_reason=res.finish_reason,
+    )
 
 
 def _source(runner, k=1, P=2, N=2, mode="continue"):
-  return async_rollout.AsyncRollouts(runner, max_staleness=k, partial_rollout=mode,
-                                     num_samples=N, batch_prompts=P, base_seed=5)
+  return async_rollout.AsyncRollouts(
+    runner, max_staleness=k, partial_rollout=mode, num_samples=N, batch_prompts=P, base_seed=5
+  )
 
 
 async def _steps(src, iterator, n_steps, steps_left, update_s=0.02, key=0):
@@ -98,6 +107,7 @@ def test_k_must_be_positive():
 def _run_config(**rl):
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
+
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.train.batch_prompts = 2
   cfg.rl.oversample, cfg.rl.group_size, cfg.rl.min_pos, cfg.rl.min_neg = 2, 2, 1, 1
@@ -110,20 +120,24 @@ def test_from_config_is_none_at_k0_and_wraps_the_engine_at_k1():
   runner = SimRunner(SimEngine(lambda p, i: 0.0))
   raw = runner.engine
   run = _run_config(partial_rollout="restart", max_step_retries=1, tis_cap=3.0)
-  assert run.rl.max_staleness == 0   # the default: the synchronous loop
+  assert run.rl.max_staleness == 0  # the default: the synchronous loop
   assert async_rollout.from_config(run, runner) is None and runner.engine is raw
-  src = async_rollout.from_config(_run_config(max_staleness=1, partial_rollout="restart",
-                                              max_step_retries=1, tis_cap=3.0), runner)
+  src = async_rollout.from_config(
+    _run_config(max_staleness=1, partial_rollout="restart", max_step_retries=1, tis_cap=3.0), runner
+  )
   assert isinstance(runner.engine, InterruptibleEngine) and runner.engine.inner is raw
   assert src.engine.mode == "restart" and src.N == 4 and src.capacity == 2 and src.tis_cap == 3.0
   assert src.max_retries == 1
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("max_staleness", -1, r"rl\.max_staleness"),
     ("partial_rollout", "resume", r"rl\.partial_rollout"),
     ("tis_cap", -0.5, r"rl\.tis_cap"),
-])
+  ],
+)
 def test_config_fields_are_checked(field, value, match):
   with pytest.raises(ValueError, match=match):
     _run_config(**{field: value})
@@ -143,23 +157,29 @@ def test_overlap_bounded_by_k_and_data_position_exact():
   taken, metrics, state = asyncio.run(main())
   pending = [PROBLEMS[i].problem for _, i, _ in state["pending"]]
   # Issued = trained + pending, exactly the iterator's first items: none lost, none twice.
-  assert state["next_seq"] == len(taken) + len(pending) == it.state_dict()["index"] + 7 * \
-      it.state_dict()["epoch"]
-  assert collections.Counter(taken + pending) == collections.Counter(_prefix(len(taken) +
-                                                                             len(pending)))
+  assert (
+    state["next_seq"]
+    == len(taken) + len(pending)
+    == it.state_dict()["index"] + 7 * it.state_dict()["epoch"]
+  )
+  assert collections.Counter(taken + pending) == collections.Counter(
+    _prefix(len(taken) + len(pending))
+  )
   # k = 1: at most P groups ahead of the learner; their tokens lag 0 or 1 pushes, never 2.
   assert len(pending) <= src.capacity
   for m in metrics:
-    assert sum(v for k, v in m.items() if k.startswith("async/lag_") and k.endswith("_tokens")) \
-        == 2 * 2 * TOKENS
+    assert (
+      sum(v for k, v in m.items() if k.startswith("async/lag_") and k.endswith("_tokens"))
+      == 2 * 2 * TOKENS
+    )
     assert m.get("async/lag_2_tokens", 0.0) == 0.0
-  assert any(m["async/lag_1_tokens"] > 0 for m in metrics[1:])   # the overlap happened
+  assert any(m["async/lag_1_tokens"] > 0 for m in metrics[1:])  # the overlap happened
   assert all(0.0 <= m["async/learner_idle_frac"] <= 1.0 for m in metrics)
   assert all(0.0 <= m["async/rollout_idle_frac"] <= 1.0 for m in metrics)
 
 
 def test_stale_group_is_dropped_counted_and_regenerated():
-  slow = _prefix(1)[0]     # the first group drawn: its first token at once, then ~8 steps
+  slow = _prefix(1)[0]  # the first group drawn: its first token at once, then ~8 steps
   runner = SimRunner(SimEngine(lambda p, i: (0.08 if i else 0.0) if p == slow else 0.002))
   src = _source(runner, k=2, P=2, N=1)
   it = EpochIterator(PROBLEMS, seed=0)
@@ -172,11 +192,15 @@ def test_stale_group_is_dropped_counted_and_regenerated():
   assert dropped >= 1 and sum(m["async/dropped_stale_trajectories"] for m in metrics) >= 1
   # The slow prompt was regenerated (same seed) and trained on exactly once, nothing lost.
   assert taken.count(slow) == 1 and collections.Counter(taken) == collections.Counter(_prefix(10))
-  assert [s for p, s in runner.seen if p == slow] == [async_rollout.trajectory_seed(
-      async_rollout.group_seed(5, 0), 0)] * (1 + int(dropped))
-  for m in metrics:   # nothing trained beyond the bound
-    assert all(v == 0 for k, v in m.items() if k.startswith("async/lag_") and
-               k.endswith("_tokens") and int(k.split("_")[1]) > 2)
+  assert [s for p, s in runner.seen if p == slow] == [
+    async_rollout.trajectory_seed(async_rollout.group_seed(5, 0), 0)
+  ] * (1 + int(dropped))
+  for m in metrics:  # nothing trained beyond the bound
+    assert all(
+      v == 0
+      for k, v in m.items()
+      if k.startswith("async/lag_") and k.endswith("_tokens") and int(k.split("_")[1]) > 2
+    )
 
 
 def test_resume_mid_overlap_regenerates_in_flight_groups():
@@ -208,13 +232,15 @@ def test_resume_mid_overlap_regenerates_in_flight_groups():
   taken1, state, data = asyncio.run(first())
   taken2, seen2, end, data2 = asyncio.run(second(state, data))
   assert collections.Counter(taken1 + taken2) == collections.Counter(_prefix(10))
-  assert end["pending"] == [] and data2 == EpochIterator.from_state(
-      PROBLEMS, data2).state_dict()
+  assert end["pending"] == [] and data2 == EpochIterator.from_state(PROBLEMS, data2).state_dict()
   # The groups in flight at the checkpoint are generated first after the resume, with the
   # seeds they had: the same rollouts, not new draws.
-  first_seen = seen2[:2 * len(state["pending"])]
-  want = [(PROBLEMS[i].problem, async_rollout.trajectory_seed(sd, j))
-          for _, i, sd in state["pending"] for j in range(2)]
+  first_seen = seen2[: 2 * len(state["pending"])]
+  want = [
+    (PROBLEMS[i].problem, async_rollout.trajectory_seed(sd, j))
+    for _, i, sd in state["pending"]
+    for j in range(2)
+  ]
   assert sorted(first_seen) == sorted(want)
 
 
@@ -229,7 +255,7 @@ def test_restart_mode_regenerates_trajectories_cut_by_a_push():
   taken, metrics = asyncio.run(main())
   assert collections.Counter(taken) == collections.Counter(_prefix(6))
   assert sum(m["async/restarted_trajectories"] for m in metrics) > 0
-  for m in metrics:   # a restarted trajectory is wholly on one version: no mixed lags
+  for m in metrics:  # a restarted trajectory is wholly on one version: no mixed lags
     assert m.get("async/lag_2_tokens", 0.0) == 0.0
 
 
@@ -245,6 +271,6 @@ def test_importance_metrics_match_numpy():
   assert m["async/is_truncated_frac"] == pytest.approx((r > 2.0).mean())
   empty = async_rollout.importance_metrics(b, p, np.zeros_like(mask), cap=2.0)
   assert empty["async/is_ratio_mean"] == 1.0 and empty["async/is_truncated_frac"] == 0.0
-  off = async_rollout.importance_metrics(b, p, mask, cap=0.0)   # rl.tis_cap = 0: no truncation
+  off = async_rollout.importance_metrics(b, p, mask, cap=0.0)  # rl.tis_cap = 0: no truncation
   assert off["async/is_truncated_frac"] == 0.0
   assert off["async/is_ratio_max"] == pytest.approx(r.max(), rel=1e-6)

@@ -2,6 +2,7 @@
 rollouts overlap the update (worker thread), a resume mid-overlap regenerates the groups that
 were in flight, the data position stays exact, the batch carries behaviour and proximal
 log-probs, and the per-step async metrics are logged. k = 0 leaves the loop as it was."""
+
 import asyncio
 import collections
 import dataclasses
@@ -28,21 +29,31 @@ def _config(k, steps=3):
   cfg.rollout.response_budget = 12
   cfg.rollout.max_turns = 1
   cfg.rl.max_staleness = k
-  cfg.stages = [dict(name="s", steps=steps, response_budget=12, max_turns=1, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=steps,
+      response_budget=12,
+      max_turns=1,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   return cfg
 
 
 async def _alternating(trajs, answers):
-  return [float(i % 2) for i in range(len(answers))]   # every group mixed: real updates
+  return [float(i % 2) for i in range(len(answers))]  # every group mixed: real updates
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   problems = synthetic_tasks.generate(3, 40, families=["mul"], difficulty="easy")[:5]
   cfg = from_config_dict(_config(1), "rl")
-  tok = data_sources.ensure_tokenizer(cfg, str(tmp_path_factory.mktemp("tok")),
-                                      data_sources.tokenizer_corpus(problems))
+  tok = data_sources.ensure_tokenizer(
+    cfg, str(tmp_path_factory.mktemp("tok")), data_sources.tokenizer_corpus(problems)
+  )
   return problems, tok
 
 
@@ -59,8 +70,9 @@ def _run(cfg, workdir, problems, tok, max_steps):
   learner.jitted = dataclasses.replace(learner.jitted, rl_step=spy_step)
 
   async def main():
-    async with agent_runner.open_runner(cfg, learner.model_config, learner.params_copy(),
-                                        tok) as runner:
+    async with agent_runner.open_runner(
+      cfg, learner.model_config, learner.params_copy(), tok
+    ) as runner:
       runner.rewards = _alternating
       rollout = runner.rollout
 
@@ -100,9 +112,13 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path
   assert second.pos.async_state == {"pending": [], "next_seq": 6}
   # The groups in flight at the stop were regenerated first, with their recorded seeds.
   from rstar_jax.pipelines import async_rollout
-  want = collections.Counter((problems[i].problem, async_rollout.trajectory_seed(sd, j))
-                             for _, i, sd in pending for j in range(n))
-  assert collections.Counter(seen2[:len(want)]) == want
+
+  want = collections.Counter(
+    (problems[i].problem, async_rollout.trajectory_seed(sd, j))
+    for _, i, sd in pending
+    for j in range(n)
+  )
+  assert collections.Counter(seen2[: len(want)]) == want
 
   recs = read_jsonl_metrics(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in recs] == [1, 2, 3]
@@ -110,9 +126,14 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path
   for r in recs:
     tokens = sum(v for k, v in r.items() if k.startswith("async/lag_") and k.endswith("_tokens"))
     assert tokens > 0 and r.get("async/lag_2_tokens", 0.0) == 0.0
-    for key in ("async/is_ratio_mean", "async/is_ratio_max", "async/is_truncated_frac",
-                "async/dropped_stale_trajectories", "async/learner_idle_frac",
-                "async/rollout_idle_frac"):
+    for key in (
+      "async/is_ratio_mean",
+      "async/is_ratio_max",
+      "async/is_truncated_frac",
+      "async/dropped_stale_trajectories",
+      "async/learner_idle_frac",
+      "async/rollout_idle_frac",
+    ):
       assert key in r, key
   # Step 3 trains on groups sampled by version 1 while version 2 trained on step 2's: lag 1.
   assert recs[-1]["async/lag_1_tokens"] > 0

@@ -1,5 +1,6 @@
 """The CPU demo: config, prompt/SFT token agreement, and a smoke run of every phase through the
 launcher (tiny `configs/demo.py:smoke`), stopped after one RL step and resumed."""
+
 import json
 import os
 import subprocess
@@ -9,10 +10,10 @@ import numpy as np
 import pytest
 
 from configs import demo as demo_config
+from rstar_jax.config import from_config_dict
 from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import load_sft_jsonl
-from rstar_jax.config import from_config_dict
 from rstar_jax.errors import UserError
 from rstar_jax.pipelines import agent_runner, demo
 from rstar_jax.tokenization import bpe, chat_format, domain
@@ -26,7 +27,7 @@ def test_demo_config_derives_valid_sft_and_rl_configs():
     sft, rl = demo._derived(run, "sft"), demo._derived(run, "rl")
     assert sft.mode == "sft" and not sft.stages and rl.mode == "rl" and rl.stages
     assert sft.optim == run.sft_optim and sft.optim.lr != run.optim.lr
-    from_config_dict(sft)      # still satisfies the SFT inputs check
+    from_config_dict(sft)  # still satisfies the SFT inputs check
   full = demo_config.get_config()
   assert full.eval.max_problems >= 200 and full.data.synthetic.n_eval >= 200
   with pytest.raises(UserError, match="unknown variant 'huge'; expected one of '', 'smoke'"):
@@ -38,28 +39,45 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
   domain tokens are whole tokens that decode back to the same text."""
   cfg = from_config_dict(demo_config.get_config("smoke"))
   p = Problem("Compute 12 * 34.", "408", "mul", {"a": 12, "b": 34}, "print(12 * 34)")
-  chat = coldstart.ChatExample(messages=(
+  chat = coldstart.ChatExample(
+    messages=(
       {"role": "system", "content": demo._system_prompt(cfg)},
       {"role": "user", "content": p.problem},
-      {"role": "assistant", "content": "x</reason>", "tool_calls": [
-          {"function": {"name": chat_format.TOOL_NAME,
-                        "arguments": {"code": p.solution_code, "input": ""}}}]},
+      {
+        "role": "assistant",
+        "content": "x</reason>",
+        "tool_calls": [
+          {
+            "function": {
+              "name": chat_format.TOOL_NAME,
+              "arguments": {"code": p.solution_code, "input": ""},
+            }
+          }
+        ],
+      },
       {"role": "tool", "content": "Tool call success\nstdout: 408"},
-      {"role": "assistant", "content": "<answer>\\boxed{408}</answer>"}))
-  tok = domain.train_domain_tokenizer(coldstart.chat_texts([chat]) * 5, 400,
-                                      str(tmp_path / "tok"), domain.domain_tokens())
-  assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400
-                                 for t in domain.domain_tokens())
+      {"role": "assistant", "content": "<answer>\\boxed{408}</answer>"},
+    )
+  )
+  tok = domain.train_domain_tokenizer(
+    coldstart.chat_texts([chat]) * 5, 400, str(tmp_path / "tok"), domain.domain_tokens()
+  )
+  assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400 for t in domain.domain_tokens())
   # The same runner class the RL loop uses, built from the same config.
   runner = agent_runner.AgentRunner.from_config(cfg, None, None, tok)
   assert runner.system_prompt == cfg.rollout.system_prompt and not runner.with_tools
   assert not runner.show_tool_time
-  (ids, mask), = coldstart.render_examples(tok, [chat], with_tools=cfg.rollout.with_tools)
+  ((ids, mask),) = coldstart.render_examples(tok, [chat], with_tools=cfg.rollout.with_tools)
   prompt = runner.prompt_ids(p)
-  assert ids[:len(prompt)] == prompt and sum(mask[:len(prompt)]) == 0
+  assert ids[: len(prompt)] == prompt and sum(mask[: len(prompt)]) == 0
   head_id = tok.convert_tokens_to_ids(domain.domain_tokens()[1])
-  assert ids.count(head_id) == 1 and tok.decode(ids, skip_special_tokens=False).count(
-      '"name": "execute_python_code_with_standard_io"') == 1
+  assert (
+    ids.count(head_id) == 1
+    and tok.decode(ids, skip_special_tokens=False).count(
+      '"name": "execute_python_code_with_standard_io"'
+    )
+    == 1
+  )
   parsed = chat_format.parse_tool_calls(tok.decode(ids, skip_special_tokens=False))
   assert [c.code for c in parsed] == [p.solution_code]
 
@@ -68,8 +86,14 @@ def _launch(*args, timeout=300):
   env = dict(os.environ)
   env["XLA_FLAGS"] = ""
   env["JAX_PLATFORMS"] = "cpu"
-  proc = subprocess.run([sys.executable, "-m", "launchers.demo", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, "-m", "launchers.demo", *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert proc.returncode == 0, f"demo failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
   return proc.stdout + proc.stderr
 
@@ -87,7 +111,7 @@ def test_demo_smoke_run_artifacts_and_resume(tmp_path):
   out2 = _launch(*base)
   for phase in ("data: reusing", "sft: reusing", "eval_sft: reusing", "resumed at RL step 1"):
     assert phase in out2, phase
-  assert "[demo " in out2 and "[eval]" in out2          # progress lines
+  assert "[demo " in out2 and "[eval]" in out2  # progress lines
 
   summary = json.load(open(os.path.join(w, "summary.json")))
   for key in demo.SUMMARY_KEYS:
@@ -102,14 +126,17 @@ def test_demo_smoke_run_artifacts_and_resume(tmp_path):
 
   rows = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
   assert [r["step"] for r in rows] == [1, 2]
-  assert all("reward_mean" in r and "tool_calls_per_traj" in r and "eval_accuracy" in r
-             for r in rows)
+  assert all(
+    "reward_mean" in r and "tool_calls_per_traj" in r and "eval_accuracy" in r for r in rows
+  )
   for name in ("sft", "rl"):
     rep = json.load(open(os.path.join(w, f"eval_{name}.json")))
     assert rep["metrics"]["num_problems"] == 6 and len(rep["per_problem"]) == 6
     assert rep["settings"]["temperature"] == 0.6
-  assert json.load(open(os.path.join(w, "eval_sft.json")))["settings"] == \
-      json.load(open(os.path.join(w, "eval_rl.json")))["settings"]
+  assert (
+    json.load(open(os.path.join(w, "eval_sft.json")))["settings"]
+    == json.load(open(os.path.join(w, "eval_rl.json")))["settings"]
+  )
 
   chats = load_sft_jsonl(os.path.join(w, "coldstart.jsonl"))
   assert chats and all(c.num_tool_calls >= 2 for c in chats)
@@ -120,6 +147,7 @@ def test_demo_smoke_run_artifacts_and_resume(tmp_path):
     assert {"config.json", "model.safetensors"} <= set(os.listdir(os.path.join(w, d)))
 
   import matplotlib.image
+
   png = os.path.join(w, "demo_plot.png")
   assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
   img = matplotlib.image.imread(png)

@@ -1,5 +1,6 @@
 """Eval protocols (released / paper_avg_at_k), avg@k + pass@k with a per-problem CSV, and the
 public MATH-500 / AIME JSONL layouts."""
+
 import asyncio
 import csv
 import json
@@ -25,12 +26,12 @@ def _run(cfg):
 
 def test_protocols_resolve_to_their_settings():
   cfg = rstar2_qwen3_14b.get_config("eval")
-  cfg.eval.k, cfg.eval.max_turns = 3, 7          # the protocol overrides these
+  cfg.eval.k, cfg.eval.max_turns = 3, 7  # the protocol overrides these
   run = _run(cfg)
   assert run.eval.protocol == "released"
   s = eval_settings(run)
   assert (s.temperature, s.top_p, s.max_turns, s.response_budget) == (0.0, 1.0, 5, 30720)
-  assert s.max_parallel_calls == 1               # the tool-loop limits stay the recipe's
+  assert s.max_parallel_calls == 1  # the tool-loop limits stay the recipe's
   assert eval_protocols.resolve(run.eval).k == 16
   cfg.eval.protocol = "paper_avg_at_k"
   s = eval_settings(_run(cfg))
@@ -51,8 +52,9 @@ class _FakeRunner:
     self.correct, self.seen = correct, []
 
   async def rollout(self, problem, *, seed, settings):
-    t = Trajectory([1], [2, 3], [1, 1], [0.0, 0.0], [0, 0], 1, [], "stop",
-                   response_text=problem.problem)
+    t = Trajectory(
+      [1], [2, 3], [1, 1], [0.0, 0.0], [0, 0], 1, [], "stop", response_text=problem.problem
+    )
     self.seen.append(problem.problem)
     return t
 
@@ -75,15 +77,21 @@ def test_avg_and_pass_at_k_and_csv(tmp_path):
   path = tmp_path / "per_problem.csv"
   eval_protocols.write_csv(rep, path)
   rows = list(csv.DictReader(open(path, encoding="utf-8")))
-  assert [(r["problem"], r["num_correct"], float(r["avg_at_k"]), r["pass_at_k"]) for r in rows] \
-      == [("p0", "4", 1.0, "1"), ("p1", "1", 0.25, "1"), ("p2", "0", 0.0, "0")]
+  assert [(r["problem"], r["num_correct"], float(r["avg_at_k"]), r["pass_at_k"]) for r in rows] == [
+    ("p0", "4", 1.0, "1"),
+    ("p1", "1", 0.25, "1"),
+    ("p2", "0", 0.0, "0"),
+  ]
 
 
-@pytest.mark.parametrize("layout", [
-    {"problem": "P?", "answer": "204", "solution": "...", "id": 60},      # HuggingFaceH4/aime_2024
+@pytest.mark.parametrize(
+  "layout",
+  [
+    {"problem": "P?", "answer": "204", "solution": "...", "id": 60},  # HuggingFaceH4/aime_2024
     {"Problem": "P?", "Answer": 204, "ID": "2024-I-1", "Solution": "..."},  # Maxwell-Jia/AIME_2024
-    {"question": "P?", "answer": "204"},                                    # opencompass/AIME2025
-])
+    {"question": "P?", "answer": "204"},  # opencompass/AIME2025
+  ],
+)
 def test_aime_layouts(tmp_path, layout):
   path = tmp_path / "aime.jsonl"
   path.write_text(json.dumps(layout) + "\n")

@@ -1,13 +1,13 @@
-"""Evaluation and step metrics with real tool calls: a scripted engine writes SPEC §3 tool calls
+"""Evaluation and step metrics with real tool calls: a scripted engine writes rStar2 tool calls (docs/reference.md §3)
 and answers, the real agent loop executes them in the real code pool, the real verifier scores
 them. No model is involved, so the expected numbers are known exactly."""
+
 import asyncio
 import re
 
 import pytest
 
 from rstar_jax.config import from_config_dict
-
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import agent_runner, evaluation
 from rstar_jax.rollout.types import GenerateResult
@@ -33,8 +33,7 @@ class ScriptedEngine:
       else:
         q = text.split("This is the problem:\n")[-1].split("<|im_end|>")[0]
         reply = "Let me compute." + chat_format.format_tool_call(self.codes[q])
-      ids = self.tok.encode(reply, add_special_tokens=False) + \
-          [chat_format.stop_token_id(self.tok)]
+      ids = self.tok.encode(reply, add_special_tokens=False) + [chat_format.stop_token_id(self.tok)]
       out.append(GenerateResult(ids, [0.0] * len(ids), "stop", 0))
     return out
 
@@ -42,11 +41,16 @@ class ScriptedEngine:
     self.weight_version = version
 
 
-PROBLEMS = [Problem(problem="What is 6 times 7?", answer="42"),
-            Problem(problem="What is 2 to the 10th?", answer="1000"),     # wrong gold on purpose
-            Problem(problem="What is 1 over 0?", answer="0")]
-CODES = {"What is 6 times 7?": "print(6 * 7)", "What is 2 to the 10th?": "print(2 ** 10)",
-         "What is 1 over 0?": "print(1 / 0)"}
+PROBLEMS = [
+  Problem(problem="What is 6 times 7?", answer="42"),
+  Problem(problem="What is 2 to the 10th?", answer="1000"),  # wrong gold on purpose
+  Problem(problem="What is 1 over 0?", answer="0"),
+]
+CODES = {
+  "What is 6 times 7?": "print(6 * 7)",
+  "What is 2 to the 10th?": "print(2 ** 10)",
+  "What is 1 over 0?": "print(1 / 0)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +63,9 @@ def test_evaluate_metrics_with_real_tools_and_verifier(tokenizer, tmp_path):
   async def main():
     async with CodePool(num_workers=2) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, CODES), pool, tokenizer)
-      settings = agent_runner.RolloutSettings(response_budget=400, max_turns=3,
-                                              temperature=0.6, top_p=0.95)
+      settings = agent_runner.RolloutSettings(
+        response_budget=400, max_turns=3, temperature=0.6, top_p=0.95
+      )
       return await evaluation.evaluate(runner, PROBLEMS, settings, k=2, seed=1, keep_samples=2)
 
   report = asyncio.run(main())
@@ -68,7 +73,7 @@ def test_evaluate_metrics_with_real_tools_and_verifier(tokenizer, tmp_path):
   assert m["accuracy"] == pytest.approx(1 / 3) and m["pass_at_k"] == pytest.approx(1 / 3)
   assert m["num_problems"] == 3 and m["k"] == 2
   assert m["tool_calls_per_traj"] == 1.0 and m["turns_per_traj"] == 2.0
-  assert m["tool_error_ratio"] == pytest.approx(1 / 3)      # 1/0 raises in the sandbox
+  assert m["tool_error_ratio"] == pytest.approx(1 / 3)  # 1/0 raises in the sandbox
   assert m["pos_tool_error_ratio"] == 0.0
   assert m["truncation_rate"] == 0.0 and m["answer_tags_eq1_frac"] == 1.0
   assert [p["num_correct"] for p in report["per_problem"]] == [2, 0, 0]
@@ -114,23 +119,31 @@ class PlannedEngine(ScriptedEngine):
       else:
         ans = re.findall(r"stdout: (\S+)", response)[-1]
         reply = f"Done.</reason><answer>\\boxed{{{ans}}}</answer>"
-      ids = self.tok.encode(reply, add_special_tokens=False) + \
-          [chat_format.stop_token_id(self.tok)]
+      ids = self.tok.encode(reply, add_special_tokens=False) + [chat_format.stop_token_id(self.tok)]
       out.append(GenerateResult(ids, [0.0] * len(ids), "stop", self.weight_version))
     return out
 
 
-def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path,
-                                                            roc_mode="paper"):
+def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path, roc_mode="paper"):
   from configs import rstar2_tiny_cpu
   from rstar_jax.pipelines import rl_loop, runtime
+
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.rl.group_size, cfg.rl.oversample, cfg.rl.min_pos, cfg.rl.min_neg = 4, 2, 1, 1
   cfg.rl.roc_mode = roc_mode
   cfg.train.batch_prompts = 1
-  cfg.stages = [dict(name="s", steps=1, response_budget=400, max_turns=4, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=1,
+      response_budget=400,
+      max_turns=4,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   cfg = from_config_dict(cfg)
   learner = runtime.build_learner(cfg)
   problems = [Problem(problem="What is 6 times 7?", answer="42")]
@@ -165,12 +178,22 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
 
   from configs import rstar2_tiny_cpu
   from rstar_jax.pipelines import rl_loop, runtime
+
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.rl.group_size, cfg.rl.oversample = 2, 2
   cfg.train.batch_prompts = 1
-  cfg.stages = [dict(name="s", steps=1, response_budget=400, max_turns=3, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=1,
+      response_budget=400,
+      max_turns=3,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   q = "What is 6 times 7?"
   codes = {q: "import time\ntime.sleep(1.0)\nprint(6 * 7)"}
   cfg = from_config_dict(cfg)
@@ -179,8 +202,9 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   async def main():
     async with CodePool(num_workers=4) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, codes), pool, tokenizer)
-      loop = rl_loop.RLLoop(cfg, learner, runner, str(tmp_path),
-                            problems=[Problem(problem=q, answer="42")])
+      loop = rl_loop.RLLoop(
+        cfg, learner, runner, str(tmp_path), problems=[Problem(problem=q, answer="42")]
+      )
       killed = []
 
       async def killer():
@@ -201,7 +225,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
 
   last, killed, restarts = asyncio.run(main())
   assert len(killed) >= 1 and all(n >= 1 for n in killed), killed
-  assert restarts == [1] * len(killed)        # each template died once, mid-call, and came back
+  assert restarts == [1] * len(killed)  # each template died once, mid-call, and came back
   # The un-killed step's numbers (the scripted engine is deterministic): 4 rollouts, each one
   # tool call that succeeded (on the replacement template for the killed ones), all correct.
   assert last["num_trajectories"] == 4 and last["reward_mean"] == 1.0

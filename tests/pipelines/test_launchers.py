@@ -1,6 +1,7 @@
 """Short real runs of every launcher on the tiny CPU config (real JaxSampler, code pool and
 verifier), chained the way a user runs them: SFT -> RL (from the SFT export) -> eval of the RL
 checkpoint -> HF export. Plus bad-config / bad-data errors."""
+
 import json
 import os
 import subprocess
@@ -10,9 +11,9 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
+from rstar_jax.config import ConfigError, from_config_dict
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.pipelines import sft_loop
-from rstar_jax.config import ConfigError, from_config_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = "configs/rstar2_tiny_cpu.py"
@@ -20,10 +21,16 @@ TINY = "configs/rstar2_tiny_cpu.py"
 
 def _launch(module, *args, timeout=400):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = ""          # one CPU device: the fastest layout for these toy runs
+  env["XLA_FLAGS"] = ""  # one CPU device: the fastest layout for these toy runs
   env["JAX_PLATFORMS"] = "cpu"
-  proc = subprocess.run([sys.executable, "-m", f"launchers.{module}", *args], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, "-m", f"launchers.{module}", *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert proc.returncode == 0, f"{module} failed:\n{proc.stderr[-4000:]}"
   return proc
 
@@ -34,18 +41,19 @@ def test_launchers_sft_train_eval_export(tmp_path):
   so RL sees mixed groups and updates the model; the export is that updated model, and
   transformers loads it with its tokenizer."""
   sft = _launch("sft", f"--config={TINY}:sft", f"--workdir={tmp_path}/sft")
-  out = json.loads(sft.stdout[sft.stdout.index("{"):])
+  out = json.loads(sft.stdout[sft.stdout.index("{") :])
   assert out["steps"] == out["total_steps"] > 0
-  assert f"[sft] {out['steps']}/{out['steps']}" in sft.stderr          # progress lines
+  assert f"[sft] {out['steps']}/{out['steps']}" in sft.stderr  # progress lines
   hf = out["hf_dir"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(hf))
   recs = [json.loads(l) for l in open(f"{tmp_path}/sft/sft_metrics.jsonl")]
   assert len(recs) == out["steps"] and all(np.isfinite(r["loss"]) for r in recs)
-  assert recs[-1]["loss"] < 0.5 * recs[0]["loss"]                      # it learned the format
+  assert recs[-1]["loss"] < 0.5 * recs[0]["loss"]  # it learned the format
 
-  rl = _launch("train", f"--config={TINY}", f"--workdir={tmp_path}/rl",
-               f"--config.model.hf_dir={hf}")
-  out = json.loads(rl.stdout[rl.stdout.index("{"):])
+  rl = _launch(
+    "train", f"--config={TINY}", f"--workdir={tmp_path}/rl", f"--config.model.hf_dir={hf}"
+  )
+  out = json.loads(rl.stdout[rl.stdout.index("{") :])
   cfg = rstar2_tiny_cpu.get_config("rl")
   rollouts = cfg.train.batch_prompts * cfg.rl.group_size * cfg.rl.oversample
   assert out["rl_step"] == sum(s["steps"] for s in cfg.stages)
@@ -58,29 +66,43 @@ def test_launchers_sft_train_eval_export(tmp_path):
   updates = out["optimizer_step"]
   assert updates > 0 and updates == rows[-1]["optimizer_step"]
 
-  ev = _launch("eval", f"--config={TINY}:eval", f"--config.model.hf_dir={hf}",
-               f"--checkpoint_dir={tmp_path}/rl/ckpt", f"--out={tmp_path}/eval.json",
-               "--config.eval.max_problems=2")
+  ev = _launch(
+    "eval",
+    f"--config={TINY}:eval",
+    f"--config.model.hf_dir={hf}",
+    f"--checkpoint_dir={tmp_path}/rl/ckpt",
+    f"--out={tmp_path}/eval.json",
+    "--config.eval.max_problems=2",
+  )
   report = json.load(open(f"{tmp_path}/eval.json"))
   m = report["metrics"]
   assert m["num_problems"] == 2 and m["k"] == 1
   for key in ("accuracy", "response_length_mean", "tool_calls_per_traj", "truncation_rate"):
     assert 0.0 <= m[key] and np.isfinite(m[key]), key
   assert len(report["per_problem"]) == 2
-  assert json.loads(ev.stdout[ev.stdout.index("{"):])["num_problems"] == 2
+  assert json.loads(ev.stdout[ev.stdout.index("{") :])["num_problems"] == 2
 
-  exp = _launch("export_hf", f"--config={TINY}", f"--config.model.hf_dir={hf}",
-                f"--checkpoint_dir={tmp_path}/rl/ckpt", f"--out_dir={tmp_path}/export")
+  exp = _launch(
+    "export_hf",
+    f"--config={TINY}",
+    f"--config.model.hf_dir={hf}",
+    f"--checkpoint_dir={tmp_path}/rl/ckpt",
+    f"--out_dir={tmp_path}/export",
+  )
   assert f"exported step {updates} to" in exp.stdout
   import jax
+
   from rstar_jax.models import qwen3
+
   exported = qwen3.load_hf_params(f"{tmp_path}/export")
   sft_params = qwen3.load_hf_params(hf)
-  diffs = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
-                       exported, sft_params)
-  assert max(jax.tree.leaves(diffs)) > 0                 # the RL updates are in the export
+  diffs = jax.tree.map(
+    lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), exported, sft_params
+  )
+  assert max(jax.tree.leaves(diffs)) > 0  # the RL updates are in the export
   import torch
   from transformers import AutoModelForCausalLM, AutoTokenizer
+
   tok = AutoTokenizer.from_pretrained(f"{tmp_path}/export")
   model = AutoModelForCausalLM.from_pretrained(f"{tmp_path}/export")
   ids = tok("Compute 3 * 4.", return_tensors="pt")["input_ids"]
@@ -94,9 +116,21 @@ def test_export_without_a_tokenizer_is_refused(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   ckpt = tmp_path / "run" / "ckpt"
   ckpt.mkdir(parents=True)
-  proc = subprocess.run([sys.executable, "-m", "launchers.export_hf", f"--config={TINY}",
-                         f"--checkpoint_dir={ckpt}", f"--out_dir={tmp_path}/export"],
-                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launchers.export_hf",
+      f"--config={TINY}",
+      f"--checkpoint_dir={ckpt}",
+      f"--out_dir={tmp_path}/export",
+    ],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert "export_hf: no tokenizer to copy: pass --tokenizer_dir" in proc.stderr
   assert not os.path.exists(tmp_path / "export")
@@ -122,6 +156,7 @@ def test_bad_sft_data_line_is_named(tmp_path):
 
 def test_missing_problem_file_is_named(tmp_path):
   from rstar_jax.pipelines import rl_loop
+
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.data.train_path = str(tmp_path / "missing.jsonl")
   with pytest.raises(ConfigError, match=r"config.data.train_path: expected an existing file"):

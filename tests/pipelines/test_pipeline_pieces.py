@@ -1,8 +1,8 @@
 """Pure pieces of the pipelines: typed config conversion, hard subset, collapse monitor, metrics
 log. No model, no engine. (The selection math is tested in tests/rl/test_rl_selection.py.)"""
-import json
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -16,8 +16,9 @@ from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 
 # ----------------------------------------------------------------------------- config validation
-@pytest.mark.parametrize("module", [rstar2_qwen3_14b, aster_qwen3_4b, rstar2_tiny_cpu,
-                                    aster_tiny_cpu])
+@pytest.mark.parametrize(
+  "module", [rstar2_qwen3_14b, aster_qwen3_4b, rstar2_tiny_cpu, aster_tiny_cpu]
+)
 @pytest.mark.parametrize("mode", ["rl", "sft", "eval"])
 def test_recipe_configs_convert(module, mode):
   run = from_config_dict(module.get_config(mode))
@@ -27,8 +28,11 @@ def test_recipe_configs_convert(module, mode):
 def test_recipe_stage_plans():
   r = rstar2_qwen3_14b.get_config("rl")
   # released trainer: 5 assistant turns in every stage (paper: 10 / 10 / 15)
-  assert [(s["response_budget"], s["max_turns"], s["steps"]) for s in r.stages] == \
-      [(8192, 5, 300), (12288, 5, 85), (12288, 5, 125)]
+  assert [(s["response_budget"], s["max_turns"], s["steps"]) for s in r.stages] == [
+    (8192, 5, 300),
+    (12288, 5, 85),
+    (12288, 5, 125),
+  ]
   assert r.stages[2]["data"] == "hard" and r.stages[2]["reset_optimizer"]
   assert r.stages[2]["drop_solved_k_of_k"] == 8
   a = aster_qwen3_4b.get_config("rl")
@@ -38,13 +42,21 @@ def test_recipe_stage_plans():
 
 def test_distributed_init_only_with_multi_process_env(monkeypatch):
   from rstar_jax.pipelines import runtime
-  for k in ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "SLURM_JOB_ID", "SLURM_NTASKS",
-            "OMPI_COMM_WORLD_SIZE", "JOBSET_NAME", "MEGASCALE_COORDINATOR_ADDRESS",
-            "JAX_NUM_PROCESSES"):
+
+  for k in (
+    "JAX_COORDINATOR_ADDRESS",
+    "COORDINATOR_ADDRESS",
+    "SLURM_JOB_ID",
+    "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_SIZE",
+    "JOBSET_NAME",
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "JAX_NUM_PROCESSES",
+  ):
     monkeypatch.delenv(k, raising=False)
   assert runtime.maybe_initialize_distributed() is False
   monkeypatch.setenv("SLURM_JOB_ID", "7")
-  monkeypatch.setenv("SLURM_NTASKS", "1")            # a one-task job: nothing to join
+  monkeypatch.setenv("SLURM_NTASKS", "1")  # a one-task job: nothing to join
   assert runtime.maybe_initialize_distributed() is False
 
 
@@ -72,10 +84,10 @@ def test_bad_values_name_field_expected_and_got():
 
 def test_typo_missing_and_stage_errors():
   cfg = rstar2_qwen3_14b.get_config("rl")
-  cfg.rl.grup_size = 4                       # typo: would silently keep the default
-  cfg.stages[2]["drop_solved_k_of_k"] = 0    # hard stage without k
+  cfg.rl.grup_size = 4  # typo: would silently keep the default
+  cfg.stages[2]["drop_solved_k_of_k"] = 0  # hard stage without k
   cfg.stages[1]["steps"] = "85"
-  cfg.rollut = cfg.rollout                   # a misspelt section
+  cfg.rollut = cfg.rollout  # a misspelt section
   probs, msg = _problems(cfg)
   paths = [p for p, _ in probs]
   assert "rl.grup_size" in paths and "unknown field; did you mean 'group_size'?" in msg
@@ -92,7 +104,7 @@ def test_cross_field_checks():
   cfg = rstar2_qwen3_14b.get_config("rl")
   cfg.rl.min_pos, cfg.rl.min_neg, cfg.rl.group_size = 3, 3, 4
   cfg.model.num_key_value_heads = 3
-  cfg.mesh.data, cfg.mesh.fsdp = -1, -1        # two "rest" axes are ambiguous
+  cfg.mesh.data, cfg.mesh.fsdp = -1, -1  # two "rest" axes are ambiguous
   probs, _ = _problems(cfg)
   paths = [p for p, _ in probs]
   assert {"rl.min_pos", "model.num_key_value_heads", "mesh"} <= set(paths)
@@ -110,8 +122,8 @@ def test_sections_check_in_post_init_with_one_line_errors():
     schema.RLConfig(group_size=0)
   assert str(e.value) == "config.rl.group_size: expected an int >= 1, got 0"
   with pytest.raises(TypeError):
-    schema.RLConfig(16)                      # keyword-only
-  rl = schema.RLConfig(eps_high=1)           # ints become floats: one representation
+    schema.RLConfig(16)  # keyword-only
+  rl = schema.RLConfig(eps_high=1)  # ints become floats: one representation
   assert rl.eps_high == 1.0 and isinstance(rl.eps_high, float)
   with pytest.raises(dataclasses.FrozenInstanceError):
     rl.group_size = 4
@@ -126,7 +138,8 @@ def test_every_field_is_documented_and_recipes_start_from_the_defaults():
   assert dict(common.rl_config()) == schema.defaults_dict(schema.RLConfig)
   # the rStar2 recipe leaves the defaults only where the released code differs (docs/fidelity.md)
   assert from_config_dict(rstar2_qwen3_14b.get_config("rl")).rl == dataclasses.replace(
-      schema.RLConfig(), answer_mode="released", dual_clip_c=3.0)
+    schema.RLConfig(), answer_mode="released", dual_clip_c=3.0
+  )
 
 
 def test_new_section_field_is_a_one_place_change():
@@ -162,9 +175,13 @@ def test_build_hard_subset_drops_only_k_of_k():
 
 def test_locate_stage():
   st = lambda name, steps, budget, turns, **kw: stages.Stage(
-      name=name, steps=steps, response_budget=budget, max_turns=turns, **kw)
-  sts = [st("s1", 3, 64, 2), st("s2", 2, 64, 2),
-         st("s3", 1, 64, 3, data="hard", drop_solved_k_of_k=2)]
+    name=name, steps=steps, response_budget=budget, max_turns=turns, **kw
+  )
+  sts = [
+    st("s1", 3, 64, 2),
+    st("s2", 2, 64, 2),
+    st("s3", 1, 64, 3, data="hard", drop_solved_k_of_k=2),
+  ]
   assert stages.locate(sts, 0) == (0, 0)
   assert stages.locate(sts, 4) == (1, 1)
   assert stages.locate(sts, 5) == (2, 0)
@@ -176,12 +193,12 @@ def test_locate_stage():
 # ----------------------------------------------------------------------------- collapse monitor
 def test_collapse_monitor_warns_on_sustained_fall_only(caplog):
   m = rl_metrics.CollapseMonitor(window=3, ratio=0.8)
-  assert not any(m.update(x) for x in [5.0, 5.2, 4.9, 5.1])     # noisy, no trend
-  fired = [m.update(x) for x in [4.5, 4.0, 3.0]]                 # 5.1 -> 3.0 falling 3 steps
+  assert not any(m.update(x) for x in [5.0, 5.2, 4.9, 5.1])  # noisy, no trend
+  fired = [m.update(x) for x in [4.5, 4.0, 3.0]]  # 5.1 -> 3.0 falling 3 steps
   assert fired == [False, False, True]
   assert "interaction collapse" in caplog.text
   m2 = rl_metrics.CollapseMonitor(window=3, ratio=0.5)
-  assert not any(m2.update(x) for x in [5.0, 4.9, 4.8, 4.7])     # falling but only 6%
+  assert not any(m2.update(x) for x in [5.0, 4.9, 4.8, 4.7])  # falling but only 6%
   s = m.state_dict()
   m3 = rl_metrics.CollapseMonitor(window=3, ratio=0.8)
   m3.load_state_dict(json.loads(json.dumps(s)))
@@ -196,22 +213,36 @@ def test_length_bucket():
 # ----------------------------------------------------------------------------- metrics
 def _traj(reward_calls, n_resp=10, finish="stop", tags=1, turns=2):
   calls = [ToolCallRecord(status=s, duration_s=0.1, code="", output_text="") for s in reward_calls]
-  return Trajectory(prompt_ids=[1, 2], response_ids=list(range(n_resp)), loss_mask=[1] * n_resp,
-                    logprobs=[0.0] * n_resp, weight_versions=[0] * n_resp, num_turns=turns,
-                    tool_calls=calls, finish_reason=finish, num_answer_tags=tags)
+  return Trajectory(
+    prompt_ids=[1, 2],
+    response_ids=list(range(n_resp)),
+    loss_mask=[1] * n_resp,
+    logprobs=[0.0] * n_resp,
+    weight_versions=[0] * n_resp,
+    num_turns=turns,
+    tool_calls=calls,
+    finish_reason=finish,
+    num_answer_tags=tags,
+  )
 
 
 def test_trajectory_metrics_values():
-  trajs = [_traj(["ok", "error"]), _traj(["ok"]), _traj([], finish="length", tags=0),
-           _traj(["timeout", "ok", "ok", "ok"])]
+  trajs = [
+    _traj(["ok", "error"]),
+    _traj(["ok"]),
+    _traj([], finish="length", tags=0),
+    _traj(["timeout", "ok", "ok", "ok"]),
+  ]
   m = rl_metrics.trajectory_metrics(trajs, [1, 1, 0, 0])
   assert m["tool_calls_per_traj"] == pytest.approx(7 / 4)
-  assert m["pos_tool_error_ratio"] == pytest.approx(1 / 3)   # positives: ok,error,ok
+  assert m["pos_tool_error_ratio"] == pytest.approx(1 / 3)  # positives: ok,error,ok
   assert m["tool_error_ratio"] == pytest.approx(2 / 7)
   assert m["truncation_ratio"] == pytest.approx(0.25)
   assert m["answer_tags_0_frac"] == pytest.approx(0.25)
   g = rl_metrics.group_outcome_metrics(np.array([[1, 1], [0, 0], [1, 0]]))
-  assert g["all_correct_frac"] == pytest.approx(1 / 3) and g["all_wrong_frac"] == pytest.approx(1 / 3)
+  assert g["all_correct_frac"] == pytest.approx(1 / 3) and g["all_wrong_frac"] == pytest.approx(
+    1 / 3
+  )
 
 
 def test_metrics_writer_resume_drops_later_records(tmp_path):
@@ -228,24 +259,40 @@ def test_metrics_writer_resume_drops_later_records(tmp_path):
 # ----------------------------------------------------------------------------- cold start
 def _chat(answer_written, gold, statuses):
   from rstar_jax.data.sft_data import ChatExample
+
   msgs = [{"role": "user", "content": "q"}]
   for s in statuses:
-    msgs.append({"role": "assistant", "content": "call", "tool_calls": [
-        {"function": {"name": "execute_python_code_with_standard_io",
-                      "arguments": {"code": "print(1)", "input": ""}}}]})
+    msgs.append(
+      {
+        "role": "assistant",
+        "content": "call",
+        "tool_calls": [
+          {
+            "function": {
+              "name": "execute_python_code_with_standard_io",
+              "arguments": {"code": "print(1)", "input": ""},
+            }
+          }
+        ],
+      }
+    )
     msgs.append({"role": "tool", "content": f"Tool call {s}\nstdout: 1"})
-  msgs.append({"role": "assistant",
-               "content": f"</reason><answer>\\boxed{{{answer_written}}}</answer>"})
+  msgs.append(
+    {"role": "assistant", "content": f"</reason><answer>\\boxed{{{answer_written}}}</answer>"}
+  )
   return ChatExample(messages=tuple(msgs), extra={"answer": gold})
 
 
 def test_select_interaction_dense():
   from rstar_jax.pipelines.data_sources import select_interaction_dense
-  chats = [_chat(5, 5, ["success"] * 3),               # kept (3 calls)
-           _chat(5, 6, ["success"] * 4),               # wrong answer
-           _chat(7, 7, ["success", "failure"]),        # a failed call
-           _chat(8, 8, ["success"]),                   # too sparse
-           _chat(9, 9, ["success"] * 5)]               # kept (5 calls, densest)
+
+  chats = [
+    _chat(5, 5, ["success"] * 3),  # kept (3 calls)
+    _chat(5, 6, ["success"] * 4),  # wrong answer
+    _chat(7, 7, ["success", "failure"]),  # a failed call
+    _chat(8, 8, ["success"]),  # too sparse
+    _chat(9, 9, ["success"] * 5),
+  ]  # kept (5 calls, densest)
   kept, st = select_interaction_dense(chats, min_tool_calls=2)
   assert [c.extra["answer"] for c in kept] == [5, 9]
   assert (st["dropped_incorrect"], st["dropped_failed_call"], st["dropped_sparse"]) == (1, 1, 1)
@@ -257,11 +304,19 @@ def test_select_interaction_dense():
 
 def test_synthetic_difficulty_from_config_dict():
   import ml_collections
+
   from rstar_jax.pipelines import data_sources
+
   cfg = rstar2_tiny_cpu.get_config("rl")
-  cfg.data.synthetic = ml_collections.ConfigDict(dict(
-      seed=1, n_train=30, n_eval=10, families=["mulmod"],
-      difficulty=ml_collections.ConfigDict(dict(operand_digits=2, modulus_digits=2))))
+  cfg.data.synthetic = ml_collections.ConfigDict(
+    dict(
+      seed=1,
+      n_train=30,
+      n_eval=10,
+      families=["mulmod"],
+      difficulty=ml_collections.ConfigDict(dict(operand_digits=2, modulus_digits=2)),
+    )
+  )
   cfg.eval.max_problems = 0
   run = from_config_dict(cfg)
   train = data_sources.train_problems(run)
@@ -272,8 +327,11 @@ def test_synthetic_difficulty_from_config_dict():
     nums = [int(t.strip("().")) for t in p.problem.split() if t.strip("().").isdigit()]
     assert len(nums) == 3 and all(10 <= n <= 99 for n in nums), p.problem
   cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digit=2))
-  with pytest.raises(ConfigError, match=r"config.data.synthetic.difficulty.operand_digit: "
-                                        r"unknown field; did you mean 'operand_digits'"):
+  with pytest.raises(
+    ConfigError,
+    match=r"config.data.synthetic.difficulty.operand_digit: "
+    r"unknown field; did you mean 'operand_digits'",
+  ):
     from_config_dict(cfg)
   cfg.data.synthetic.difficulty = ml_collections.ConfigDict(dict(operand_digits=0))
   with pytest.raises(ConfigError, match="config.data.synthetic.difficulty: .*operand_digits"):

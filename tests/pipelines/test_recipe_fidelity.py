@@ -1,5 +1,6 @@
 """The rStar2-Agent and ASTER presets carry the released / published recipe values
 (docs/fidelity.md lists the sources); each assertion is one row of that table."""
+
 import pytest
 
 from configs import aster_qwen3_4b, rstar2_qwen3_14b
@@ -44,12 +45,13 @@ def test_aster_values():
   assert sc.tis_cap == 2.0 and sc.off_policy_loss == "tis" and sc.dual_clip_c == 10.0
   assert run.stages[1].data == "recent" and run.stages[1].recent_steps == 135
   c.rl.off_policy_loss = "decoupled_ppo"
-  assert from_config_dict(c, "rl", check_inputs=False).step_config().off_policy_loss \
-      == "decoupled_ppo"
+  assert (
+    from_config_dict(c, "rl", check_inputs=False).step_config().off_policy_loss == "decoupled_ppo"
+  )
 
 
 def test_new_fields_are_validated():
-  d = aster_qwen3_4b.get_config("rl").to_dict()   # a plain dict: ConfigDict casts types
+  d = aster_qwen3_4b.get_config("rl").to_dict()  # a plain dict: ConfigDict casts types
   d["rl"]["off_policy_loss"] = "nope"
   d["rollout"]["chat_format"] = "chatml"
   d["tool"]["truncation"] = "left"
@@ -58,8 +60,13 @@ def test_new_fields_are_validated():
   with pytest.raises(ConfigError) as e:
     from_config_dict(d, "rl", check_inputs=False)
   paths = {p for p, _ in e.value.problems}
-  assert {"rl.off_policy_loss", "rollout.chat_format", "tool.truncation", "eval.protocol",
-          "data.integer_answers_only"} <= paths, paths
+  assert {
+    "rl.off_policy_loss",
+    "rollout.chat_format",
+    "tool.truncation",
+    "eval.protocol",
+    "data.integer_answers_only",
+  } <= paths, paths
   # cross-field rules run once the fields are well-typed
   c = aster_qwen3_4b.get_config("rl")
   c.rl.tis_cap = 0.5
@@ -73,8 +80,11 @@ def test_new_fields_are_validated():
 def test_defaults_leave_the_project_behaviour():
   """The new fields default to today's behaviour (TIS off, project format / truncation, no
   protocol, no integer filter, overlong prompts dropped)."""
-  assert (RLConfig().tis_cap, RLConfig().off_policy_loss, RLConfig().answer_mode) == \
-      (0.0, "tis", "answer_tag")
+  assert (RLConfig().tis_cap, RLConfig().off_policy_loss, RLConfig().answer_mode) == (
+    0.0,
+    "tis",
+    "answer_tag",
+  )
   assert RolloutConfig().chat_format == "rstar2" and ToolConfig().truncation == "project"
   assert (EvalConfig().protocol, EvalConfig().csv_path) == ("", "")
   assert (DataConfig().integer_answers_only, DataConfig().drop_overlong_prompts) == (False, True)

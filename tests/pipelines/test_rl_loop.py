@@ -6,6 +6,7 @@ rule on the gold answer (even answer: every rollout "correct"; odd: alternate co
 That makes groups informative (real updates) and fixes the hard subset exactly, while the
 loop, engine, agent loop and pool are the real ones.
 """
+
 import asyncio
 import dataclasses
 
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
+from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
-from rstar_jax.config import from_config_dict
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
@@ -25,19 +26,33 @@ from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 def _config():
   cfg = rstar2_tiny_cpu.get_config("rl")
-  cfg.mesh.num_devices = 2          # 2-way FSDP: sharded batches and row padding, kept cheap
+  cfg.mesh.num_devices = 2  # 2-way FSDP: sharded batches and row padding, kept cheap
   cfg.train.batch_prompts = 2
-  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # 4 rollouts per prompt (counts below)
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2  # 4 rollouts per prompt (counts below)
   cfg.rollout.response_budget = 16
   cfg.rollout.max_turns = 1
   cfg.optim.warmup_steps = 2
-  cfg.train.eval_every = 3          # one held-out evaluation, at the last step
+  cfg.train.eval_every = 3  # one held-out evaluation, at the last step
   cfg.eval.response_budget = 12
   cfg.stages = [
-      dict(name="s1", steps=2, response_budget=16, max_turns=1, data="full",
-           reset_optimizer=False, drop_solved_k_of_k=0),
-      dict(name="s2_hard", steps=1, response_budget=12, max_turns=1, data="hard",
-           reset_optimizer=True, drop_solved_k_of_k=2),
+    dict(
+      name="s1",
+      steps=2,
+      response_budget=16,
+      max_turns=1,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    ),
+    dict(
+      name="s2_hard",
+      steps=1,
+      response_budget=12,
+      max_turns=1,
+      data="hard",
+      reset_optimizer=True,
+      drop_solved_k_of_k=2,
+    ),
   ]
   return cfg
 
@@ -46,7 +61,7 @@ def _problems():
   probs = synthetic_tasks.generate(3, 40, families=["mul"], difficulty="easy")
   odd = [p for p in probs if int(p.answer) % 2][:5]
   even = [p for p in probs if not int(p.answer) % 2][:1]
-  return odd[:3] + even + odd[3:]          # exactly one always-solved problem (index 3)
+  return odd[:3] + even + odd[3:]  # exactly one always-solved problem (index 3)
 
 
 async def _rule_rewards(trajs, answers):
@@ -78,15 +93,16 @@ def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
   learner = runtime.build_learner(cfg)
 
   async def main():
-    engine = agent_runner.build_engine(cfg, learner.model_config, learner.params_copy(),
-                                       tokenizer)
+    engine = agent_runner.build_engine(cfg, learner.model_config, learner.params_copy(), tokenizer)
     if flaky:
       engine = FlakyEngine(engine)
-    async with agent_runner.open_runner(cfg, learner.model_config, None, tokenizer,
-                                        engine=engine) as runner:
+    async with agent_runner.open_runner(
+      cfg, learner.model_config, None, tokenizer, engine=engine
+    ) as runner:
       runner.rewards = _rule_rewards
-      loop = rl_loop.RLLoop(cfg, learner, runner, str(workdir), problems=problems,
-                            eval_problems=problems[:2])
+      loop = rl_loop.RLLoop(
+        cfg, learner, runner, str(workdir), problems=problems, eval_problems=problems[:2]
+      )
       await loop.run(max_steps=max_steps)
       loop.ckpt.close()
       return loop, engine
@@ -98,8 +114,11 @@ def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
 def setup(tmp_path_factory):
   cfg = _config()
   problems = _problems()
-  tok = data_sources.ensure_tokenizer(from_config_dict(cfg), str(tmp_path_factory.mktemp("tok")),
-                                      data_sources.tokenizer_corpus(problems))
+  tok = data_sources.ensure_tokenizer(
+    from_config_dict(cfg),
+    str(tmp_path_factory.mktemp("tok")),
+    data_sources.tokenizer_corpus(problems),
+  )
   return cfg, problems, tok
 
 
@@ -138,17 +157,26 @@ def test_stages_hard_subset_reset_and_resume(setup, tmp_path):
   # Optimizer reset at the hard stage: warm-up restarts (lr/2 again instead of lr); the
   # restored optimizer state carried step 2's warm-up position across the resume.
   lr = cfg.optim.lr
-  np.testing.assert_allclose([r["learning_rate"] for r in recs], [lr / 2, lr, lr / 2],
-                             rtol=1e-5)
+  np.testing.assert_allclose([r["learning_rate"] for r in recs], [lr / 2, lr, lr / 2], rtol=1e-5)
   assert recs[0]["all_correct_frac"] + recs[0]["mixed_frac"] == pytest.approx(1.0)
   # The sampler's log-probs equal the learner's recomputed ones on the same weights: the
   # token alignment of trajectory -> batch -> loss is right.
   assert all(r["sampler_logprob_drift"] < 1e-3 for r in recs)
   assert "eval_accuracy" not in recs[1] and recs[2]["eval_num_problems"] == 2
-  assert recs[2]["eval_accuracy"] == 0.5     # the rule reward on 2 odd-answer problems, k=1
-  for key in ("time_rollout_s", "time_reward_s", "time_update_s", "time_weight_push_s",
-              "pos_tool_error_ratio", "tool_calls_per_traj", "truncation_ratio", "entropy",
-              "grad_norm", "all_wrong_frac", "answer_tags_mean"):
+  assert recs[2]["eval_accuracy"] == 0.5  # the rule reward on 2 odd-answer problems, k=1
+  for key in (
+    "time_rollout_s",
+    "time_reward_s",
+    "time_update_s",
+    "time_weight_push_s",
+    "pos_tool_error_ratio",
+    "tool_calls_per_traj",
+    "truncation_ratio",
+    "entropy",
+    "grad_norm",
+    "all_wrong_frac",
+    "answer_tags_mean",
+  ):
     assert key in recs[-1], key
 
 
@@ -163,17 +191,24 @@ class _FakeRunner:
   async def rollout(self, problem, *, seed, settings):
     n = self.attempts[seed] = self.attempts.get(seed, 0) + 1
     status = "internal_error" if n == 1 else "ok"
-    return Trajectory(prompt_ids=[1], response_ids=[2, 3], loss_mask=[1, 1], logprobs=[0., 0.],
-                      weight_versions=[0, 0], num_turns=1,
-                      tool_calls=[ToolCallRecord(status, 0.0, "print(1)", "")],
-                      finish_reason="stop")
+    return Trajectory(
+      prompt_ids=[1],
+      response_ids=[2, 3],
+      loss_mask=[1, 1],
+      logprobs=[0.0, 0.0],
+      weight_versions=[0, 0],
+      num_turns=1,
+      tool_calls=[ToolCallRecord(status, 0.0, "print(1)", "")],
+      finish_reason="stop",
+    )
 
 
 def test_lost_tool_worker_is_retried_not_kept():
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   probs = [Problem(problem="p1", answer="1"), Problem(problem="p2", answer="2")]
-  groups, retries = asyncio.run(rl_loop.collect_rollouts(_FakeRunner(), probs, 3, 11, settings,
-                                                         max_retries=2))
+  groups, retries = asyncio.run(
+    rl_loop.collect_rollouts(_FakeRunner(), probs, 3, 11, settings, max_retries=2)
+  )
   assert len(groups) == 2 and all(len(g) == 3 for g in groups)
   assert all(t.tool_calls[0].status == "ok" for g in groups for t in g)
   assert retries == 6
@@ -186,8 +221,11 @@ def test_rollout_that_keeps_failing_raises_naming_it():
 
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   with pytest.raises(RuntimeError, match=r"problem 0 sample 0 failed 2 times.*engine down"):
-    asyncio.run(rl_loop.collect_rollouts(Broken(), [Problem(problem="p", answer="1")], 1, 0,
-                                         settings, max_retries=1))
+    asyncio.run(
+      rl_loop.collect_rollouts(
+        Broken(), [Problem(problem="p", answer="1")], 1, 0, settings, max_retries=1
+      )
+    )
 
 
 def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
@@ -196,7 +234,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.train.batch_prompts = 2
-  cfg.rl.group_size, cfg.rl.oversample = 2, 2     # groups of 4 below, RoC keeps 2
+  cfg.rl.group_size, cfg.rl.oversample = 2, 2  # groups of 4 below, RoC keeps 2
   cfg.rl.roc_mode = "released"
   run = from_config_dict(cfg)
   learner = runtime.build_learner(run)
@@ -208,25 +246,38 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
       return [float(t.response_ids[0] % 2) for t in trajs]
 
   def traj(first, calls):
-    return Trajectory(prompt_ids=[1, 2], response_ids=[first, 5], loss_mask=[1, 1],
-                      logprobs=[-0.5, -0.5], weight_versions=[0, 0], num_turns=1,
-                      tool_calls=[ToolCallRecord(s, 0.0, "", "") for s in calls],
-                      finish_reason="stop", response_text="<answer>\\boxed{1}</answer>")
+    return Trajectory(
+      prompt_ids=[1, 2],
+      response_ids=[first, 5],
+      loss_mask=[1, 1],
+      logprobs=[-0.5, -0.5],
+      weight_versions=[0, 0],
+      num_turns=1,
+      tool_calls=[ToolCallRecord(s, 0.0, "", "") for s in calls],
+      finish_reason="stop",
+      response_text="<answer>\\boxed{1}</answer>",
+    )
 
-  loop = rl_loop.RLLoop(run, learner, Runner(), str(tmp_path),
-                        problems=[Problem(problem="p", answer="1")])
-  groups = [[traj(3, ["error"]), traj(3, []), traj(2, []), traj(2, [])],   # mixed
-            [traj(2, []), traj(4, []), traj(6, []), traj(8, [])]]          # all wrong
-  ro = rl_loop.Rollouts([Problem("p", "1"), Problem("q", "2")], groups, 7, jax.random.key(0),
-                        0, 0.0)
+  loop = rl_loop.RLLoop(
+    run, learner, Runner(), str(tmp_path), problems=[Problem(problem="p", answer="1")]
+  )
+  groups = [
+    [traj(3, ["error"]), traj(3, []), traj(2, []), traj(2, [])],  # mixed
+    [traj(2, []), traj(4, []), traj(6, []), traj(8, [])],
+  ]  # all wrong
+  ro = rl_loop.Rollouts(
+    [Problem("p", "1"), Problem("q", "2")], groups, 7, jax.random.key(0), 0, 0.0
+  )
   scores = asyncio.run(loop.score(ro))
   np.testing.assert_array_equal(scores.rewards, [[1, 1, 0, 0], [0, 0, 0, 0]])
-  assert scores.penalties[0, 0] > scores.penalties[0, 1]      # the failed tool call
+  assert scores.penalties[0, 0] > scores.penalties[0, 1]  # the failed tool call
   sel = loop.select(ro, scores)
   assert sel.selection.keep_group.tolist() == [True, False]
   # "released": the lowest-penalty positive (index 1) and one negative are kept.
-  assert sel.trajectories == [groups[0][1], groups[0][2]] or \
-      sel.trajectories == [groups[0][1], groups[0][3]]
+  assert sel.trajectories == [groups[0][1], groups[0][2]] or sel.trajectories == [
+    groups[0][1],
+    groups[0][3],
+  ]
   assert sel.advantages[0] > 0 > sel.advantages[1]
   # train.pack_rows (default): both 4-token trajectories share one row, segment by segment,
   # with per-token advantages; the padding fractions before/after land in the metrics.
@@ -240,8 +291,10 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   assert metrics["batch/pad_fraction_unpacked"] == pytest.approx(1 - 8 / (loop.rows * 64))
   assert metrics["batch/pad_fraction_packed"] < metrics["batch/pad_fraction_unpacked"]
   # Unpacked (train.pack_rows=False, or a per-row loss_agg): the fixed row count.
-  for train, rl in [(dataclasses.replace(run.train, pack_rows=False), run.rl),
-                    (run.train, dataclasses.replace(run.rl, loss_agg="seq-mean-token-mean"))]:
+  for train, rl in [
+    (dataclasses.replace(run.train, pack_rows=False), run.rl),
+    (run.train, dataclasses.replace(run.rl, loss_agg="seq-mean-token-mean")),
+  ]:
     loop.config = dataclasses.replace(run, train=train, rl=rl)
     batch = loop.build_batch(sel)
     assert batch["input_ids"].shape == (loop.rows, 64) and loop.rows == 2 * 2
@@ -255,16 +308,26 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   """The same loop with rollout.engine="sglang" against the mock SGLang HTTP server: rollouts
   over HTTP, and the weight push stages an HF directory the server loads (version 1)."""
   from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
+
   cfg, problems, tok = setup
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.rl.group_size, cfg.rl.oversample = 2, 1
-  cfg.rl.drop_zero_variance = False        # a random policy: keep the all-wrong group anyway
+  cfg.rl.drop_zero_variance = False  # a random policy: keep the all-wrong group anyway
   cfg.train.batch_prompts = 1
   cfg.rollout.engine = "sglang"
   cfg.rollout.staging_dir = str(tmp_path / "staging")
-  cfg.stages = [dict(name="s", steps=1, response_budget=8, max_turns=1, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=1,
+      response_budget=8,
+      max_turns=1,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   learner = runtime.build_learner(from_config_dict(cfg))
 
   async def main():
@@ -280,7 +343,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   last, server = asyncio.run(main())
   assert len(server.requests) == 2 and last["num_trajectories"] == 2
   assert last["optimizer_step"] == 1 and last["weight_version"] == 1
-  assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]   # packed
+  assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]  # packed
   assert len(server.weight_updates) == 1 and str(server.weight_version) == "1"
 
 
@@ -291,20 +354,31 @@ def test_resume_after_steps_without_update(setup, tmp_path):
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
   cfg.train.batch_prompts = 2
-  cfg.stages = [dict(name="s", steps=3, response_budget=8, max_turns=1, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=3,
+      response_budget=8,
+      max_turns=1,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
 
   def run(max_steps):
     rc = from_config_dict(cfg)
     learner = runtime.build_learner(rc)
 
     async def main():
-      async with agent_runner.open_runner(rc, learner.model_config, learner.params_copy(),
-                                          tok) as runner:
+      async with agent_runner.open_runner(
+        rc, learner.model_config, learner.params_copy(), tok
+      ) as runner:
         loop = rl_loop.RLLoop(rc, learner, runner, str(tmp_path), problems=problems)
         await loop.run(max_steps=max_steps)
         loop.ckpt.close()
         return loop
+
     return asyncio.run(main())
 
   first = run(2)
@@ -331,8 +405,17 @@ def test_ppo_mini_batches_and_epochs_make_several_updates_per_step(setup, tmp_pa
   cfg = _config()
   cfg.rl.ppo_mini_batches, cfg.rl.ppo_epochs = 2, 2
   cfg.optim.warmup_steps = 0
-  cfg.stages = [dict(name="s", steps=1, response_budget=16, max_turns=1, data="full",
-                     reset_optimizer=False, drop_solved_k_of_k=0)]
+  cfg.stages = [
+    dict(
+      name="s",
+      steps=1,
+      response_budget=16,
+      max_turns=1,
+      data="full",
+      reset_optimizer=False,
+      drop_solved_k_of_k=0,
+    )
+  ]
   cfg.train.eval_every = 0
   loop, _ = _run(cfg, tmp_path, problems, tok, max_steps=None)
   rec = read_jsonl_metrics(tmp_path / "metrics.jsonl")[0]

@@ -1,5 +1,6 @@
 """SFT loop: loss only on assistant tokens, and an interrupted + resumed run ends bit-identical
 to a straight one (same batches in the same order, same optimizer state)."""
+
 import jax
 import numpy as np
 import pytest
@@ -15,16 +16,18 @@ from rstar_jax.tokenization import chat_format
 def setup(tmp_path_factory):
   cfg = rstar2_tiny_cpu.get_config("sft")
   cfg.data.synthetic.n_train = 6
-  cfg.sft.epochs = 1                # 3 steps (the config's own 30 epochs are for the README)
+  cfg.sft.epochs = 1  # 3 steps (the config's own 30 epochs are for the README)
   cfg.sft.batch_size = 2
   cfg.sft.max_seq_len = 1024
   cfg.train.checkpoint_every = 1
-  cfg.mesh.num_devices = 1          # sharded steps are covered by tests/learner; keep this fast
+  cfg.mesh.num_devices = 1  # sharded steps are covered by tests/learner; keep this fast
   cfg = from_config_dict(cfg)
   examples = data_sources.sft_examples(cfg)
   tok = data_sources.ensure_tokenizer(
-      cfg, str(tmp_path_factory.mktemp("tok")),
-      data_sources.tokenizer_corpus(data_sources.train_problems(cfg), examples))
+    cfg,
+    str(tmp_path_factory.mktemp("tok")),
+    data_sources.tokenizer_corpus(data_sources.train_problems(cfg), examples),
+  )
   return cfg, examples, tok
 
 
@@ -39,21 +42,26 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(setup):
   assert "Tool call success" not in text_trained and "<|im_start|>" not in text_trained
   # The prompt equals the one the agent loop samples from.
   prompt = chat_format.build_prompt_ids(tok, examples[0].messages[0]["content"])
-  assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+  assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
 
 
 def test_resume_is_bit_identical(setup, tmp_path):
   cfg, examples, tok = setup
-  straight = sft_loop.run_sft(cfg, str(tmp_path / "a"), tokenizer=tok, examples=examples,
-                              export=False)
+  straight = sft_loop.run_sft(
+    cfg, str(tmp_path / "a"), tokenizer=tok, examples=examples, export=False
+  )
   assert straight["steps"] == straight["total_steps"] == 3
-  part = sft_loop.run_sft(cfg, str(tmp_path / "b"), tokenizer=tok, examples=examples,
-                          max_steps=2, export=False)
+  part = sft_loop.run_sft(
+    cfg, str(tmp_path / "b"), tokenizer=tok, examples=examples, max_steps=2, export=False
+  )
   assert part["steps"] == 2
   resumed = sft_loop.run_sft(cfg, str(tmp_path / "b"), tokenizer=tok, examples=examples)
   assert resumed["steps"] == 3 and "hf_dir" in resumed
-  same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
-                      straight["learner"].state.params, resumed["learner"].state.params)
+  same = jax.tree.map(
+    lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+    straight["learner"].state.params,
+    resumed["learner"].state.params,
+  )
   assert all(jax.tree.leaves(same))
   ra = read_jsonl_metrics(tmp_path / "a" / "sft_metrics.jsonl")
   rb = read_jsonl_metrics(tmp_path / "b" / "sft_metrics.jsonl")

@@ -1,4 +1,5 @@
 """The ahead-of-time planner on a tiny Qwen3 over 8 fake CPU devices (tests/conftest.py)."""
+
 import dataclasses
 import glob
 import math
@@ -19,11 +20,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def tiny_cfg(layers=2, remat=True, micro=2):
   import ml_collections
+
   c = ml_collections.ConfigDict()
   c.mode = "rl"
-  c.model = common.model_config(vocab_size=512, hidden_size=128, intermediate_size=256,
-                                num_hidden_layers=layers, num_attention_heads=4,
-                                num_key_value_heads=2, head_dim=32)
+  c.model = common.model_config(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=layers,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+  )
   c.model.remat = remat
   c.mesh = common.mesh_config(data=1, fsdp=8, tensor=1)
   c.rl = common.rl_config()
@@ -36,7 +44,7 @@ def tiny_cfg(layers=2, remat=True, micro=2):
   c.train.micro_batches = micro
   c.optim = common.optim_config()
   c.stages = []
-  return from_config_dict(c, check_inputs=False)   # planning needs no data or stages
+  return from_config_dict(c, check_inputs=False)  # planning needs no data or stages
 
 
 def run_plan(cfg, sizes, hw=plan_lib.Hardware(), kind="rl"):
@@ -81,7 +89,8 @@ def test_mesh_change_changes_bytes_as_sharding_predicts(fsdp8, fsdp4_data2):
   a, b = fsdp8["steps"]["rl"], fsdp4_data2["steps"]["rl"]
   # Weights are split over fsdp only: 4-way instead of 8-way doubles the state per device.
   assert b["argument_bytes"] - b["batch_bytes"] == pytest.approx(
-      direct_state_bytes(fsdp4_data2, 4), rel=TOL)
+    direct_state_bytes(fsdp4_data2, 4), rel=TOL
+  )
   ratio = (b["argument_bytes"] - b["batch_bytes"]) / (a["argument_bytes"] - a["batch_bytes"])
   assert ratio == pytest.approx(2.0, rel=TOL)
   # Batch rows are split over data x fsdp = 8 in both meshes: same batch bytes per device.
@@ -118,16 +127,24 @@ def test_analytic_flops_match_xla_without_loops(unscanned_tiny_hbm):
 
 
 def test_remat_adds_one_layer_forward():
-  c = plan_lib.qwen3.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256,
-                                 num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=32, remat=True)
+  c = plan_lib.qwen3.Qwen3Config(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    remat=True,
+  )
   shape = plan_lib.StepShape(kind="rl", rows=8, seq_len=64, num_micro_batches=2)
   f = plan_lib.step_flops(c, shape)
   fw = plan_lib.forward_flops_per_row(c, 64)
   assert f["hardware"] - f["model"] == pytest.approx(fw["layers"] * 8)
   assert plan_lib.param_count(c) == sum(
-      math.prod(s) for s in jax.tree.leaves(plan_lib.qwen3.param_shapes(c),
-                                            is_leaf=lambda x: isinstance(x, tuple)))
+    math.prod(s)
+    for s in jax.tree.leaves(plan_lib.qwen3.param_shapes(c), is_leaf=lambda x: isinstance(x, tuple))
+  )
 
 
 def test_presets_have_the_published_sizes():
@@ -137,9 +154,11 @@ def test_presets_have_the_published_sizes():
 
 
 def test_collective_counter():
-  hlo = ("%a = f32[8]{0} all-gather(f32[1]{0} %p), dimensions={0}\n"
-         "%b = f32[8]{0} all-reduce-start(f32[8]{0} %a), to_apply=%add\n"
-         "%c = f32[8]{0} all-reduce-done(f32[8]{0} %b)\n")
+  hlo = (
+    "%a = f32[8]{0} all-gather(f32[1]{0} %p), dimensions={0}\n"
+    "%b = f32[8]{0} all-reduce-start(f32[8]{0} %a), to_apply=%add\n"
+    "%c = f32[8]{0} all-reduce-done(f32[8]{0} %b)\n"
+  )
   got = plan_lib.count_collectives(hlo)
   assert got["all-gather"] == 1 and got["all-reduce"] == 1 and got["reduce-scatter"] == 0
 
@@ -152,23 +171,31 @@ def test_launch_scripts_parse():
     assert out.returncode == 0, (s, out.stderr)
 
 
-@pytest.mark.parametrize("script", ["learner.sh", "sglang_servers.sh", "router.sh",
-                                    "code_pool.sh"])
+@pytest.mark.parametrize("script", ["learner.sh", "sglang_servers.sh", "router.sh", "code_pool.sh"])
 def test_launch_scripts_help(script):
-  out = subprocess.run(["bash", os.path.join(REPO, "third_party", "rocm", script), "--help"],
-                       capture_output=True, text=True, timeout=30)
+  out = subprocess.run(
+    ["bash", os.path.join(REPO, "third_party", "rocm", script), "--help"],
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
   assert out.returncode == 0, out.stderr
   assert "Usage" in out.stdout
 
 
 def test_plan_launcher_help():
-  out = subprocess.run([sys.executable, "-m", "launchers.plan", "--help"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+  out = subprocess.run(
+    [sys.executable, "-m", "launchers.plan", "--help"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert out.returncode in (0, 1), out.stderr  # absl exits 1 after printing --help
   assert "--num_devices" in out.stdout and "--hbm_gib" in out.stdout
 
 
-TINY_CONFIG_FILE = '''
+TINY_CONFIG_FILE = """
 import ml_collections
 from configs import common
 
@@ -185,7 +212,7 @@ def get_config(mode="rl"):
   c.optim = common.optim_config()
   c.sft = ml_collections.ConfigDict(dict(batch_size=8, max_seq_len=32))
   return c
-'''
+"""
 
 
 def test_plan_launcher_writes_json(tmp_path):
@@ -194,37 +221,60 @@ def test_plan_launcher_writes_json(tmp_path):
   cfg_file = tmp_path / "tiny_cfg.py"
   cfg_file.write_text(TINY_CONFIG_FILE)
   out = tmp_path / "plan.json"
-  r = subprocess.run([sys.executable, "-m", "launchers.plan", f"--config={cfg_file}:sft",
-                      "--num_devices=4", "--steps=sft", "--hbm_gib=1e-9", f"--out={out}"],
-                     cwd=REPO, capture_output=True, text=True, timeout=300,
-                     env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launchers.plan",
+      f"--config={cfg_file}:sft",
+      "--num_devices=4",
+      "--steps=sft",
+      "--hbm_gib=1e-9",
+      f"--out={out}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   import json
+
   plan = json.loads(out.read_text())
   assert plan["num_devices"] == 4 and plan["mesh"]["fsdp"] == 4
   assert plan["fits"] is False
   assert plan["per_device_bytes"] > 0 and plan["flops_per_step"] > 0
-  assert plan["param_count"] == 256 * 64 + 64 + 1 * (64 * 64 + 2 * 64 * 32 + 64 * 64 +
-                                                    3 * 64 * 128 + 2 * 64 + 2 * 16)
+  assert plan["param_count"] == 256 * 64 + 64 + 1 * (
+    64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64 + 2 * 16
+  )
   assert "fits" in r.stdout and "sft" in r.stdout
 
 
 def test_blockwise_attention_flops_count_only_causal_blocks():
-  c = plan_lib.qwen3.Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256,
-                                 num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, head_dim=32)
+  c = plan_lib.qwen3.Qwen3Config(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+  )
   t = 1024
   dense = plan_lib.forward_flops_per_row(c, t)["layers"]
-  blk = plan_lib.forward_flops_per_row(c.replace(attention="blockwise",
-                                                 attention_block_size=256), t)["layers"]
-  attn = 2 * 2 * t * t * 4 * 32 * 2          # full T x T, 2 layers
-  assert dense - blk == pytest.approx(attn * (1 - 5 / 8))   # 4 blocks: 10 of 16 visited
+  blk = plan_lib.forward_flops_per_row(
+    c.replace(attention="blockwise", attention_block_size=256), t
+  )["layers"]
+  attn = 2 * 2 * t * t * 4 * 32 * 2  # full T x T, 2 layers
+  assert dense - blk == pytest.approx(attn * (1 - 5 / 8))  # 4 blocks: 10 of 16 visited
 
 
 def test_packed_plan_compiles_packed_inputs_and_scales_flops():
   cfg = tiny_cfg()
-  cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-      cfg.model, attention="blockwise", attention_block_size=16))
+  cfg = dataclasses.replace(
+    cfg, model=dataclasses.replace(cfg.model, attention="blockwise", attention_block_size=16)
+  )
   p = run_plan(cfg, {"fsdp": 8}, hw=plan_lib.Hardware(packed_fill=0.5))
   r = p["steps"]["rl"]
   # 16 rows in 2 micro-batches of 8; half as many rows packed = 1 micro-batch of 8.

@@ -1,7 +1,8 @@
 """Runs the README snippet "use the GRPO-RoC transforms from another JAX codebase" verbatim."""
+
 import textwrap
 
-SNIPPET = textwrap.dedent('''
+SNIPPET = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from rstar_jax.rl import roc, advantages, losses
 
@@ -22,20 +23,21 @@ SNIPPET = textwrap.dedent('''
     loss_fn = lambda lp: losses.policy_loss(lp, old_logp, adv.reshape(-1), loss_mask)
     (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(logp)
     print(float(loss), {k: float(v) for k, v in losses.reduce_metrics(metrics).items()})
-''')
+""")
 
 
 def test_readme_snippet_runs(capsys):
-    namespace = {}
-    exec(compile(SNIPPET, "README-snippet", "exec"), namespace)
-    out = capsys.readouterr().out
-    assert "clip_frac" in out
-    # The all-correct second group is dropped, so its rows get no gradient.
-    assert float(abs(namespace["grad"][4:]).sum()) == 0.0
-    assert bool(namespace["keep"][0]) and not bool(namespace["keep"][1])
+  namespace = {}
+  exec(compile(SNIPPET, "README-snippet", "exec"), namespace)
+  out = capsys.readouterr().out
+  assert "clip_frac" in out
+  # The all-correct second group is dropped, so its rows get no gradient.
+  assert float(abs(namespace["grad"][4:]).sum()) == 0.0
+  assert bool(namespace["keep"][0]) and not bool(namespace["keep"][1])
 
 
 def test_readme_holds_this_snippet():
-    import pathlib
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    assert SNIPPET.strip() in readme.read_text(), "README's GRPO-RoC snippet drifted from the test"
+  import pathlib
+
+  readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+  assert SNIPPET.strip() in readme.read_text(), "README's GRPO-RoC snippet drifted from the test"

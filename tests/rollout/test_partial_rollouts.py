@@ -1,14 +1,14 @@
 """Partial rollouts at a weight push (rollout/interruptible.py) on both engines: the embedded
 JaxSampler (weights swapped between decode chunks) and SGLang through the mock server
 (pause_generation(abort) -> update -> continue_generation, remainder resubmitted)."""
+
 import asyncio
 
 import jax
 import pytest
 
 from rstar_jax.models import qwen3
-from rstar_jax.rollout.interruptible import (CURRENT_TICKET, InterruptibleEngine,
-                                             RolloutTicket)
+from rstar_jax.rollout.interruptible import CURRENT_TICKET, InterruptibleEngine, RolloutTicket
 from rstar_jax.rollout.jax_sampler import JaxSampler
 from rstar_jax.rollout.sglang_engine import SGLangEngine
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
@@ -17,10 +17,19 @@ from rstar_jax.rollout.types import GenerateRequest, SamplingParams
 
 @pytest.fixture(scope="module")
 def tiny():
-  cfg = qwen3.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64,
-                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                          head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6,
-                          tie_word_embeddings=False, max_position_embeddings=128)
+  cfg = qwen3.Qwen3Config(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    max_position_embeddings=128,
+  )
   return cfg, qwen3.init_params(cfg, jax.random.PRNGKey(0))
 
 
@@ -67,13 +76,13 @@ def test_jax_continue_keeps_each_tokens_version(tiny):
     await _when_decoding(sampler)
     await eng.update_weights(cfg, new_params, 1)
     res, ticket = await task
-    ref = (await sampler.generate([_req("ref:0")]))[0]   # uninterrupted, new weights
+    ref = (await sampler.generate([_req("ref:0")]))[0]  # uninterrupted, new weights
     return res, ticket, ref
 
   res, ticket, ref = asyncio.run(main())
   vs = res.token_versions()
   assert res.finish_reason == "length" and len(res.output_ids) == 40
-  assert vs[0] == 0 and vs[-1] == 1 and vs == sorted(vs)       # old prefix, new suffix
+  assert vs[0] == 0 and vs[-1] == 1 and vs == sorted(vs)  # old prefix, new suffix
   assert res.weight_version == 0 and not ticket.restarted
   assert eng.version_history == [0, 1] and eng.lag(0) == 1 and eng.lag(1) == 0
   # The tail really came from the new weights: the same request on them alone differs.
@@ -104,7 +113,7 @@ def test_jax_restart_aborts_ticketed_requests_only(tiny):
   res, ticket, other, late, waiting = asyncio.run(main())
   assert res.finish_reason == "abort" and ticket.restarted and len(res.output_ids) < 40
   assert other.finish_reason == "length" and len(other.output_ids) == 40
-  assert set(other.token_versions()) == {0, 1}        # no ticket: continued
+  assert set(other.token_versions()) == {0, 1}  # no ticket: continued
   assert late.finish_reason == "abort" and late.output_ids == [] and waiting.restarted
   assert eng.stats["restarted_trajectories"] == 2
 
@@ -114,8 +123,9 @@ def test_jax_restart_aborts_ticketed_requests_only(tiny):
 
 async def _with_mock(fn, tmp_path, mode):
   async with MockSGLangServer(vocab_size=64, token_delay_s=0.004) as server:
-    eng = InterruptibleEngine(SGLangEngine([server.url], staging_dir=str(tmp_path),
-                                           capacities={server.url: 4096}), mode)
+    eng = InterruptibleEngine(
+      SGLangEngine([server.url], staging_dir=str(tmp_path), capacities={server.url: 4096}), mode
+    )
     try:
       return await fn(server, eng)
     finally:
@@ -135,7 +145,7 @@ def test_sglang_continue_pauses_loads_and_resubmits_the_remainder(tiny, tmp_path
     return ref, res, ticket, server, dict(eng.stats)
 
   ref, res, ticket, server, stats = asyncio.run(_with_mock(fn, tmp_path, "continue"))
-  assert server.pause_calls == 1 and server.paused_mode is None     # paused, then continued
+  assert server.pause_calls == 1 and server.paused_mode is None  # paused, then continued
   assert str(server.weight_version) == "1" and len(server.weight_updates) == 1
   # The mock model is a function of the token history, so prompt + partial resubmitted gives
   # exactly the uninterrupted output; versions say which part came from which weights.

@@ -9,4 +9,4 @@ from rollout_helpers import make_tokenizer  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return make_tokenizer()
+  return make_tokenizer()

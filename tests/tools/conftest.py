@@ -1,6 +1,7 @@
 """Shared fixtures for the code-tool tests: one event loop and one warm pool per module, a pool
 per isolation level for the threat batteries, and the summary line counting skipped threat
 tests (`RSTAR_REQUIRE_NAMESPACES=1` turns any skip at the namespaces level into a failure)."""
+
 import os
 import sys
 
@@ -75,11 +76,14 @@ def pytest_terminal_summary(terminalreporter):
   for _, r in _THREAT_SKIPS:
     reasons[r] = reasons.get(r, 0) + 1
   detail = "; ".join(f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-  terminalreporter.write_line(f"threat tests skipped: {len(_THREAT_SKIPS)}"
-                              + (f" ({detail})" if detail else ""))
+  terminalreporter.write_line(
+    f"threat tests skipped: {len(_THREAT_SKIPS)}" + (f" ({detail})" if detail else "")
+  )
   if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips():
-    terminalreporter.write_line("RSTAR_REQUIRE_NAMESPACES=1: threat tests skipped at the "
-                                "namespaces level: " + ", ".join(n for n, _ in _namespaces_skips()))
+    terminalreporter.write_line(
+      "RSTAR_REQUIRE_NAMESPACES=1: threat tests skipped at the "
+      "namespaces level: " + ", ".join(n for n, _ in _namespaces_skips())
+    )
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -1,4 +1,5 @@
 """Helpers shared by the code-tool tests (importable; conftest.py is not)."""
+
 import asyncio
 import functools
 import os
@@ -56,8 +57,6 @@ def pool_uid_range(pool):
   return lo, lo + len(pool._templates) * pool.config.uids_per_template
 
 
-
-
 def descendants(root):
   """Host pids of every process below `root` (any uid: also the root-owned PID-1 helpers)."""
   children = {}
@@ -85,16 +84,19 @@ def template_host_pid(pool, index=0):
   for pid in sorted(descendants(root) | {root}):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"sandbox_template.py" in f.read() and b"bwrap" not in open(f"/proc/{pid}/comm", "rb").read():
+        if (
+          b"sandbox_template.py" in f.read()
+          and b"bwrap" not in open(f"/proc/{pid}/comm", "rb").read()
+        ):
           return pid
     except OSError:
       pass
   raise AssertionError("template process not found")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def level_available(level):
-  """"" when this machine offers `level`, else why not."""
+  """ "" when this machine offers `level`, else why not."""
   if level in ("namespaces", "pidns", "uid") and os.geteuid() != 0:
     return f"the {level} level needs root (running as uid {os.geteuid()})"
   if level == "namespaces" and shutil.which("bwrap") is None:
@@ -111,8 +113,14 @@ def level_pool(runner, level, **overrides):
   why = level_available(level)
   if why:
     pytest.skip(why)
-  kw = dict(num_workers=4, num_templates=1, timeout_s=3.0, memory_limit_mb=256,
-            max_output_bytes=1 << 16, isolation=level)
+  kw = dict(
+    num_workers=4,
+    num_templates=1,
+    timeout_s=3.0,
+    memory_limit_mb=256,
+    max_output_bytes=1 << 16,
+    isolation=level,
+  )
   kw.update(overrides)
   p = CodePool(**kw)
   runner.run(p.start())
@@ -120,12 +128,11 @@ def level_pool(runner, level, **overrides):
   return p
 
 
-
 def use_level_runner():
   """For a test module whose tests use `lpool`: its `runner` is the per-level pools' loop."""
+
   @pytest.fixture(scope="module")
   def runner(level_runner):
     return level_runner
+
   return runner
-
-

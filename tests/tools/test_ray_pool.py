@@ -1,4 +1,5 @@
 """RayCodePool on a local ray.init(): same interface, one pool actor per node."""
+
 import os
 
 import pytest
@@ -16,9 +17,11 @@ def triple(x):
 def test_ray_pool_interface(runner):
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
   try:
+
     async def go():
-      config = PoolConfig(num_workers=2, num_templates=1,
-                          extra_ro_binds=(os.path.dirname(os.path.abspath(__file__)),))
+      config = PoolConfig(
+        num_workers=2, num_templates=1, extra_ro_binds=(os.path.dirname(os.path.abspath(__file__)),)
+      )
       async with RayCodePool(config) as pool:
         assert len(pool.actors) == len([n for n in ray.nodes() if n["Alive"]]) == 1
         level = pool.isolation_level

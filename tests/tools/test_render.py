@@ -1,7 +1,8 @@
 """Rendering of ExecResult into the <tool_response> body and middle truncation."""
+
 import pytest
 
-from rstar_jax.tools.code_pool import ExecResult, FAILURE_STATUSES
+from rstar_jax.tools.code_pool import FAILURE_STATUSES, ExecResult
 from rstar_jax.tools.render import TRUNCATION_MARKER, render_tool_response, truncate_middle
 
 
@@ -11,8 +12,10 @@ def test_success_body():
 
 
 def test_success_without_output_and_with_stderr():
-  assert render_tool_response(ExecResult("ok", "", "", 0.5), 1000) == \
-      "Tool call success\nstdout: (no output)\nexecution time: 0.50s"
+  assert (
+    render_tool_response(ExecResult("ok", "", "", 0.5), 1000)
+    == "Tool call success\nstdout: (no output)\nexecution time: 0.50s"
+  )
   text = render_tool_response(ExecResult("ok", "a\n", "warn\n", 0.0), 1000, show_time=False)
   assert text == "Tool call success\nstdout: a\nstderr: warn"
 
@@ -69,14 +72,28 @@ import sys  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rollout"))
 from rollout_helpers import make_tokenizer  # noqa: E402
+
 from rstar_jax.tokenization import chat_format  # noqa: E402
 from rstar_jax.tools.render import ZERO_WIDTH_SPACE, escape_special_tokens  # noqa: E402
 
 # Qwen3's control tokens (not all in the test tokenizer): the shapes must be covered too.
-QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-                 "<|box_end|>", "<|vision_pad|>", "<|fim_prefix|>", "<|repo_name|>",
-                 "<|file_sep|>", "<tool_call>", "</tool_call>", "<tool_response>",
-                 "</tool_response>", "<think>", "</think>")
+QWEN_SPECIALS = (
+  "<|endoftext|>",
+  "<|im_start|>",
+  "<|im_end|>",
+  "<|object_ref_start|>",
+  "<|box_end|>",
+  "<|vision_pad|>",
+  "<|fim_prefix|>",
+  "<|repo_name|>",
+  "<|file_sep|>",
+  "<tool_call>",
+  "</tool_call>",
+  "<tool_response>",
+  "</tool_response>",
+  "<think>",
+  "</think>",
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +103,7 @@ def tok():
 
 def _special_tokens(tok):
   specials = set(tok.all_special_tokens) | {t.content for t in tok.added_tokens_decoder.values()}
-  assert len(specials) >= 11, specials   # the project's BPE has 11 specials
+  assert len(specials) >= 11, specials  # the project's BPE has 11 specials
   return sorted(specials)
 
 
@@ -107,8 +124,10 @@ def test_every_special_token_in_tool_output_stays_text(tok):
     ids = chat_format.tool_turn_ids(tok, body)
     assert _special_ids(tok, ids) == baseline, (t, body)
     # Plain text: decoding gives the escaped text back, with the token's characters intact.
-    assert tok.decode(ids).count(t.replace("<", "<" + ZERO_WIDTH_SPACE, 1)) >= 5 or \
-        tok.decode(ids).count(t[0] + ZERO_WIDTH_SPACE + t[1:]) >= 5, t
+    assert (
+      tok.decode(ids).count(t.replace("<", "<" + ZERO_WIDTH_SPACE, 1)) >= 5
+      or tok.decode(ids).count(t[0] + ZERO_WIDTH_SPACE + t[1:]) >= 5
+    ), t
 
 
 def test_truncation_cannot_join_a_token(tok):
@@ -128,7 +147,7 @@ def test_qwen_special_shapes_are_escaped(t):
 def test_extra_tokens_and_ordinary_text():
   assert escape_special_tokens("[EOS] x", ["[EOS]"]) == "[" + ZERO_WIDTH_SPACE + "EOS] x"
   for plain in ("1 < 2 and 3 > 2", "a <= b", "x<y>z", "print('<')", "<3 | 4>"):
-    if plain == "x<y>z":   # tag-shaped: escaped, reads the same
+    if plain == "x<y>z":  # tag-shaped: escaped, reads the same
       assert escape_special_tokens(plain).replace(ZERO_WIDTH_SPACE, "") == plain
     else:
       assert escape_special_tokens(plain) == plain

@@ -1,5 +1,6 @@
 """Dead templates are replaced, cancelled callers leave no trace, and a 2,000-call hostile load
 loses or duplicates nothing."""
+
 import asyncio
 import os
 import random
@@ -7,8 +8,8 @@ import signal
 import time
 
 import pytest
-
 from pool_helpers import pool_uid_range, sandbox_pids, template_host_pid
+
 from rstar_jax.tools.code_pool import CodePool
 
 
@@ -35,7 +36,7 @@ def test_killed_template_is_replaced(runner):
       return await task
 
     r = runner.run(crash_during_call())
-    assert r.status == "ok"       # the call was retried once on the replacement template
+    assert r.status == "ok"  # the call was retried once on the replacement template
     r = runner.run(pool.execute("print('back')"))
     assert (r.status, r.stdout) == ("ok", "back\n")
     assert pool._templates[0].proc.pid != old_pid and pool._templates[0].restarts == 1
@@ -57,11 +58,11 @@ def test_wedged_template_is_replaced_not_waited_on(runner):
   runner.run(pool.start())
   try:
     tpl_pid = template_host_pid(pool)
-    os.kill(tpl_pid, signal.SIGSTOP)            # alive but silent: the host must not hang
+    os.kill(tpl_pid, signal.SIGSTOP)  # alive but silent: the host must not hang
     t0 = time.monotonic()
     r = runner.run(pool.execute("print('after')", timeout_s=0.5))
     assert time.monotonic() - t0 < 30
-    assert (r.status, r.stdout) == ("ok", "after\n")   # retried on the replacement
+    assert (r.status, r.stdout) == ("ok", "after\n")  # retried on the replacement
     assert pool._templates[0].restarts == 1 and template_host_pid(pool) != tpl_pid
     deadline = time.monotonic() + 5
     while os.path.exists(f"/proc/{tpl_pid}") and time.monotonic() < deadline:
@@ -104,17 +105,20 @@ def test_close_leaves_nothing(runner):
 
 
 HOSTILE = [
-    ("while True: pass", 0.3, {"timeout"}),
-    ("import time\ntime.sleep(100)", 0.3, {"timeout"}),
-    ("bytearray(10**11)", 2.0, {"memory_limit"}),
-    ("1/0", 2.0, {"error"}),
-    ("import os\nos.kill(os.getppid(), 9)\nos.killpg(0, 9)", 2.0, {"error", "ok"}),
-    ("while True: print('z' * 8192)", 2.0, {"output_limit"}),
-    # fork is refused by default (BlockingIOError -> error); an escapee would be "ok".
-    ("import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(100)", 2.0,
-     {"error"}),
-    ("input()", 2.0, {"error"}),
-    ("def (", 2.0, {"error"}),
+  ("while True: pass", 0.3, {"timeout"}),
+  ("import time\ntime.sleep(100)", 0.3, {"timeout"}),
+  ("bytearray(10**11)", 2.0, {"memory_limit"}),
+  ("1/0", 2.0, {"error"}),
+  ("import os\nos.kill(os.getppid(), 9)\nos.killpg(0, 9)", 2.0, {"error", "ok"}),
+  ("while True: print('z' * 8192)", 2.0, {"output_limit"}),
+  # fork is refused by default (BlockingIOError -> error); an escapee would be "ok".
+  (
+    "import os\nif os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(100)",
+    2.0,
+    {"error"},
+  ),
+  ("input()", 2.0, {"error"}),
+  ("def (", 2.0, {"error"}),
 ]
 
 
@@ -140,6 +144,7 @@ def test_load_2000_calls_concurrency_64(runner):
         async with sem:
           stdin = f"tag{i}\n" if job[4] is not None else ""
           return i, await pool.execute(code, stdin=stdin, timeout_s=t)
+
       return await asyncio.gather(*(one(j) for j in jobs))
 
     t0 = time.monotonic()
@@ -149,7 +154,7 @@ def test_load_2000_calls_concurrency_64(runner):
     for (i, code, _, ok, _), (_, r) in zip(jobs, results):
       assert r.status in ok, (i, code, r)
       if "input()" in code and "print" in code:
-        assert r.stdout == f"{i} tag{i}\n"       # each answer belongs to its own call
+        assert r.stdout == f"{i} tag{i}\n"  # each answer belongs to its own call
     assert sandbox_pids(*pool_uid_range(pool)) == []
     assert all(t.restarts == 0 for t in pool._templates)
     print(f"2000 calls in {elapsed:.1f}s")

@@ -1,4 +1,5 @@
 """Tool semantics: stdout, stdin, last-expression repr, tracebacks, exits, encodings."""
+
 import pytest
 
 from rstar_jax.tools.code_pool import ExecResult, PoolConfig
@@ -32,7 +33,7 @@ def test_last_expression_repr_only_without_stdout(runner, pool):
   r = ex(runner, pool, "'text'")
   assert r.stdout == "'text'\n"
   r = ex(runner, pool, "print('first')\n41 + 1")
-  assert r.stdout == "first\n"            # stdout present: no repr
+  assert r.stdout == "first\n"  # stdout present: no repr
   r = ex(runner, pool, "None")
   assert r.stdout == ""
   r = ex(runner, pool, "import sympy\nx = sympy.Symbol('x')\nsympy.solve(x**2 - 4, x)")
@@ -47,7 +48,7 @@ def test_exception_traceback_has_user_line_numbers(runner, pool):
   assert 'File "<code>", line 2, in f' in r.stderr
   assert "return 10 // n" in r.stderr
   assert r.stderr.rstrip().endswith("ZeroDivisionError: integer division or modulo by zero")
-  assert "sandbox_template" not in r.stderr   # no executor frames leak into the traceback
+  assert "sandbox_template" not in r.stderr  # no executor frames leak into the traceback
 
 
 def test_stdout_kept_before_error(runner, pool):
@@ -62,14 +63,17 @@ def test_syntax_error(runner, pool):
   assert 'File "<code>", line 2' in r.stderr and "SyntaxError" in r.stderr
 
 
-@pytest.mark.parametrize("code,status,rc", [
+@pytest.mark.parametrize(
+  "code,status,rc",
+  [
     ("import sys\nsys.exit(0)", "ok", 0),
     ("import sys\nsys.exit()", "ok", 0),
     ("import sys\nprint('bye')\nsys.exit(3)", "error", 3),
     ("import sys\nsys.exit('fatal message')", "error", 1),
     ("import os\nprint('x', flush=True)\nos._exit(0)", "ok", 0),
     ("import os\nos._exit(7)", "error", 7),
-])
+  ],
+)
 def test_exits(runner, pool, code, status, rc):
   r = ex(runner, pool, code)
   assert (r.status, r.exit_code) == (status, rc), r
@@ -84,7 +88,7 @@ def test_unicode_and_binary_output(runner, pool):
   assert (r.status, r.stdout) == ("ok", "π≈3.14159 — 数学 ✓\n")
   r = ex(runner, pool, "import sys\nsys.stdout.buffer.write(b'ab\\xff\\x00cd')")
   assert r.status == "ok" and r.stdout == "ab\ufffd\x00cd"
-  r = ex(runner, pool, "print('\\udcff')")        # lone surrogate: escaped, not a crash
+  r = ex(runner, pool, "print('\\udcff')")  # lone surrogate: escaped, not a crash
   assert r.status == "ok" and "\\udcff" in r.stdout
   r = ex(runner, pool, "input()", "é\n")
   assert r.stdout == "'é'\n"
@@ -102,8 +106,11 @@ def test_stderr_captured_separately(runner, pool):
 
 
 def test_execute_many_keeps_order(runner, pool):
-  rs = runner.run(pool.execute_many(
-      [{"code": f"print({i} * {i})"} for i in range(12)] + [{"code": "input()", "stdin": "z"}]))
+  rs = runner.run(
+    pool.execute_many(
+      [{"code": f"print({i} * {i})"} for i in range(12)] + [{"code": "input()", "stdin": "z"}]
+    )
+  )
   assert [r.stdout for r in rs[:12]] == [f"{i * i}\n" for i in range(12)]
   assert rs[12].stdout == "'z'\n"
   with pytest.raises(ValueError, match="request 0 has no 'code'"):
@@ -136,6 +143,7 @@ def test_exec_result_is_frozen():
 @pytest.mark.parametrize("level", ["namespaces", "pidns", "uid", "rlimits"])
 def test_every_isolation_level_runs_the_basics(runner, level):
   from rstar_jax.tools.code_pool import CodePool
+
   pool = CodePool(num_workers=2, num_templates=1, isolation=level, preload=())
   try:
     runner.run(pool.start())
@@ -143,9 +151,16 @@ def test_every_isolation_level_runs_the_basics(runner, level):
     pytest.skip(f"{level} not available here: {e}")
   try:
     assert pool.isolation_level == level
-    rs = runner.run(pool.execute_many([
-        {"code": "print(input())", "stdin": "hi"}, {"code": "1/0"},
-        {"code": "import time\ntime.sleep(60)", "timeout_s": 0.3}, {"code": "6 * 7"}]))
+    rs = runner.run(
+      pool.execute_many(
+        [
+          {"code": "print(input())", "stdin": "hi"},
+          {"code": "1/0"},
+          {"code": "import time\ntime.sleep(60)", "timeout_s": 0.3},
+          {"code": "6 * 7"},
+        ]
+      )
+    )
     assert [r.status for r in rs] == ["ok", "error", "timeout", "ok"]
     assert rs[0].stdout == "hi\n" and rs[3].stdout == "42\n"
   finally:

@@ -1,5 +1,7 @@
 """HTTP service + client: same interface as CodePool, micro-batching, retries, queue timeouts."""
+
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -7,7 +9,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import json
 
 import aiohttp
 import pytest
@@ -39,6 +40,7 @@ def with_client(runner, url, fn, **kw):
   async def go():
     async with CodePoolClient(url, **kw) as c:
       return await fn(c), c.stats
+
   return runner.run(go())
 
 
@@ -67,19 +69,30 @@ def test_client_has_pool_semantics(runner, server):
 
 def test_micro_batching(runner, server):
   url = f"http://127.0.0.1:{server.port}"
-  rs, stats = with_client(runner, url, lambda c: c.execute_many(
-      [{"code": f"print({i})"} for i in range(40)]), max_batch=16, max_wait_s=0.05)
+  rs, stats = with_client(
+    runner,
+    url,
+    lambda c: c.execute_many([{"code": f"print({i})"} for i in range(40)]),
+    max_batch=16,
+    max_wait_s=0.05,
+  )
   assert [r.stdout for r in rs] == [f"{i}\n" for i in range(40)]
   assert 3 <= stats["batches"] < 40
 
 
 def test_queue_timeout_is_retried_then_surfaced(runner):
-  srv = CodePoolServer(PoolConfig(num_workers=1, num_templates=1), "127.0.0.1", 0,
-                       queue_timeout_s=0.2)
+  srv = CodePoolServer(
+    PoolConfig(num_workers=1, num_templates=1), "127.0.0.1", 0, queue_timeout_s=0.2
+  )
   runner.run(srv.start())
   try:
-    rs, stats = with_client(runner, f"http://127.0.0.1:{srv.port}", lambda c: c.execute_many(
-        [{"code": "import time\ntime.sleep(1.5)"}] * 3), max_retries=1, backoff_s=0.05)
+    rs, stats = with_client(
+      runner,
+      f"http://127.0.0.1:{srv.port}",
+      lambda c: c.execute_many([{"code": "import time\ntime.sleep(1.5)"}] * 3),
+      max_retries=1,
+      backoff_s=0.05,
+    )
   finally:
     runner.run(srv.stop())
   statuses = sorted(r.status for r in rs)
@@ -109,8 +122,9 @@ def test_retries_with_backoff_until_server_appears(runner):
 
 def test_unreachable_service_is_an_internal_error(runner):
   port = free_port()
-  r, stats = with_client(runner, f"http://127.0.0.1:{port}", lambda c: c.execute("1"),
-                         max_retries=2, backoff_s=0.01)
+  r, stats = with_client(
+    runner, f"http://127.0.0.1:{port}", lambda c: c.execute("1"), max_retries=2, backoff_s=0.01
+  )
   assert r.status == "internal_error" and "unreachable after 3 tries" in r.stderr
   assert stats["transport_errors"] == 3
 
@@ -123,8 +137,10 @@ def test_bad_requests_name_the_field(runner, server):
       async with s.post(url, json=body) as resp:
         return resp.status, await resp.json()
 
-  assert runner.run(post({"requests": [{"code": 5}]})) == \
-      (400, {"error": "requests[0].code must be a string, got int"})
+  assert runner.run(post({"requests": [{"code": 5}]})) == (
+    400,
+    {"error": "requests[0].code must be a string, got int"},
+  )
   status, body = runner.run(post({"requests": [{"code": "1", "timeout_s": -1}]}))
   assert status == 400 and "requests[0].timeout_s" in body["error"]
   status, body = runner.run(post({"reqs": []}))
@@ -134,10 +150,21 @@ def test_bad_requests_name_the_field(runner, server):
 def test_launcher_serves_health(tmp_path):
   port = free_port()
   env = dict(os.environ, PYTHONPATH=ROOT)
-  proc = subprocess.Popen([sys.executable, "-m", "launchers.code_pool_server", f"--port={port}",
-                           "--num_workers=1", "--num_templates=1"], cwd=ROOT, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          start_new_session=True)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "launchers.code_pool_server",
+      f"--port={port}",
+      "--num_workers=1",
+      "--num_templates=1",
+    ],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+    start_new_session=True,
+  )
   try:
     deadline = time.monotonic() + 90
     while True:
@@ -150,9 +177,11 @@ def test_launcher_serves_health(tmp_path):
         time.sleep(0.2)
     assert health["ok"] and health["num_workers"] == 1
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/execute_batch", method="POST",
-        data=json.dumps({"requests": [{"code": "6 * 7"}]}).encode(),
-        headers={"Content-Type": "application/json"})
+      f"http://127.0.0.1:{port}/execute_batch",
+      method="POST",
+      data=json.dumps({"requests": [{"code": "6 * 7"}]}).encode(),
+      headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
       assert json.loads(resp.read())["results"][0]["stdout"] == "42\n"
   finally:

@@ -1,10 +1,11 @@
 """Stateful sessions (ASTER) and the function runner used by the answer verifier."""
+
 import os
 import time
 
 import pytest
-
 from pool_helpers import pool_uid_range, sandbox_pids
+
 from rstar_jax.tools.code_pool import FunctionRunError
 from rstar_jax.tools.render import truncate_middle
 
@@ -29,6 +30,7 @@ def whoami_and_env():
 
 def sympy_equal(a, b):
   import sympy
+
   return bool(sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
 
@@ -57,7 +59,7 @@ def test_session_state_persists_and_isolates(runner, pool):
   assert runner.run(pool.close_session("a")) is True
   assert runner.run(pool.close_session("b")) is True
   assert runner.run(pool.close_session("b")) is False
-  r = ex(runner, pool, "x", "a")                 # a closed session starts fresh
+  r = ex(runner, pool, "x", "a")  # a closed session starts fresh
   assert r.status == "error" and "NameError" in r.stderr
   runner.run(pool.close_session("a"))
 
@@ -74,18 +76,21 @@ def test_session_timeout_reports_and_restarts(runner, pool):
   ex(runner, pool, "state = 'kept'", "t")
   r = ex(runner, pool, "while True: pass", "t", timeout_s=0.5)
   assert r.status == "timeout" and "session terminated" in r.stderr
-  r = ex(runner, pool, "state", "t")               # fresh session, state lost, no hang
+  r = ex(runner, pool, "state", "t")  # fresh session, state lost, no hang
   assert r.status == "error" and "NameError" in r.stderr
   assert ex(runner, pool, "print('alive')", "t").stdout == "alive\n"
   runner.run(pool.close_session("t"))
 
 
-@pytest.mark.parametrize("code,status", [
+@pytest.mark.parametrize(
+  "code,status",
+  [
     ("import os\nos._exit(0)", "error"),
     ("bytearray(10**11)", "memory_limit"),
     ("import os\nos.close(3)\nos.close(4)", "error"),
     ("import os\nos.write(4, b'garbage that is not a frame')", None),
-])
+  ],
+)
 def test_session_crash_is_reported_not_hung(runner, pool, code, status):
   ex(runner, pool, "v = 1", "c")
   t0 = time.monotonic()
@@ -99,9 +104,14 @@ def test_session_crash_is_reported_not_hung(runner, pool, code, status):
 
 
 def test_session_escapee_killed_on_close(runner, pool):
-  ex(runner, pool, "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-     "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)\nos.wait()", "e")
-  assert sandbox_pids(*pool_uid_range(pool))     # session process + escapee are alive
+  ex(
+    runner,
+    pool,
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+    "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)\nos.wait()",
+    "e",
+  )
+  assert sandbox_pids(*pool_uid_range(pool))  # session process + escapee are alive
   runner.run(pool.close_session("e"))
   deadline = time.monotonic() + 3
   while sandbox_pids(*pool_uid_range(pool)) and time.monotonic() < deadline:
@@ -112,8 +122,9 @@ def test_session_escapee_killed_on_close(runner, pool):
 def test_run_function_returns_value(runner, pool):
   assert runner.run(pool.run_function(add, 2, 3, scale=4)) == 20
   assert runner.run(pool.run_function(sympy_equal, "(x+1)**2", "x**2+2*x+1")) is True
-  assert runner.run(pool.run_function(truncate_middle, "abcdefghij" * 3, 20)) == \
-      truncate_middle("abcdefghij" * 3, 20)
+  assert runner.run(pool.run_function(truncate_middle, "abcdefghij" * 3, 20)) == truncate_middle(
+    "abcdefghij" * 3, 20
+  )
 
 
 def test_run_function_is_isolated(runner, pool):

@@ -1,14 +1,15 @@
-"""The threat battery (SPEC Part III): each hostile snippet gets the expected status and leaves
+"""The threat battery (rstar_jax/tools/README.md): each hostile snippet gets the expected status and leaves
 the host untouched: the test process, the pool's templates, host files, the host's network
 listener and environment; and no sandbox process survives its call."""
+
 import os
 import socket
 import threading
 import time
 
 import pytest
-
 from pool_helpers import SECRET, descendants, level_available, pool_uid_range, sandbox_pids
+
 from rstar_jax.tools.code_pool import CodePool
 
 NAMESPACED = ("namespaces",)
@@ -24,15 +25,22 @@ def bpool(runner, request):
     pytest.skip(why)
   # allow_subprocesses: this battery attacks the process-containment layers (PID namespace,
   # uid kill, NPROC), which the default seccomp fork block would otherwise hide.
-  p = CodePool(num_workers=3, num_templates=1, timeout_s=2.0, memory_limit_mb=512,
-               isolation=request.param, allow_subprocesses=True,
-               max_output_bytes=1 << 16, max_procs=32)
+  p = CodePool(
+    num_workers=3,
+    num_templates=1,
+    timeout_s=2.0,
+    memory_limit_mb=512,
+    isolation=request.param,
+    allow_subprocesses=True,
+    max_output_bytes=1 << 16,
+    max_procs=32,
+  )
   runner.run(p.start())
   assert p.isolation_level == request.param
   p.baseline_s = min(runner.run(p.execute("print(1)")).duration_s for _ in range(5))
   p.template_pid = p._templates[0].proc.pid
   time.sleep(0.5)  # let the warm-up calls' PID-1 helpers be reaped (asynchronous)
-  p.idle_tree = descendants(p.template_pid)   # bwrap's init + the template, when idle
+  p.idle_tree = descendants(p.template_pid)  # bwrap's init + the template, when idle
   assert len(p.idle_tree) == (2 if p.isolation_level == "namespaces" else 0), p.idle_tree
   yield p
   runner.run(p.close())
@@ -45,8 +53,9 @@ def run(runner, pool, code, timeout_s=2.0, stdin=""):
   assert pool._templates[0].proc.pid == pool.template_pid
   assert pool._templates[0].restarts == 0
   deadline = time.monotonic() + 2.0
-  while (sandbox_pids(*pool_uid_range(pool)) or descendants(pool.template_pid) != pool.idle_tree) \
-      and time.monotonic() < deadline:
+  while (
+    sandbox_pids(*pool_uid_range(pool)) or descendants(pool.template_pid) != pool.idle_tree
+  ) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert sandbox_pids(*pool_uid_range(pool)) == []
   # Nothing else either: no zombie, no leftover PID-1 helper, under any uid.
@@ -65,8 +74,10 @@ def test_sleep_forever(runner, bpool):
 
 
 def test_ignored_sigterm_and_sigalrm(runner, bpool):
-  code = ("import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
-          "    signal.signal(s, signal.SIG_IGN)\nsignal.alarm(1)\nwhile True:\n    pass")
+  code = (
+    "import signal\nfor s in (signal.SIGTERM, signal.SIGALRM, signal.SIGINT, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_IGN)\nsignal.alarm(1)\nwhile True:\n    pass"
+  )
   assert run(runner, bpool, code, timeout_s=1.0).status == "timeout"
 
 
@@ -77,9 +88,11 @@ def test_fork_bomb(runner, bpool):
 
 
 def test_fork_bomb_is_bounded_by_nproc(runner, bpool):
-  code = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
-          "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
-          "except OSError as e:\n    print(n, type(e).__name__)")
+  code = (
+    "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+    "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+    "except OSError as e:\n    print(n, type(e).__name__)"
+  )
   r = run(runner, bpool, code, timeout_s=3.0)
   assert r.status == "ok", r
   n, err = r.stdout.split()
@@ -87,8 +100,10 @@ def test_fork_bomb_is_bounded_by_nproc(runner, bpool):
 
 
 def test_thread_bomb(runner, bpool):
-  code = ("import threading, time\nts = []\nwhile True:\n"
-          "    t = threading.Thread(target=time.sleep, args=(60,))\n    t.start()\n    ts.append(t)")
+  code = (
+    "import threading, time\nts = []\nwhile True:\n"
+    "    t = threading.Thread(target=time.sleep, args=(60,))\n    t.start()\n    ts.append(t)"
+  )
   r = run(runner, bpool, code, timeout_s=2.0)
   assert r.status in ("error", "memory_limit", "timeout")
   assert "can't start new thread" in r.stderr or r.status != "error"
@@ -97,26 +112,33 @@ def test_thread_bomb(runner, bpool):
 def test_double_fork_setsid_escape(runner, bpool):
   if bpool.isolation_level == "rlimits":
     pytest.skip("the rlimits level (not root) cannot contain setsid escapees; see README")
-  code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-          "        time.sleep(1000)\n    os._exit(0)\nos.wait()\nprint('parent done')")
-  r = run(runner, bpool, code)   # `run` asserts the sleeping grandchild is gone afterwards
+  code = (
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+    "        time.sleep(1000)\n    os._exit(0)\nos.wait()\nprint('parent done')"
+  )
+  r = run(runner, bpool, code)  # `run` asserts the sleeping grandchild is gone afterwards
   assert (r.status, r.stdout) == ("ok", "parent done\n")
 
 
 def test_double_fork_escape_survives_timeout_kill(runner, bpool):
   if bpool.isolation_level == "rlimits":
     pytest.skip("the rlimits level (not root) cannot contain setsid escapees; see README")
-  code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-          "        while True: pass\n    os._exit(0)\ntime.sleep(100)")
+  code = (
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+    "        while True: pass\n    os._exit(0)\ntime.sleep(100)"
+  )
   assert run(runner, bpool, code, timeout_s=0.5).status == "timeout"
 
 
-@pytest.mark.parametrize("code", [
+@pytest.mark.parametrize(
+  "code",
+  [
     "b = bytearray(10**11)",
     "x = [0] * (10**10)",
     "import numpy as np\na = np.ones((10**5, 10**5))",
     "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))",
-])
+  ],
+)
 def test_memory_bomb(runner, bpool, code):
   # Generous timeout: zero-filling 512 MiB on two cores shared with other jobs can take seconds.
   r = run(runner, bpool, code, timeout_s=8.0)
@@ -150,23 +172,41 @@ def test_big_file_in_scratch_hits_file_size_limit(runner, bpool):
 def test_writes_outside_scratch_fail(runner, bpool, tmp_path):
   if bpool.isolation_level not in NAMESPACED:
     pytest.skip(f"read-only system view needs namespaces; running at {bpool.isolation_level}")
-  canary = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__)))), "rstar_jax", "tools", "render.py")
+  canary = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "rstar_jax",
+    "tools",
+    "render.py",
+  )
   before = open(canary, "rb").read()
   host_tmp = tmp_path / "escaped.txt"
-  for target in (canary, "/usr/bin/python3", "/usr/evil.txt", str(host_tmp), "/tmp/../root_evil",
-                 os.path.expanduser("~/.bashrc")):
+  for target in (
+    canary,
+    "/usr/bin/python3",
+    "/usr/evil.txt",
+    str(host_tmp),
+    "/tmp/../root_evil",
+    os.path.expanduser("~/.bashrc"),
+  ):
     code = f"try:\n    open({target!r}, 'w').write('pwned')\n    print('WROTE')\nexcept OSError as e:\n    print('blocked', e.errno)"
     r = run(runner, bpool, code)
-    assert r.status == "ok" and r.stdout.startswith("blocked") or not os.path.exists(target) \
-        or target == str(host_tmp), (target, r)
+    assert (
+      r.status == "ok"
+      and r.stdout.startswith("blocked")
+      or not os.path.exists(target)
+      or target == str(host_tmp)
+    ), (target, r)
   assert open(canary, "rb").read() == before
-  assert not host_tmp.exists()          # the sandbox's /tmp is private, not the host's
+  assert not host_tmp.exists()  # the sandbox's /tmp is private, not the host's
   tools_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   tools_dir = os.path.join(tools_dir, "rstar_jax", "tools")
-  r = run(runner, bpool, f"import shutil, os\nfor d in ('/usr/bin', {tools_dir!r}):\n"
-          "    shutil.rmtree(d, ignore_errors=True)\n"
-          f"print(os.path.exists('/usr/bin/env'), os.path.exists({tools_dir!r}))")
+  r = run(
+    runner,
+    bpool,
+    f"import shutil, os\nfor d in ('/usr/bin', {tools_dir!r}):\n"
+    "    shutil.rmtree(d, ignore_errors=True)\n"
+    f"print(os.path.exists('/usr/bin/env'), os.path.exists({tools_dir!r}))",
+  )
   assert r.stdout == "True True\n"
   assert os.path.exists("/usr/bin/env")
 
@@ -185,23 +225,28 @@ def test_network_is_unreachable(runner, bpool):
     while not stop.is_set():
       try:
         accepted.append(srv.accept())
-      except socket.timeout:
+      except TimeoutError:
         pass
 
   th = threading.Thread(target=accept)
   th.start()
   try:
-    code = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-            "print('CONNECTED')")
+    code = (
+      f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+      "print('CONNECTED')"
+    )
     r = run(runner, bpool, code)
-    time.sleep(0.3)   # a connection that got through would be accepted by now
+    time.sleep(0.3)  # a connection that got through would be accepted by now
     stop.set()
     th.join()
   finally:
     srv.close()
   assert r.status == "error" and "CONNECTED" not in r.stdout
-  assert "ConnectionRefusedError" in r.stderr or "unreachable" in r.stderr or \
-      (bpool.isolation_level == "uid" and "PermissionError" in r.stderr), r
+  assert (
+    "ConnectionRefusedError" in r.stderr
+    or "unreachable" in r.stderr
+    or (bpool.isolation_level == "uid" and "PermissionError" in r.stderr)
+  ), r
   assert accepted == []
   # The listener itself is reachable from the host, so the test could have seen a connection.
   r2 = run(runner, bpool, "import socket\nprint(socket.gethostbyname('localhost'))")
@@ -209,21 +254,27 @@ def test_network_is_unreachable(runner, bpool):
 
 
 def test_environment_and_proc_environ_are_clean(runner, bpool):
-  code = ("import os\nprint(dict(os.environ))\nfor p in ('/proc/1/environ', '/proc/self/environ',"
-          f" '/proc/{os.getpid()}/environ', '/proc/2/environ'):\n"
-          "    try:\n        print(p, open(p, 'rb').read())\n"
-          "    except OSError as e:\n        print(p, 'denied', e.errno)")
+  code = (
+    "import os\nprint(dict(os.environ))\nfor p in ('/proc/1/environ', '/proc/self/environ',"
+    f" '/proc/{os.getpid()}/environ', '/proc/2/environ'):\n"
+    "    try:\n        print(p, open(p, 'rb').read())\n"
+    "    except OSError as e:\n        print(p, 'denied', e.errno)"
+  )
   r = run(runner, bpool, code)
   assert r.status == "ok"
   assert SECRET not in r.stdout and "HF_TOKEN" not in r.stdout
   env = eval(r.stdout.splitlines()[0])
   assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""
-  assert os.environ["HF_TOKEN"] == SECRET   # the host keeps its own environment
+  assert os.environ["HF_TOKEN"] == SECRET  # the host keeps its own environment
 
 
 def test_no_gpu_devices_visible(runner, bpool):
-  r = run(runner, bpool, "import glob\nprint(glob.glob('/dev/nvidia*') + glob.glob('/dev/kfd')"
-          " + glob.glob('/dev/dri/*'))")
+  r = run(
+    runner,
+    bpool,
+    "import glob\nprint(glob.glob('/dev/nvidia*') + glob.glob('/dev/kfd')"
+    " + glob.glob('/dev/dri/*'))",
+  )
   if bpool.isolation_level in NAMESPACED:
     assert r.stdout == "[]\n"
 
@@ -239,8 +290,12 @@ def test_killpg_zero(runner, bpool):
 
 
 def test_kill_everything(runner, bpool):
-  r = run(runner, bpool, "import os\nfor pid in range(1, 400):\n    try: os.kill(pid, 9)\n"
-          "    except OSError: pass\nos.kill(-1, 9)\nprint('alive')")
+  r = run(
+    runner,
+    bpool,
+    "import os\nfor pid in range(1, 400):\n    try: os.kill(pid, 9)\n"
+    "    except OSError: pass\nos.kill(-1, 9)\nprint('alive')",
+  )
   assert r.status in ("ok", "error")
 
 
@@ -249,12 +304,17 @@ def test_input_without_stdin(runner, bpool):
   assert r.status == "error" and "EOFError" in r.stderr and r.duration_s < 1.5
 
 
-@pytest.mark.parametrize("code,statuses", [
+@pytest.mark.parametrize(
+  "code,statuses",
+  [
     ("def f(n):\n    return f(n + 1)\nf(0)", ("error",)),
     # Unbounded: ends in a C-stack overflow (SIGSEGV), MemoryError or the timeout, never a hang.
-    ("import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)",
-     ("error", "memory_limit", "timeout")),
-])
+    (
+      "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)",
+      ("error", "memory_limit", "timeout"),
+    ),
+  ],
+)
 def test_deep_recursion(runner, bpool, code, statuses):
   r = run(runner, bpool, code)
   assert r.status in statuses
@@ -268,8 +328,11 @@ def test_fd_exhaustion(runner, bpool):
 
 
 def test_no_core_dump(runner, bpool):
-  r = run(runner, bpool, "import os, resource\nprint(resource.getrlimit(resource.RLIMIT_CORE), flush=True)\n"
-          "os.abort()")
+  r = run(
+    runner,
+    bpool,
+    "import os, resource\nprint(resource.getrlimit(resource.RLIMIT_CORE), flush=True)\nos.abort()",
+  )
   assert r.status == "error" and r.stdout == "(0, 0)\n" and "SIGABRT" in r.stderr
 
 

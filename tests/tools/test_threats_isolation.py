@@ -2,13 +2,13 @@
 isolation level: no SysV / keyring / socket channel between calls or left after them, uids not
 reused last-in-first-out, no new processes or namespaces inside a call, and the memory limit
 holds across threads. Network probes only target listeners this test starts on 127.0.0.1."""
+
 import asyncio
 import os
 import socket
 import threading
 
 import pytest
-
 from pool_helpers import pool_uid_range, use_level_runner
 
 _SYSCALL = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -34,13 +34,15 @@ def _uids_in(path, lo, hi, col):
 
 
 def test_sysv_shared_memory_is_refused_and_nothing_left(runner, lpool):
-  code = _SYSCALL + ("sid = libc.shmget(0x5EC12E7, 64 << 20, 0o1666)\n"
-                     "print(sid, ctypes.get_errno())\n"
-                     "print(libc.semget(0x5EC12E8, 1, 0o1666), libc.msgget(0x5EC12E9, 0o1666))")
+  code = _SYSCALL + (
+    "sid = libc.shmget(0x5EC12E7, 64 << 20, 0o1666)\n"
+    "print(sid, ctypes.get_errno())\n"
+    "print(libc.semget(0x5EC12E8, 1, 0o1666), libc.msgget(0x5EC12E9, 0o1666))"
+  )
   r = runner.run(lpool.execute(code))
   assert r.status == "ok", r
   first, second = r.stdout.splitlines()
-  assert first.split()[0] == "-1" and int(first.split()[1]) == 1, r.stdout   # EPERM
+  assert first.split()[0] == "-1" and int(first.split()[1]) == 1, r.stdout  # EPERM
   assert second == "-1 -1"
   # Seen from the host: no SysV object owned by a sandbox uid (uid is column 4 of /proc/sysvipc/*).
   lo, hi = pool_uid_range(lpool)
@@ -49,11 +51,13 @@ def test_sysv_shared_memory_is_refused_and_nothing_left(runner, lpool):
 
 
 def test_keyrings_are_unreachable(runner, lpool):
-  code = _SYSCALL + ("SYS_add_key, SYS_keyctl = 248, 250\n"
-                     "k = libc.syscall(SYS_add_key, b'user', b'secret', b'x' * 8, 8, -3)\n"
-                     "e1 = ctypes.get_errno()\n"
-                     "g = libc.syscall(SYS_keyctl, 0, -3, 0)\n"   # KEYCTL_GET_KEYRING_ID
-                     "print(k, e1, g, ctypes.get_errno())")
+  code = _SYSCALL + (
+    "SYS_add_key, SYS_keyctl = 248, 250\n"
+    "k = libc.syscall(SYS_add_key, b'user', b'secret', b'x' * 8, 8, -3)\n"
+    "e1 = ctypes.get_errno()\n"
+    "g = libc.syscall(SYS_keyctl, 0, -3, 0)\n"  # KEYCTL_GET_KEYRING_ID
+    "print(k, e1, g, ctypes.get_errno())"
+  )
   if os.uname().machine != "x86_64":
     pytest.skip(f"syscall numbers in this test are x86_64's, machine is {os.uname().machine}")
   r = runner.run(lpool.execute(code))
@@ -134,8 +138,9 @@ def test_concurrent_calls_share_no_socket_namespace(runner, lpool):
     connect = _CONNECT.format(tag=tag, port=port, host_port=host.getsockname()[1])
 
     async def both():
-      return await asyncio.gather(lpool.execute(listen, timeout_s=4.0),
-                                  lpool.execute(connect, timeout_s=4.0))
+      return await asyncio.gather(
+        lpool.execute(listen, timeout_s=4.0), lpool.execute(connect, timeout_s=4.0)
+      )
 
     a, b = runner.run(both())
   finally:
@@ -148,20 +153,21 @@ def test_concurrent_calls_share_no_socket_namespace(runner, lpool):
     # Own network namespace per call: sockets work, but nobody else is there.
     assert a.stdout == "nothing\n", a
   else:
-    assert a.stdout.startswith("blocked PermissionError"), a   # no namespace: no sockets
+    assert a.stdout.startswith("blocked PermissionError"), a  # no namespace: no sockets
 
 
 def test_no_new_processes_or_namespaces(runner, lpool):
   code = _SYSCALL + (
-      "import subprocess\nres = []\n"
-      "for flags in (0x10000000, 0x20000000, 0x40000000 | 0x10000000, 0x00020000):\n"
-      "    res.append((libc.unshare(flags), ctypes.get_errno()))\n"
-      "res.append((libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno()))\n"
-      "try:\n    os.fork()\n    res.append('forked')\nexcept OSError as e:\n"
-      "    res.append(type(e).__name__)\n"
-      "try:\n    subprocess.run(['true'])\n    res.append('spawned')\nexcept OSError as e:\n"
-      "    res.append(type(e).__name__)\n"
-      "print(res)\nprint(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+    "import subprocess\nres = []\n"
+    "for flags in (0x10000000, 0x20000000, 0x40000000 | 0x10000000, 0x00020000):\n"
+    "    res.append((libc.unshare(flags), ctypes.get_errno()))\n"
+    "res.append((libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno()))\n"
+    "try:\n    os.fork()\n    res.append('forked')\nexcept OSError as e:\n"
+    "    res.append(type(e).__name__)\n"
+    "try:\n    subprocess.run(['true'])\n    res.append('spawned')\nexcept OSError as e:\n"
+    "    res.append(type(e).__name__)\n"
+    "print(res)\nprint(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])"
+  )
   if os.uname().machine != "x86_64":
     pytest.skip(f"the raw clone number is x86_64's, machine is {os.uname().machine}")
   r = runner.run(lpool.execute(code))
@@ -173,11 +179,13 @@ def test_no_new_processes_or_namespaces(runner, lpool):
 
 def test_memory_limit_counts_every_thread(runner, lpool):
   # 256 MiB for the call: four threads each trying to keep 100 MiB get at most two blocks.
-  code = ("import threading\nkept, errs = [], []\n"
-          "def grab():\n    try:\n        kept.append(bytearray(100 << 20))\n"
-          "    except MemoryError:\n        errs.append(1)\n"
-          "ts = [threading.Thread(target=grab) for _ in range(4)]\n"
-          "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(len(kept), len(errs))")
+  code = (
+    "import threading\nkept, errs = [], []\n"
+    "def grab():\n    try:\n        kept.append(bytearray(100 << 20))\n"
+    "    except MemoryError:\n        errs.append(1)\n"
+    "ts = [threading.Thread(target=grab) for _ in range(4)]\n"
+    "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(len(kept), len(errs))"
+  )
   r = runner.run(lpool.execute(code, timeout_s=10.0))
   assert r.status == "ok", r
   kept, errs = (int(v) for v in r.stdout.split())
@@ -190,13 +198,18 @@ def test_host_listener_unreachable_at_every_level(runner, lpool):
   srv.listen(1)
   srv.settimeout(1.0)
   try:
-    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', "
-            f"{srv.getsockname()[1]}), timeout=1)\n    print('CONNECTED')\n"
-            "except OSError as e:\n    print(type(e).__name__)")
+    code = (
+      f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', "
+      f"{srv.getsockname()[1]}), timeout=1)\n    print('CONNECTED')\n"
+      "except OSError as e:\n    print(type(e).__name__)"
+    )
     r = runner.run(lpool.execute(code))
     with pytest.raises(socket.timeout):
       srv.accept()
   finally:
     srv.close()
-  assert r.status == "ok" and r.stdout in ("ConnectionRefusedError\n", "PermissionError\n",
-                                           "OSError\n"), r
+  assert r.status == "ok" and r.stdout in (
+    "ConnectionRefusedError\n",
+    "PermissionError\n",
+    "OSError\n",
+  ), r

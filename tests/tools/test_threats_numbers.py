@@ -1,18 +1,29 @@
 """Threat class 2: numbers at every public entry. NaN, infinities, negatives, huge values, bools
 and strings are refused with a clear ValueError (HTTP 400), before anything is allocated, and a
 flood of bad calls leaves the pool exactly as it was."""
+
 import asyncio
 import json
 
 import aiohttp
 import pytest
-
 from pool_helpers import use_level_runner
+
 from rstar_jax.tools.code_pool import MAX_QUEUE_TIMEOUT_S, MAX_TIMEOUT_S, CodePool, PoolConfig
 from rstar_jax.tools.server import CodePoolServer
 
-BAD_SECONDS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, MAX_TIMEOUT_S * 2, 2.2e6,
-               1e300, True, "1"]
+BAD_SECONDS = [
+  float("nan"),
+  float("inf"),
+  -float("inf"),
+  -1.0,
+  0.0,
+  MAX_TIMEOUT_S * 2,
+  2.2e6,
+  1e300,
+  True,
+  "1",
+]
 
 runner = use_level_runner()
 
@@ -65,7 +76,7 @@ def test_bad_call_flood_leaks_nothing_and_never_freezes_the_loop(runner, lpool):
           await lpool.execute("1", timeout_s=bad)
         except ValueError:
           pass
-    await asyncio.wait_for(t, 10)   # the loop kept running: no NaN timer froze it
+    await asyncio.wait_for(t, 10)  # the loop kept running: no NaN timer froze it
     return ticks, await lpool.execute("print('alive')")
 
   ticks, r = runner.run(flood())
@@ -73,12 +84,21 @@ def test_bad_call_flood_leaks_nothing_and_never_freezes_the_loop(runner, lpool):
   assert _all_uids_back(runner, lpool)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("timeout_s", float("nan")), ("timeout_s", float("inf")), ("timeout_s", -1.0),
-    ("reply_grace_s", float("nan")), ("startup_timeout_s", float("inf")),
-    ("queue_timeout_s", float("nan")), ("memory_limit_mb", 1.5), ("max_procs", True),
-    ("max_output_bytes", 1 << 40), ("session_timeout_cpu_s", 10 ** 9),
-])
+@pytest.mark.parametrize(
+  "field,value",
+  [
+    ("timeout_s", float("nan")),
+    ("timeout_s", float("inf")),
+    ("timeout_s", -1.0),
+    ("reply_grace_s", float("nan")),
+    ("startup_timeout_s", float("inf")),
+    ("queue_timeout_s", float("nan")),
+    ("memory_limit_mb", 1.5),
+    ("max_procs", True),
+    ("max_output_bytes", 1 << 40),
+    ("session_timeout_cpu_s", 10**9),
+  ],
+)
 def test_pool_config_refuses_bad_numbers(field, value):
   with pytest.raises(ValueError, match=f"PoolConfig.{field}"):
     PoolConfig(**{field: value})
@@ -98,13 +118,15 @@ def test_session_id_and_sizes_are_checked(runner, lpool):
 def test_start_failure_frees_what_it_took(runner):
   # A template that cannot start the call (no uid left) answers internal_error and keeps
   # nothing: after many refused calls, every uid and scratch dir is back.
-  pool = CodePool(num_workers=16, num_templates=1, uids_per_template=8, preload=(),
-                  timeout_s=3.0)
+  pool = CodePool(num_workers=16, num_templates=1, uids_per_template=8, preload=(), timeout_s=3.0)
   runner.run(pool.start())
   try:
+
     async def burst():
-      return await asyncio.gather(*(pool.execute("import time\ntime.sleep(0.5)", timeout_s=2.0)
-                                    for _ in range(16)))
+      return await asyncio.gather(
+        *(pool.execute("import time\ntime.sleep(0.5)", timeout_s=2.0) for _ in range(16))
+      )
+
     rs = runner.run(burst())
     assert {r.status for r in rs} <= {"ok", "internal_error"}
     assert any("no free sandbox uid" in r.stderr for r in rs)
@@ -126,13 +148,19 @@ def server(runner):
 def _post(runner, server, path, raw):
   async def go():
     async with aiohttp.ClientSession() as s:
-      async with s.post(f"http://127.0.0.1:{server.port}{path}", data=raw,
-                        headers={"Content-Type": "application/json"}) as resp:
+      async with s.post(
+        f"http://127.0.0.1:{server.port}{path}",
+        data=raw,
+        headers={"Content-Type": "application/json"},
+      ) as resp:
         return resp.status, await resp.text()
+
   return runner.run(go())
 
 
-@pytest.mark.parametrize("raw", [
+@pytest.mark.parametrize(
+  "raw",
+  [
     '{"requests": [{"code": "1", "timeout_s": NaN}]}',
     '{"requests": [{"code": "1", "timeout_s": Infinity}]}',
     '{"requests": [{"code": "1", "timeout_s": -Infinity}]}',
@@ -142,7 +170,8 @@ def _post(runner, server, path, raw):
     '{"requests": [{"code": "1"}], "queue_timeout_s": NaN}',
     '{"requests": [{"code": "1"}], "queue_timeout_s": -1}',
     '{"requests": [{"code": "1", "session_id": ""}]}',
-])
+  ],
+)
 def test_http_refuses_non_finite_and_out_of_range(runner, server, raw):
   status, text = _post(runner, server, "/execute_batch", raw)
   assert status == 400, text
@@ -162,6 +191,7 @@ def test_http_bad_batch_flood_does_not_wedge(runner, server):
 
 def test_http_client_refuses_bad_numbers():
   from rstar_jax.tools.client import CodePoolClient
+
   for bad in (float("nan"), float("inf"), -1.0):
     with pytest.raises(ValueError, match="queue_timeout_s"):
       CodePoolClient("http://127.0.0.1:1", queue_timeout_s=bad)
@@ -169,9 +199,10 @@ def test_http_client_refuses_bad_numbers():
       CodePoolClient("http://127.0.0.1:1", request_timeout_s=bad)
 
   async def go():
-    async with CodePoolClient("http://127.0.0.1:1") as c:   # nothing is ever sent
+    async with CodePoolClient("http://127.0.0.1:1") as c:  # nothing is ever sent
       with pytest.raises(ValueError, match="timeout_s"):
         await c.execute("1", timeout_s=float("nan"))
+
   loop = asyncio.new_event_loop()
   loop.run_until_complete(go())
   loop.close()

@@ -1,6 +1,7 @@
 """Threat class 1: the sandbox protocol. Nothing a call writes is ever unpickled or executed by
 the template or the host; the protocol pipes are out of reach; completion comes from the
 process (exit, or a session's stop), never from a frame the code could forge."""
+
 import builtins
 import os
 import pickle
@@ -9,8 +10,8 @@ import struct
 import time
 
 import pytest
-
 from pool_helpers import pool_uid_range, sandbox_pids, use_level_runner
+
 from rstar_jax.tools import code_pool, sandbox_template, wire
 
 TOOLS_DIR = os.path.dirname(os.path.abspath(code_pool.__file__))
@@ -29,23 +30,26 @@ def test_no_pickle_is_ever_loaded_from_sandbox_bytes():
     src = open(os.path.join(TOOLS_DIR, name)).read()
     loads = [m.start() for m in re.finditer(r"pickle\.loads?\(", src)]
     if name == "sandbox_template.py":
-      assert len(loads) == 1 and "pickle.loads(job[\"payload\"])" in src, name
+      assert len(loads) == 1 and 'pickle.loads(job["payload"])' in src, name
     else:
       assert loads == [], (name, loads)
 
 
-@pytest.mark.parametrize("blob", [
+@pytest.mark.parametrize(
+  "blob",
+  [
     pickle.dumps(_Boom()),
-    struct.pack("<I", 10) + b"x" * 3,           # length beyond the data
-    b"s" + struct.pack("<I", 1 << 31),         # string claiming 2 GiB
+    struct.pack("<I", 10) + b"x" * 3,  # length beyond the data
+    b"s" + struct.pack("<I", 1 << 31),  # string claiming 2 GiB
     b"l" + struct.pack("<I", 1 << 30) + b"N",  # list claiming 2^30 items
     b"d" + struct.pack("<I", 1) + b"l" + struct.pack("<I", 0) + b"N",  # unhashable key
     b"s" + struct.pack("<I", 2) + b"\xff\xfe",  # invalid UTF-8
-    b"I" + struct.pack("<I", 3) + b"1e9",       # malformed big int
-    b"l" + struct.pack("<I", 1) * 40 + b"N",   # nested deeper than allowed
-    b"NN",                                      # trailing bytes
+    b"I" + struct.pack("<I", 3) + b"1e9",  # malformed big int
+    b"l" + struct.pack("<I", 1) * 40 + b"N",  # nested deeper than allowed
+    b"NN",  # trailing bytes
     b"",
-])
+  ],
+)
 def test_wire_rejects_malformed_and_pickled_bytes(blob):
   with pytest.raises(wire.WireError):
     wire.decode(blob)
@@ -53,8 +57,12 @@ def test_wire_rejects_malformed_and_pickled_bytes(blob):
 
 
 def test_wire_round_trips_plain_values():
-  v = {"a": [1, -2, 2 ** 70, -(2 ** 70), 1.5, float("inf")], "b": (b"\x00\xff", None, True),
-       3: "z\ud800", (1, "k"): {"n": False}}
+  v = {
+    "a": [1, -2, 2**70, -(2**70), 1.5, float("inf")],
+    "b": (b"\x00\xff", None, True),
+    3: "z\ud800",
+    (1, "k"): {"n": False},
+  }
   assert wire.decode(wire.encode(v)) == v
   with pytest.raises(wire.WireError, match="cannot encode"):
     wire.encode({"f": object()})
@@ -64,29 +72,37 @@ def test_wire_round_trips_plain_values():
 
 def test_host_rejects_forged_template_replies():
   limit = 1 << 16
-  good = {"rid": 1, "status": "ok", "stdout": b"", "stderr": b"", "duration_s": 0.1,
-          "exit_code": 0}
+  good = {"rid": 1, "status": "ok", "stdout": b"", "stderr": b"", "duration_s": 0.1, "exit_code": 0}
   assert code_pool._check_reply(dict(good), limit)["status"] == "ok"
-  for bad in ({**good, "status": "pwned"}, {**good, "stdout": b"x" * (limit + 1)},
-              {**good, "exit_code": 10 ** 9}, {**good, "duration_s": float("nan")},
-              {**good, "rid": "1"}, [1, 2]):
+  for bad in (
+    {**good, "status": "pwned"},
+    {**good, "stdout": b"x" * (limit + 1)},
+    {**good, "exit_code": 10**9},
+    {**good, "duration_s": float("nan")},
+    {**good, "rid": "1"},
+    [1, 2],
+  ):
     with pytest.raises(wire.WireError):
       code_pool._check_reply(bad, limit)
 
 
 def test_template_rejects_bad_requests():
-  for bad in ({"kind": "exec", "rid": 1, "code": "1", "stdin": b"", "timeout_s": float("nan")},
-              {"kind": "exec", "rid": 1, "code": "1", "stdin": b"", "timeout_s": 1e12},
-              {"kind": "exec", "rid": True, "code": "1", "stdin": b"", "timeout_s": 1.0},
-              {"kind": "eval", "rid": 1}):
+  for bad in (
+    {"kind": "exec", "rid": 1, "code": "1", "stdin": b"", "timeout_s": float("nan")},
+    {"kind": "exec", "rid": 1, "code": "1", "stdin": b"", "timeout_s": 1e12},
+    {"kind": "exec", "rid": True, "code": "1", "stdin": b"", "timeout_s": 1.0},
+    {"kind": "eval", "rid": 1},
+  ):
     with pytest.raises(sandbox_template.wire.WireError):  # the template's own copy of `wire`
       sandbox_template.check_request(bad)
 
 
 def test_call_holds_no_protocol_fd(runner, lpool):
-  code = ("import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n"
-          "    try:\n        print(fd, os.readlink(f'/proc/self/fd/{fd}'))\n"
-          "    except OSError:\n        pass")
+  code = (
+    "import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n"
+    "    try:\n        print(fd, os.readlink(f'/proc/self/fd/{fd}'))\n"
+    "    except OSError:\n        pass"
+  )
   r = runner.run(lpool.execute(code))
   assert r.status == "ok", r
   fds = dict(line.split(" ", 1) for line in r.stdout.splitlines())
@@ -96,9 +112,11 @@ def test_call_holds_no_protocol_fd(runner, lpool):
 
 
 def test_session_holds_only_its_memfds(runner, lpool):
-  code = ("import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n"
-          "    try:\n        print(fd, os.readlink(f'/proc/self/fd/{fd}'))\n"
-          "    except OSError:\n        pass")
+  code = (
+    "import os\nfor fd in sorted(int(f) for f in os.listdir('/proc/self/fd')):\n"
+    "    try:\n        print(fd, os.readlink(f'/proc/self/fd/{fd}'))\n"
+    "    except OSError:\n        pass"
+  )
   r = runner.run(lpool.execute(code, session_id="fds"))
   runner.run(lpool.close_session("fds"))
   assert r.status == "ok", r
@@ -129,8 +147,9 @@ def test_forged_pickle_frames_reach_nobody(runner, lpool):
   for sid in (None, "forge"):
     r = runner.run(lpool.execute(_FORGE, session_id=sid))
     assert r.status in ("ok", "error"), r
-  r = runner.run(lpool.execute("import builtins\nprint(hasattr(builtins, 'PLANTED'))",
-                               session_id="forge"))
+  r = runner.run(
+    lpool.execute("import builtins\nprint(hasattr(builtins, 'PLANTED'))", session_id="forge")
+  )
   assert r.stdout.endswith("False\n"), r
   r = runner.run(lpool.execute("import builtins\nprint(hasattr(builtins, 'PLANTED'))"))
   assert r.stdout == "False\n", r
@@ -154,10 +173,10 @@ def test_session_cannot_forge_completion(runner, lpool):
   runner.run(lpool.execute("x = 41", session_id=sid))
   code = "import os, signal, time\nos.kill(os.getpid(), signal.SIGSTOP)\ntime.sleep(30)"
   r = runner.run(lpool.execute(code, session_id=sid, timeout_s=5.0))
-  assert r.status != "ok", r                  # no exit code was written: not a success
+  assert r.status != "ok", r  # no exit code was written: not a success
   t0 = time.monotonic()
   r = runner.run(lpool.execute("print(x + 1)", session_id=sid, timeout_s=1.0))
-  assert r.status == "timeout" and time.monotonic() - t0 >= 0.9, r   # sleep(30) resumed
+  assert r.status == "timeout" and time.monotonic() - t0 >= 0.9, r  # sleep(30) resumed
   r = runner.run(lpool.execute("print('fresh')", session_id=sid))
   assert r.stdout == "fresh\n"
   runner.run(lpool.close_session(sid))
@@ -169,8 +188,10 @@ def test_session_cannot_forge_completion(runner, lpool):
 
 def test_session_memfd_tampering_stays_in_the_session(runner, lpool):
   sid = "tamper"
-  code = ("import os\nos.ftruncate(3, 1000)\nos.pwrite(3, b'\\xff' * 100, 0)\n"
-          "os.pwrite(4, b'99999999999999999999' * 10, 0)\nos.dup2(1, 4)\nos.dup2(2, 3)")
+  code = (
+    "import os\nos.ftruncate(3, 1000)\nos.pwrite(3, b'\\xff' * 100, 0)\n"
+    "os.pwrite(4, b'99999999999999999999' * 10, 0)\nos.dup2(1, 4)\nos.dup2(2, 3)"
+  )
   r = runner.run(lpool.execute(code, session_id=sid))
   assert r.status in ("ok", "error"), r
   # The session broke its own plumbing: its next call may misbehave, but it answers promptly

@@ -1,4 +1,4 @@
-# Sourced by the learner launch (inside the rocm/jax-training container). Values: SPEC Part IV
+# Sourced by the learner launch (inside the rocm/jax-training container). Values: this folder's README.md (ROCm-JAX on MI300X)
 # (AMD's MaxText-on-MI300X train_env.sh, ROCm CVS JAX config, ROCm 7.x known issues).
 # Override any of them by exporting it before `source`.
 

@@ -22,440 +22,489 @@ timeout), `die_on_distributed_call = k` (the process exits on its k-th distribut
 killed group member). `python -m rstar_jax.rollout.testing.mock_sglang --port-file F` runs one
 in its own process.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
 import math
 import os
-from typing import Any, Optional
+from typing import Any
 
 from aiohttp import web
 
 
 def mock_next_token(ids: list[int], vocab_size: int) -> int:
-    """The mock model: next id from the last three ids (deterministic)."""
-    tail = ids[-3:]
-    return (sum((i + 1) * t for i, t in enumerate(tail)) * 31 + 7 * len(ids)) % vocab_size
+  """The mock model: next id from the last three ids (deterministic)."""
+  tail = ids[-3:]
+  return (sum((i + 1) * t for i, t in enumerate(tail)) * 31 + 7 * len(ids)) % vocab_size
 
 
 def mock_logprob(ids: list[int], token: int) -> float:
-    return -((token + len(ids)) % 17) / 10.0 - 0.05
+  return -((token + len(ids)) % 17) / 10.0 - 0.05
 
 
 class MockSGLangServer:
-    def __init__(self, vocab_size: int = 256, max_total_num_tokens: int = 4096,
-                 token_delay_s: float = 0.0, weight_version: str = "0"):
-        self.vocab_size = vocab_size
-        self.max_total_num_tokens = max_total_num_tokens
-        self.token_delay_s = token_delay_s
-        self.weight_version = weight_version
-        self.generate_delay_s = 0.0
-        self.external_tokens = 0                # KV tokens held by "other clients" (/get_load)
-        self.healthy = True
-        self.loaded: dict[str, Any] = {}        # tensors of the last update_weights_from_disk
-        self.model_path: Optional[str] = None
-        self.requests: list[dict] = []          # every /generate body
-        self.aborted: list[str] = []
-        self.weight_updates: list[dict] = []
-        self.weights: dict[str, Any] = {}      # every tensor received so far (HF names)
-        self.memory_events: list[tuple] = []   # ("release" | "resume", tags)
-        self.memory_released: set = set()
-        self.die_on_distributed_call = 0
-        self.check_finite = True               # disk loads: reject non-finite weights
-        self._dist_calls = 0
-        self._groups: dict[str, Any] = {}
-        self._faults: dict[str, list[int]] = {}
-        self._hang = 0
-        self._running: dict[str, dict] = {}     # rid -> {"abort": bool, "tokens": int}
-        self._runner: Optional[web.AppRunner] = None
-        self._closing = False
-        self.url = ""
+  def __init__(
+    self,
+    vocab_size: int = 256,
+    max_total_num_tokens: int = 4096,
+    token_delay_s: float = 0.0,
+    weight_version: str = "0",
+  ):
+    self.vocab_size = vocab_size
+    self.max_total_num_tokens = max_total_num_tokens
+    self.token_delay_s = token_delay_s
+    self.weight_version = weight_version
+    self.generate_delay_s = 0.0
+    self.external_tokens = 0  # KV tokens held by "other clients" (/get_load)
+    self.healthy = True
+    self.loaded: dict[str, Any] = {}  # tensors of the last update_weights_from_disk
+    self.model_path: str | None = None
+    self.requests: list[dict] = []  # every /generate body
+    self.aborted: list[str] = []
+    self.weight_updates: list[dict] = []
+    self.weights: dict[str, Any] = {}  # every tensor received so far (HF names)
+    self.memory_events: list[tuple] = []  # ("release" | "resume", tags)
+    self.memory_released: set = set()
+    self.die_on_distributed_call = 0
+    self.check_finite = True  # disk loads: reject non-finite weights
+    self._dist_calls = 0
+    self._groups: dict[str, Any] = {}
+    self._faults: dict[str, list[int]] = {}
+    self._hang = 0
+    self._running: dict[str, dict] = {}  # rid -> {"abort": bool, "tokens": int}
+    self._runner: web.AppRunner | None = None
+    self._closing = False
+    self.url = ""
 
-    # ------------------------------------------------------------------ control
-    def fail_next(self, path: str, n: int = 1, status: int = 500, skip: int = 0) -> None:
-        self._faults.setdefault(path, []).extend([None] * skip + [status] * n)
+  # ------------------------------------------------------------------ control
+  def fail_next(self, path: str, n: int = 1, status: int = 500, skip: int = 0) -> None:
+    self._faults.setdefault(path, []).extend([None] * skip + [status] * n)
 
-    def hang_next_generate(self, n: int = 1) -> None:
-        self._hang += n
+  def hang_next_generate(self, n: int = 1) -> None:
+    self._hang += n
 
-    async def start(self) -> "MockSGLangServer":
-        app = web.Application()
-        r = app.router
-        r.add_post("/generate", self._generate)
-        r.add_post("/update_weights_from_disk", self._update)
-        r.add_get("/get_weight_version", self._weight_version)
-        r.add_get("/get_server_info", self._server_info)
-        r.add_get("/server_info", self._server_info)
-        r.add_get("/get_load", self._load)
-        r.add_get("/health", self._health)
-        r.add_get("/health_generate", self._health)
-        r.add_post("/abort_request", self._abort)
-        r.add_post("/update_weights_from_tensor", self._update_tensor)
-        r.add_post("/init_weights_update_group", self._init_group)
-        r.add_post("/update_weights_from_distributed", self._update_distributed)
-        r.add_post("/destroy_weights_update_group", self._destroy_group)
-        r.add_post("/update_weight_version", self._update_version)
-        for path in ("/release_memory_occupation", "/resume_memory_occupation"):
-            r.add_post(path, self._memory)
-            r.add_get(path, self._memory)
-        self._add_pause_routes(r)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        return self
+  async def start(self) -> MockSGLangServer:
+    app = web.Application()
+    r = app.router
+    r.add_post("/generate", self._generate)
+    r.add_post("/update_weights_from_disk", self._update)
+    r.add_get("/get_weight_version", self._weight_version)
+    r.add_get("/get_server_info", self._server_info)
+    r.add_get("/server_info", self._server_info)
+    r.add_get("/get_load", self._load)
+    r.add_get("/health", self._health)
+    r.add_get("/health_generate", self._health)
+    r.add_post("/abort_request", self._abort)
+    r.add_post("/update_weights_from_tensor", self._update_tensor)
+    r.add_post("/init_weights_update_group", self._init_group)
+    r.add_post("/update_weights_from_distributed", self._update_distributed)
+    r.add_post("/destroy_weights_update_group", self._destroy_group)
+    r.add_post("/update_weight_version", self._update_version)
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+      r.add_post(path, self._memory)
+      r.add_get(path, self._memory)
+    self._add_pause_routes(r)
+    self._runner = web.AppRunner(app)
+    await self._runner.setup()
+    site = web.TCPSite(self._runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    self.url = f"http://127.0.0.1:{port}"
+    return self
 
-    async def close(self) -> None:
-        self._closing = True
-        for state in self._running.values():
-            state["abort"] = True
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+  async def close(self) -> None:
+    self._closing = True
+    for state in self._running.values():
+      state["abort"] = True
+    if self._runner is not None:
+      await self._runner.cleanup()
+      self._runner = None
 
-    async def __aenter__(self):
-        return await self.start()
+  async def __aenter__(self):
+    return await self.start()
 
-    async def __aexit__(self, *exc):
-        await self.close()
+  async def __aexit__(self, *exc):
+    await self.close()
 
-    # ------------------------------------------------------------------ pause / continue
-    # SGLang's tokenizer manager: "abort" aborts every running request and returns once they
-    # have all answered; other modes park running requests. New /generate requests wait while
-    # paused. /continue_generation ends the pause.
-    paused_mode: Optional[str] = None
-    pause_calls: int = 0
+  # ------------------------------------------------------------------ pause / continue
+  # SGLang's tokenizer manager: "abort" aborts every running request and returns once they
+  # have all answered; other modes park running requests. New /generate requests wait while
+  # paused. /continue_generation ends the pause.
+  paused_mode: str | None = None
+  pause_calls: int = 0
 
-    def _add_pause_routes(self, r) -> None:
-        r.add_post("/pause_generation", self._pause)
-        r.add_post("/continue_generation", self._continue)
+  def _add_pause_routes(self, r) -> None:
+    r.add_post("/pause_generation", self._pause)
+    r.add_post("/continue_generation", self._continue)
 
-    async def _wait_while_paused(self, state: dict) -> None:
-        while self.paused_mode is not None and not state["abort"] and not self._closing:
-            await asyncio.sleep(0.002)
+  async def _wait_while_paused(self, state: dict) -> None:
+    while self.paused_mode is not None and not state["abort"] and not self._closing:
+      await asyncio.sleep(0.002)
 
-    async def _pause(self, request):
-        body = await request.json() if request.can_read_body else {}
-        mode = (body or {}).get("mode", "abort")
-        if mode not in ("abort", "retract", "in_place"):
-            return web.json_response({"error": f"Invalid mode: {mode!r}"}, status=400)
-        self.paused_mode = mode
-        self.pause_calls += 1
-        if mode == "abort":
-            for rid, st in list(self._running.items()):
-                st["abort"] = True
-                self.aborted.append(rid)
-            while self._running and not self._closing:   # drained, as SGLang waits for it
-                await asyncio.sleep(0.002)
-        return web.json_response({"success": True})
+  async def _pause(self, request):
+    body = await request.json() if request.can_read_body else {}
+    mode = (body or {}).get("mode", "abort")
+    if mode not in ("abort", "retract", "in_place"):
+      return web.json_response({"error": f"Invalid mode: {mode!r}"}, status=400)
+    self.paused_mode = mode
+    self.pause_calls += 1
+    if mode == "abort":
+      for rid, st in list(self._running.items()):
+        st["abort"] = True
+        self.aborted.append(rid)
+      while self._running and not self._closing:  # drained, as SGLang waits for it
+        await asyncio.sleep(0.002)
+    return web.json_response({"success": True})
 
-    async def _continue(self, request):
-        self.paused_mode = None
-        return web.json_response({"success": True})
+  async def _continue(self, request):
+    self.paused_mode = None
+    return web.json_response({"success": True})
 
-    def _fault(self, path: str) -> Optional[web.Response]:
-        q = self._faults.get(path)
-        if q:
-            status = q.pop(0)
-            if status is not None:
-                return web.json_response({"success": False, "message": "injected fault",
-                                          "error": "injected fault"}, status=status)
-        return None
+  def _fault(self, path: str) -> web.Response | None:
+    q = self._faults.get(path)
+    if q:
+      status = q.pop(0)
+      if status is not None:
+        return web.json_response(
+          {"success": False, "message": "injected fault", "error": "injected fault"}, status=status
+        )
+    return None
 
-    # ------------------------------------------------------------------ handlers
-    async def _generate(self, request: web.Request) -> web.Response:
-        if (f := self._fault("/generate")) is not None:
-            return f
-        body = await request.json()
-        self.requests.append(body)
-        ids = body.get("input_ids")
-        sp = body.get("sampling_params") or {}
-        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
-            return web.json_response({"error": "input_ids must be a list of int"}, status=400)
-        while self.paused_mode is not None and not self._closing:   # held at the door
-            await asyncio.sleep(0.002)
-        rid = body.get("rid") or f"auto{len(self.requests)}"
-        max_new = int(sp.get("max_new_tokens", 128))
-        stops = set(sp.get("stop_token_ids") or ())
-        state = self._running[rid] = {"abort": False, "tokens": len(ids)}
-        out: list[int] = []
-        lps: list[float] = []
-        finish: dict = {"type": "length", "length": max_new}
-        try:
-            if self._hang > 0:  # stuck until aborted or the server closes
-                self._hang -= 1
-                while not state["abort"] and not self._closing:
-                    await asyncio.sleep(0.01)
-            await asyncio.sleep(self.generate_delay_s)
-            hist = list(ids)
-            while len(out) < max_new:
-                await self._wait_while_paused(state)
-                if state["abort"]:
-                    finish = {"type": "abort", "message": "Abort in waiting queue",
-                              "status_code": 200, "err_type": None}
-                    break
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                tok = mock_next_token(hist, self.vocab_size)
-                lps.append(mock_logprob(hist, tok))
-                out.append(tok)
-                hist.append(tok)
-                state["tokens"] += 1
-                if tok in stops:
-                    finish = {"type": "stop", "matched": tok}
-                    break
-        finally:
-            if self._running.get(rid) is state:
-                del self._running[rid]
-        meta = {"id": rid, "finish_reason": finish, "prompt_tokens": len(ids),
-                "completion_tokens": len(out), "cached_tokens": 0,
-                "weight_version": self.weight_version}
-        if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, out)]
-        return web.json_response({"output_ids": out, "meta_info": meta})
+  # ------------------------------------------------------------------ handlers
+  async def _generate(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/generate")) is not None:
+      return f
+    body = await request.json()
+    self.requests.append(body)
+    ids = body.get("input_ids")
+    sp = body.get("sampling_params") or {}
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+      return web.json_response({"error": "input_ids must be a list of int"}, status=400)
+    while self.paused_mode is not None and not self._closing:  # held at the door
+      await asyncio.sleep(0.002)
+    rid = body.get("rid") or f"auto{len(self.requests)}"
+    max_new = int(sp.get("max_new_tokens", 128))
+    stops = set(sp.get("stop_token_ids") or ())
+    state = self._running[rid] = {"abort": False, "tokens": len(ids)}
+    out: list[int] = []
+    lps: list[float] = []
+    finish: dict = {"type": "length", "length": max_new}
+    try:
+      if self._hang > 0:  # stuck until aborted or the server closes
+        self._hang -= 1
+        while not state["abort"] and not self._closing:
+          await asyncio.sleep(0.01)
+      await asyncio.sleep(self.generate_delay_s)
+      hist = list(ids)
+      while len(out) < max_new:
+        await self._wait_while_paused(state)
+        if state["abort"]:
+          finish = {
+            "type": "abort",
+            "message": "Abort in waiting queue",
+            "status_code": 200,
+            "err_type": None,
+          }
+          break
+        if self.token_delay_s:
+          await asyncio.sleep(self.token_delay_s)
+        tok = mock_next_token(hist, self.vocab_size)
+        lps.append(mock_logprob(hist, tok))
+        out.append(tok)
+        hist.append(tok)
+        state["tokens"] += 1
+        if tok in stops:
+          finish = {"type": "stop", "matched": tok}
+          break
+    finally:
+      if self._running.get(rid) is state:
+        del self._running[rid]
+    meta = {
+      "id": rid,
+      "finish_reason": finish,
+      "prompt_tokens": len(ids),
+      "completion_tokens": len(out),
+      "cached_tokens": 0,
+      "weight_version": self.weight_version,
+    }
+    if body.get("return_logprob"):
+      meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, out)]
+    return web.json_response({"output_ids": out, "meta_info": meta})
 
-    async def _update(self, request: web.Request) -> web.Response:
-        if (f := self._fault("/update_weights_from_disk")) is not None:
-            return f
-        body = await request.json()
-        self.weight_updates.append(body)
-        path = body.get("model_path")
-        try:
-            tensors = await asyncio.to_thread(_load_hf_dir, path, self.check_finite)
-        except Exception as e:  # noqa: BLE001 - reported the way SGLang does
-            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}",
-                                      "num_paused_requests": 0}, status=400)
-        self.loaded, self.model_path = tensors, path
-        self.weights.update(tensors)
-        if body.get("weight_version") is not None:
-            self.weight_version = str(body["weight_version"])
-        return web.json_response({"success": True, "message": "Succeeded to update model weights.",
-                                  "num_paused_requests": 0})
+  async def _update(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/update_weights_from_disk")) is not None:
+      return f
+    body = await request.json()
+    self.weight_updates.append(body)
+    path = body.get("model_path")
+    try:
+      tensors = await asyncio.to_thread(_load_hf_dir, path, self.check_finite)
+    except Exception as e:  # noqa: BLE001 - reported the way SGLang does
+      return web.json_response(
+        {"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0},
+        status=400,
+      )
+    self.loaded, self.model_path = tensors, path
+    self.weights.update(tensors)
+    if body.get("weight_version") is not None:
+      self.weight_version = str(body["weight_version"])
+    return web.json_response(
+      {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+    )
 
-    def _ok(self, body: dict, message: str = "Succeeded to update model weights."):
-        if body.get("weight_version") is not None:
-            self.weight_version = str(body["weight_version"])
-        return web.json_response({"success": True, "message": message})
+  def _ok(self, body: dict, message: str = "Succeeded to update model weights."):
+    if body.get("weight_version") is not None:
+      self.weight_version = str(body["weight_version"])
+    return web.json_response({"success": True, "message": message})
 
-    @staticmethod
-    def _failed(e: BaseException) -> web.Response:
-        return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"},
-                                 status=400)
+  @staticmethod
+  def _failed(e: BaseException) -> web.Response:
+    return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
 
-    async def _update_tensor(self, request: web.Request) -> web.Response:
-        if (f := self._fault("/update_weights_from_tensor")) is not None:
-            return f
-        body = await request.json()
-        self.weight_updates.append({k: v for k, v in body.items()
-                                    if k != "serialized_named_tensors"})
-        try:
-            payloads = body["serialized_named_tensors"]
-            if not isinstance(payloads, list) or not payloads:
-                raise ValueError("serialized_named_tensors: expected one payload per TP rank")
-            got = await asyncio.to_thread(_receive_tensor_payload, payloads[0],
-                                          body.get("load_format"))
-        except Exception as e:  # noqa: BLE001 - SGLang answers 400 with the message
-            return self._failed(e)
-        self.weights.update(got)
-        return self._ok(body)
+  async def _update_tensor(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/update_weights_from_tensor")) is not None:
+      return f
+    body = await request.json()
+    self.weight_updates.append({k: v for k, v in body.items() if k != "serialized_named_tensors"})
+    try:
+      payloads = body["serialized_named_tensors"]
+      if not isinstance(payloads, list) or not payloads:
+        raise ValueError("serialized_named_tensors: expected one payload per TP rank")
+      got = await asyncio.to_thread(_receive_tensor_payload, payloads[0], body.get("load_format"))
+    except Exception as e:  # noqa: BLE001 - SGLang answers 400 with the message
+      return self._failed(e)
+    self.weights.update(got)
+    return self._ok(body)
 
-    async def _init_group(self, request: web.Request) -> web.Response:
-        from rstar_jax.rollout.weight_transfer import process_group
-        body = await request.json()
-        try:
-            name = body.get("group_name", "weight_update_group")
-            group = await asyncio.to_thread(
-                process_group.open_group, body["master_address"], int(body["master_port"]),
-                int(body["rank_offset"]), int(body["world_size"]), name,
-                body.get("backend", "nccl"), float(body.get("timeout_s", 60.0)))
-        except Exception as e:  # noqa: BLE001
-            return self._failed(e)
-        self._groups[name] = group
-        return web.json_response({"success": True, "message": "Succeeded to initialize group."})
+  async def _init_group(self, request: web.Request) -> web.Response:
+    from rstar_jax.rollout.weight_transfer import process_group
 
-    async def _update_distributed(self, request: web.Request) -> web.Response:
-        if (f := self._fault("/update_weights_from_distributed")) is not None:
-            return f
-        body = await request.json()
-        self.weight_updates.append(body)
-        self._dist_calls += 1
-        if self.die_on_distributed_call and self._dist_calls >= self.die_on_distributed_call:
-            os._exit(17)          # a killed group member, mid-push
-        try:
-            group = self._groups[body.get("group_name", "weight_update_group")]
-            got = await asyncio.to_thread(_receive_broadcast, group, body["names"],
-                                          body["dtypes"], body["shapes"],
-                                          body.get("load_format"))
-        except Exception as e:  # noqa: BLE001
-            return self._failed(e)
-        self.weights.update(got)
-        return self._ok(body)
+    body = await request.json()
+    try:
+      name = body.get("group_name", "weight_update_group")
+      group = await asyncio.to_thread(
+        process_group.open_group,
+        body["master_address"],
+        int(body["master_port"]),
+        int(body["rank_offset"]),
+        int(body["world_size"]),
+        name,
+        body.get("backend", "nccl"),
+        float(body.get("timeout_s", 60.0)),
+      )
+    except Exception as e:  # noqa: BLE001
+      return self._failed(e)
+    self._groups[name] = group
+    return web.json_response({"success": True, "message": "Succeeded to initialize group."})
 
-    async def _destroy_group(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        group = self._groups.pop(body.get("group_name", "weight_update_group"), None)
-        if group is None:
-            return web.json_response({"success": False, "message": "no such group"}, status=400)
-        group.close()
-        return web.json_response({"success": True, "message": "Succeeded to destroy group."})
+  async def _update_distributed(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/update_weights_from_distributed")) is not None:
+      return f
+    body = await request.json()
+    self.weight_updates.append(body)
+    self._dist_calls += 1
+    if self.die_on_distributed_call and self._dist_calls >= self.die_on_distributed_call:
+      os._exit(17)  # a killed group member, mid-push
+    try:
+      group = self._groups[body.get("group_name", "weight_update_group")]
+      got = await asyncio.to_thread(
+        _receive_broadcast,
+        group,
+        body["names"],
+        body["dtypes"],
+        body["shapes"],
+        body.get("load_format"),
+      )
+    except Exception as e:  # noqa: BLE001
+      return self._failed(e)
+    self.weights.update(got)
+    return self._ok(body)
 
-    async def _update_version(self, request: web.Request) -> web.Response:
-        if (f := self._fault("/update_weight_version")) is not None:
-            return f
-        body = await request.json()
-        self.weight_version = str(body["new_version"])
-        return web.json_response({"success": True, "message": "ok"})
+  async def _destroy_group(self, request: web.Request) -> web.Response:
+    body = await request.json()
+    group = self._groups.pop(body.get("group_name", "weight_update_group"), None)
+    if group is None:
+      return web.json_response({"success": False, "message": "no such group"}, status=400)
+    group.close()
+    return web.json_response({"success": True, "message": "Succeeded to destroy group."})
 
-    async def _memory(self, request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
-        tags = tuple((body or {}).get("tags") or ("kv_cache", "weights"))
-        kind = "release" if "release" in request.path else "resume"
-        self.memory_events.append((kind, tags))
-        (self.memory_released.update if kind == "release"
-         else self.memory_released.difference_update)(tags)
-        return web.json_response({"success": True, "message": ""})
+  async def _update_version(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/update_weight_version")) is not None:
+      return f
+    body = await request.json()
+    self.weight_version = str(body["new_version"])
+    return web.json_response({"success": True, "message": "ok"})
 
-    async def _weight_version(self, request):
-        if (f := self._fault("/get_weight_version")) is not None:
-            return f
-        return web.json_response({"weight_version": self.weight_version})
+  async def _memory(self, request: web.Request) -> web.Response:
+    body = await request.json() if request.can_read_body else {}
+    tags = tuple((body or {}).get("tags") or ("kv_cache", "weights"))
+    kind = "release" if "release" in request.path else "resume"
+    self.memory_events.append((kind, tags))
+    (self.memory_released.update if kind == "release" else self.memory_released.difference_update)(
+      tags
+    )
+    return web.json_response({"success": True, "message": ""})
 
-    async def _server_info(self, request):
-        if (f := self._fault("/get_server_info")) is not None:
-            return f
-        return web.json_response({"model_path": self.model_path, "weight_version": self.weight_version,
-                                  "max_total_num_tokens": self.max_total_num_tokens,
-                                  "internal_states": [{"max_total_num_tokens": self.max_total_num_tokens}]})
+  async def _weight_version(self, request):
+    if (f := self._fault("/get_weight_version")) is not None:
+      return f
+    return web.json_response({"weight_version": self.weight_version})
 
-    async def _load(self, request):
-        if (f := self._fault("/get_load")) is not None:
-            return f
-        used = sum(s["tokens"] for s in self._running.values()) + self.external_tokens
-        return web.json_response({"num_running_reqs": len(self._running), "num_waiting_reqs": 0,
-                                  "num_tokens": used,
-                                  "token_usage": used / max(1, self.max_total_num_tokens)})
+  async def _server_info(self, request):
+    if (f := self._fault("/get_server_info")) is not None:
+      return f
+    return web.json_response(
+      {
+        "model_path": self.model_path,
+        "weight_version": self.weight_version,
+        "max_total_num_tokens": self.max_total_num_tokens,
+        "internal_states": [{"max_total_num_tokens": self.max_total_num_tokens}],
+      }
+    )
 
-    async def _health(self, request):
-        if (f := self._fault("/health")) is not None:
-            return f
-        return web.Response(status=200 if self.healthy else 503)
+  async def _load(self, request):
+    if (f := self._fault("/get_load")) is not None:
+      return f
+    used = sum(s["tokens"] for s in self._running.values()) + self.external_tokens
+    return web.json_response(
+      {
+        "num_running_reqs": len(self._running),
+        "num_waiting_reqs": 0,
+        "num_tokens": used,
+        "token_usage": used / max(1, self.max_total_num_tokens),
+      }
+    )
 
-    async def _abort(self, request):
-        body = await request.json()
-        if body.get("abort_all"):
-            targets = list(self._running)
-        else:
-            targets = [body.get("rid", "")]
-        for rid in targets:
-            self.aborted.append(rid)
-            if rid in self._running:
-                self._running[rid]["abort"] = True
-        return web.Response(status=200)
+  async def _health(self, request):
+    if (f := self._fault("/health")) is not None:
+      return f
+    return web.Response(status=200 if self.healthy else 503)
+
+  async def _abort(self, request):
+    body = await request.json()
+    if body.get("abort_all"):
+      targets = list(self._running)
+    else:
+      targets = [body.get("rid", "")]
+    for rid in targets:
+      self.aborted.append(rid)
+      if rid in self._running:
+        self._running[rid]["abort"] = True
+    return web.Response(status=200)
 
 
 def _load_hf_dir(path: str, check_finite: bool = True) -> dict:
-    """Loads config.json and every safetensors shard; checks the index covers all tensors."""
-    from safetensors.numpy import load_file
-    if not path or not os.path.isdir(path):
-        raise FileNotFoundError(f"model_path {path!r} is not a directory")
-    with open(os.path.join(path, "config.json")) as f:
-        json.load(f)
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors")
-    tensors: dict = {}
-    for name in files:
-        tensors.update(load_file(os.path.join(path, name)))
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            wm = json.load(f)["weight_map"]
-        missing = sorted(set(wm) - set(tensors))
-        if missing:
-            raise KeyError(f"{path}: index names tensors missing from the shards: {missing[:5]}")
-    if check_finite and any(not math.isfinite(float(abs(v).max()))
-                            for v in tensors.values() if v.size):
-        raise ValueError(f"{path}: non-finite weights")
-    return tensors
+  """Loads config.json and every safetensors shard; checks the index covers all tensors."""
+  from safetensors.numpy import load_file
+
+  if not path or not os.path.isdir(path):
+    raise FileNotFoundError(f"model_path {path!r} is not a directory")
+  with open(os.path.join(path, "config.json")) as f:
+    json.load(f)
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise FileNotFoundError(f"{path}: no *.safetensors")
+  tensors: dict = {}
+  for name in files:
+    tensors.update(load_file(os.path.join(path, name)))
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      wm = json.load(f)["weight_map"]
+    missing = sorted(set(wm) - set(tensors))
+    if missing:
+      raise KeyError(f"{path}: index names tensors missing from the shards: {missing[:5]}")
+  if check_finite and any(
+    not math.isfinite(float(abs(v).max())) for v in tensors.values() if v.size
+  ):
+    raise ValueError(f"{path}: non-finite weights")
+  return tensors
 
 
 def _to_numpy(t) -> Any:
-    """A received torch tensor as an owned numpy array (bf16 as ml_dtypes bf16, same bytes)."""
-    import ml_dtypes
-    import torch
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
-    return t.numpy().copy()
+  """A received torch tensor as an owned numpy array (bf16 as ml_dtypes bf16, same bytes)."""
+  import ml_dtypes
+  import torch
+
+  t = t.detach().cpu().contiguous()
+  if t.dtype == torch.bfloat16:
+    return t.view(torch.int16).numpy().copy().view(ml_dtypes.bfloat16)
+  return t.numpy().copy()
 
 
-def _receive_tensor_payload(payload: str, load_format: Optional[str]) -> dict:
-    from rstar_jax.rollout.weight_transfer import buckets, tensor
-    obj = tensor.deserialize(payload)
-    if load_format == "flattened_bucket":
-        named = buckets.reconstruct(obj["flattened_tensor"], obj["metadata"])
-    elif load_format in (None, "direct"):
-        named = [(n, tensor.deserialize(t.values[0]) if hasattr(t, "values") else t)
-                 for n, t in obj]
-    else:
-        raise NotImplementedError(f"Unknown load_format={load_format}")
-    return {n: _to_numpy(t) for n, t in named}
+def _receive_tensor_payload(payload: str, load_format: str | None) -> dict:
+  from rstar_jax.rollout.weight_transfer import buckets, tensor
+
+  obj = tensor.deserialize(payload)
+  if load_format == "flattened_bucket":
+    named = buckets.reconstruct(obj["flattened_tensor"], obj["metadata"])
+  elif load_format in (None, "direct"):
+    named = [(n, tensor.deserialize(t.values[0]) if hasattr(t, "values") else t) for n, t in obj]
+  else:
+    raise NotImplementedError(f"Unknown load_format={load_format}")
+  return {n: _to_numpy(t) for n, t in named}
 
 
 def _receive_broadcast(group, names, dtypes, shapes, load_format) -> dict:
-    import torch
-    from rstar_jax.rollout.weight_transfer import buckets
-    if not (len(names) == len(dtypes) == len(shapes)):
-        raise ValueError("names, dtypes and shapes differ in length")
-    dts = [buckets.torch_dtype(d) for d in dtypes]
-    if load_format == "flattened_bucket":
-        sizes = [math.prod(s) * torch.empty((), dtype=d).element_size()
-                 for s, d in zip(shapes, dts)]
-        flat = torch.empty(sum(sizes), dtype=torch.uint8)
-        group.broadcast(flat, 0)
-        meta, off = [], 0
-        import types
-        for n, s, d, sz in zip(names, shapes, dts, sizes):
-            meta.append(types.SimpleNamespace(name=n, shape=torch.Size(s), dtype=d,
-                                              start_idx=off, end_idx=off + sz, numel=sz))
-            off += sz
-        named = buckets.reconstruct(flat, meta)
-    elif load_format is None:
-        named = []
-        for n, s, d in zip(names, shapes, dts):
-            t = torch.empty(s, dtype=d)
-            group.broadcast(t, 0)
-            named.append((n, t))
-    else:
-        raise NotImplementedError(f"Unknown load_format={load_format}")
-    return {n: _to_numpy(t) for n, t in named}
+  import torch
+
+  from rstar_jax.rollout.weight_transfer import buckets
+
+  if not (len(names) == len(dtypes) == len(shapes)):
+    raise ValueError("names, dtypes and shapes differ in length")
+  dts = [buckets.torch_dtype(d) for d in dtypes]
+  if load_format == "flattened_bucket":
+    sizes = [math.prod(s) * torch.empty((), dtype=d).element_size() for s, d in zip(shapes, dts)]
+    flat = torch.empty(sum(sizes), dtype=torch.uint8)
+    group.broadcast(flat, 0)
+    meta, off = [], 0
+    import types
+
+    for n, s, d, sz in zip(names, shapes, dts, sizes):
+      meta.append(
+        types.SimpleNamespace(
+          name=n, shape=torch.Size(s), dtype=d, start_idx=off, end_idx=off + sz, numel=sz
+        )
+      )
+      off += sz
+    named = buckets.reconstruct(flat, meta)
+  elif load_format is None:
+    named = []
+    for n, s, d in zip(names, shapes, dts):
+      t = torch.empty(s, dtype=d)
+      group.broadcast(t, 0)
+      named.append((n, t))
+  else:
+    raise NotImplementedError(f"Unknown load_format={load_format}")
+  return {n: _to_numpy(t) for n, t in named}
 
 
 def main() -> None:
-    """Runs one stand-in in this process until killed; writes its URL to --port-file."""
-    import argparse
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--port-file", required=True)
-    ap.add_argument("--vocab-size", type=int, default=256)
-    ap.add_argument("--die-on-distributed-call", type=int, default=0)
-    args = ap.parse_args()
-    import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
+  """Runs one stand-in in this process until killed; writes its URL to --port-file."""
+  import argparse
 
-    async def run():
-        server = MockSGLangServer(vocab_size=args.vocab_size)
-        server.die_on_distributed_call = args.die_on_distributed_call
-        await server.start()
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(server.url)
-        os.replace(tmp, args.port_file)
-        while True:
-            await asyncio.sleep(3600)
-    asyncio.run(run())
+  ap = argparse.ArgumentParser(description=main.__doc__)
+  ap.add_argument("--port-file", required=True)
+  ap.add_argument("--vocab-size", type=int, default=256)
+  ap.add_argument("--die-on-distributed-call", type=int, default=0)
+  args = ap.parse_args()
+  import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
+
+  async def run():
+    server = MockSGLangServer(vocab_size=args.vocab_size)
+    server.die_on_distributed_call = args.die_on_distributed_call
+    await server.start()
+    tmp = args.port_file + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(server.url)
+    os.replace(tmp, args.port_file)
+    while True:
+      await asyncio.sleep(3600)
+
+  asyncio.run(run())
 
 
 if __name__ == "__main__":
-    main()
+  main()

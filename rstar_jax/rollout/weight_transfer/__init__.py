@@ -3,9 +3,15 @@
 ``make_transport(name, ...)`` with name "disk" | "tensor" | "distributed" (config
 ``rollout.weight_transport``), optional delta sync (``rollout.weight_delta``). See README.md.
 """
-from rstar_jax.rollout.weight_transfer.base import (PushError, PushStats, WeightTransport,
-                                                    make_transport, register, transports)
-from rstar_jax.rollout.weight_transfer import disk, tensor, distributed  # noqa: F401 (register)
 
-__all__ = ["PushError", "PushStats", "WeightTransport", "make_transport", "register",
-           "transports"]
+from rstar_jax.rollout.weight_transfer import disk, distributed, tensor  # noqa: F401 (register)
+from rstar_jax.rollout.weight_transfer.base import (
+  PushError,
+  PushStats,
+  WeightTransport,
+  make_transport,
+  register,
+  transports,
+)
+
+__all__ = ["PushError", "PushStats", "WeightTransport", "make_transport", "register", "transports"]

@@ -11,6 +11,7 @@ as they are. (Writing through an mmap of the file instead was 2x slower on tmpfs
 fault per 4 KiB.) SGLang args (``srt/managers/io_struct.py`` UpdateWeightFromDiskReqInput):
 ``model_path``, ``load_format``, ``weight_version``, ``flush_cache``, ``abort_all_requests``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,8 @@ import json
 import os
 import shutil
 import threading
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,159 +30,184 @@ from rstar_jax.rollout.weight_transfer import base, source
 
 INDEX_FILE = "model.safetensors.index.json"
 _ST_DTYPE = {"bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64"}
-_CHUNK = 64 << 20     # bytes per pwrite job: big tensors spread over the writer threads
+_CHUNK = 64 << 20  # bytes per pwrite job: big tensors spread over the writer threads
 
 
 def _header(entries: Sequence[tuple[str, tuple, str, int]]) -> tuple[bytes, list[int]]:
-    """safetensors header bytes (8-byte length + JSON padded to 8) and data offsets."""
-    meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offs, off = [], 0
-    for name, shape, dtype, n in entries:
-        meta[name] = {"dtype": _ST_DTYPE[dtype], "shape": list(shape),
-                      "data_offsets": [off, off + n]}
-        offs.append(off)
-        off += n
-    js = json.dumps(meta, separators=(",", ":")).encode()
-    js += b" " * (-len(js) % 8)
-    return len(js).to_bytes(8, "little") + js, offs
+  """safetensors header bytes (8-byte length + JSON padded to 8) and data offsets."""
+  meta: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+  offs, off = [], 0
+  for name, shape, dtype, n in entries:
+    meta[name] = {"dtype": _ST_DTYPE[dtype], "shape": list(shape), "data_offsets": [off, off + n]}
+    offs.append(off)
+    off += n
+  js = json.dumps(meta, separators=(",", ":")).encode()
+  js += b" " * (-len(js) % 8)
+  return len(js).to_bytes(8, "little") + js, offs
 
 
 def _pwrite_all(fd: int, buf: np.ndarray, offset: int) -> None:
-    mv = memoryview(buf)
-    while len(mv):
-        n = os.pwrite(fd, mv, offset)
-        mv, offset = mv[n:], offset + n
+  mv = memoryview(buf)
+  while len(mv):
+    n = os.pwrite(fd, mv, offset)
+    mv, offset = mv[n:], offset + n
 
 
 _scratch = threading.local()
 
 
 def _transpose_write(fd: int, x: np.ndarray, offset: int) -> None:
-    """x.T's bytes at ``offset``: transposed into this thread's scratch, then written."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.nbytes < x.nbytes:
-        buf = _scratch.buf = np.empty(x.nbytes, np.uint8)
-    dst = buf[:x.nbytes]
-    source.write_hf(dst, x, True)
-    _pwrite_all(fd, dst, offset)
+  """x.T's bytes at ``offset``: transposed into this thread's scratch, then written."""
+  buf = getattr(_scratch, "buf", None)
+  if buf is None or buf.nbytes < x.nbytes:
+    buf = _scratch.buf = np.empty(x.nbytes, np.uint8)
+  dst = buf[: x.nbytes]
+  source.write_hf(dst, x, True)
+  _pwrite_all(fd, dst, offset)
 
 
-def write_hf_dir(out_dir: str, config, params: Any, tensors: Sequence[layout.HFTensor], *,
-                 max_file_bytes: int = 4 << 30, num_writers: int = 4,
-                 process_index: int = 0, process_count: int = 1) -> int:
-    """Writes ``tensors`` of ``params`` as an HF dir; returns bytes of tensor data written by
-    this process. Every process must call it (non-addressable leaves are all-gathered)."""
-    os.makedirs(out_dir, exist_ok=True)
-    items = []
-    for t in tensors:
-        leaf = layout.get_leaf(params, t.path)
-        dt = np.dtype(leaf.dtype).name
-        if dt not in _ST_DTYPE:
-            raise base.PushError(f"{'/'.join(t.path)}: dtype {dt} not writable as safetensors")
-        items.append((t, dt, int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize))
-    # Files: in table order, capped in size, at least one per process so all of them write.
-    files: list[list] = [[]]
-    size = 0
-    per_file = min(max_file_bytes, max(1, -(-sum(i[2] for i in items) // max(1, process_count))))
-    for it in items:
-        if files[-1] and size + it[2] > per_file:
-            files.append([])
-            size = 0
-        files[-1].append(it)
-        size += it[2]
-    n = len(files)
-    names = [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
-    where: dict[str, tuple[int, int]] = {}         # tensor name -> (file, absolute offset)
-    fds: dict[int, int] = {}
-    written = 0
-    try:
-        for k, entries in enumerate(files):
-            hdr, offs = _header([(t.name, t.shape, dt, nb) for t, dt, nb in entries])
-            for (t, _, _), off in zip(entries, offs):
-                where[t.name] = (k, len(hdr) + off)
-            if k % process_count != process_index:
-                continue
-            fd = os.open(os.path.join(out_dir, names[k]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                         0o644)
-            fds[k] = fd
-            os.ftruncate(fd, len(hdr) + sum(nb for _, _, nb in entries))
-            _pwrite_all(fd, np.frombuffer(hdr, np.uint8), 0)
-        with concurrent.futures.ThreadPoolExecutor(max(1, num_writers)) as pool:
-            jobs: list = []
-            for _, parts in source.prefetch(source.host_parts(params, tensors)):
-                for t, x, transpose in parts:
-                    k, off = where[t.name]
-                    if k not in fds:
-                        continue
-                    if transpose:
-                        jobs.append(pool.submit(_transpose_write, fds[k], x, off))
-                    else:
-                        b = x.reshape(-1).view(np.uint8)
-                        for s in range(0, b.size, _CHUNK):
-                            jobs.append(pool.submit(_pwrite_all, fds[k], b[s:s + _CHUNK],
-                                                    off + s))
-                    written += x.nbytes
-                # Bound host memory (GPU / all-gathered leaves are host copies): wait for all
-                # but the latest jobs.
-                if len(jobs) > 64:
-                    for j in jobs[:-32]:
-                        j.result()
-                    jobs = jobs[-32:]
-            for j in jobs:
-                j.result()
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    if process_index == 0:
-        wm = {t.name: names[k] for k, entries in enumerate(files) for t, _, _ in entries}
-        with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
-            json.dump({"metadata": {"total_size": sum(i[2] for i in items)},
-                       "weight_map": wm}, f)
-        dts = {dt for _, dt, _ in items}
-        with open(os.path.join(out_dir, "config.json"), "w") as f:
-            json.dump(config.to_hf_dict("bfloat16" if dts == {"bfloat16"} else "float32"), f,
-                      indent=2)
-    return written
+def write_hf_dir(
+  out_dir: str,
+  config,
+  params: Any,
+  tensors: Sequence[layout.HFTensor],
+  *,
+  max_file_bytes: int = 4 << 30,
+  num_writers: int = 4,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> int:
+  """Writes ``tensors`` of ``params`` as an HF dir; returns bytes of tensor data written by
+  this process. Every process must call it (non-addressable leaves are all-gathered)."""
+  os.makedirs(out_dir, exist_ok=True)
+  items = []
+  for t in tensors:
+    leaf = layout.get_leaf(params, t.path)
+    dt = np.dtype(leaf.dtype).name
+    if dt not in _ST_DTYPE:
+      raise base.PushError(f"{'/'.join(t.path)}: dtype {dt} not writable as safetensors")
+    items.append((t, dt, int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize))
+  # Files: in table order, capped in size, at least one per process so all of them write.
+  files: list[list] = [[]]
+  size = 0
+  per_file = min(max_file_bytes, max(1, -(-sum(i[2] for i in items) // max(1, process_count))))
+  for it in items:
+    if files[-1] and size + it[2] > per_file:
+      files.append([])
+      size = 0
+    files[-1].append(it)
+    size += it[2]
+  n = len(files)
+  names = [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+  where: dict[str, tuple[int, int]] = {}  # tensor name -> (file, absolute offset)
+  fds: dict[int, int] = {}
+  written = 0
+  try:
+    for k, entries in enumerate(files):
+      hdr, offs = _header([(t.name, t.shape, dt, nb) for t, dt, nb in entries])
+      for (t, _, _), off in zip(entries, offs):
+        where[t.name] = (k, len(hdr) + off)
+      if k % process_count != process_index:
+        continue
+      fd = os.open(os.path.join(out_dir, names[k]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+      fds[k] = fd
+      os.ftruncate(fd, len(hdr) + sum(nb for _, _, nb in entries))
+      _pwrite_all(fd, np.frombuffer(hdr, np.uint8), 0)
+    with concurrent.futures.ThreadPoolExecutor(max(1, num_writers)) as pool:
+      jobs: list = []
+      for _, parts in source.prefetch(source.host_parts(params, tensors)):
+        for t, x, transpose in parts:
+          k, off = where[t.name]
+          if k not in fds:
+            continue
+          if transpose:
+            jobs.append(pool.submit(_transpose_write, fds[k], x, off))
+          else:
+            b = x.reshape(-1).view(np.uint8)
+            for s in range(0, b.size, _CHUNK):
+              jobs.append(pool.submit(_pwrite_all, fds[k], b[s : s + _CHUNK], off + s))
+          written += x.nbytes
+        # Bound host memory (GPU / all-gathered leaves are host copies): wait for all
+        # but the latest jobs.
+        if len(jobs) > 64:
+          for j in jobs[:-32]:
+            j.result()
+          jobs = jobs[-32:]
+      for j in jobs:
+        j.result()
+  finally:
+    for fd in fds.values():
+      os.close(fd)
+  if process_index == 0:
+    wm = {t.name: names[k] for k, entries in enumerate(files) for t, _, _ in entries}
+    with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+      json.dump({"metadata": {"total_size": sum(i[2] for i in items)}, "weight_map": wm}, f)
+    dts = {dt for _, dt, _ in items}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+      json.dump(config.to_hf_dict("bfloat16" if dts == {"bfloat16"} else "float32"), f, indent=2)
+  return written
 
 
 @base.register("disk")
 class DiskTransport:
-    """staging_dir: where version dirs go (tmpfs on one node, a shared filesystem across nodes;
-    the servers must read it). keep_versions: staged dirs kept. num_writers: pwrite threads."""
-    name = "disk"
+  """staging_dir: where version dirs go (tmpfs on one node, a shared filesystem across nodes;
+  the servers must read it). keep_versions: staged dirs kept. num_writers: pwrite threads."""
 
-    def __init__(self, staging_dir: Optional[str] = None, keep_versions: int = 2,
-                 num_writers: int = 4, max_file_bytes: int = 4 << 30, **_):
-        self.staging_dir = staging_dir or os.path.join(
-            "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights")
-        self.keep_versions = keep_versions
-        self.num_writers = num_writers
-        self.max_file_bytes = max_file_bytes
-        self.staged: list[str] = []
+  name = "disk"
 
-    async def push(self, engine, config, params, tensors, version: int) -> int:
-        import jax
-        path = os.path.abspath(os.path.join(self.staging_dir, f"version_{version}"))
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        nbytes = await asyncio.to_thread(
-            write_hf_dir, path, config, params, tensors, max_file_bytes=self.max_file_bytes,
-            num_writers=self.num_writers, process_index=jax.process_index(),
-            process_count=jax.process_count())
-        if jax.process_index() != 0:
-            return nbytes       # one process drives the servers
-        replies = await asyncio.gather(*[
-            engine._request("POST", u, "/update_weights_from_disk",
-                            {"model_path": path, "weight_version": str(version),
-                             "flush_cache": True})
-            for u in engine.urls])
-        for u, rep in zip(engine.urls, replies):
-            if not (isinstance(rep, dict) and rep.get("success")):
-                raise base.PushError(f"{u}/update_weights_from_disk({path}): {rep}")
-        self.staged.append(path)
-        while len(self.staged) > self.keep_versions:
-            shutil.rmtree(self.staged.pop(0), ignore_errors=True)
-        return nbytes
+  def __init__(
+    self,
+    staging_dir: str | None = None,
+    keep_versions: int = 2,
+    num_writers: int = 4,
+    max_file_bytes: int = 4 << 30,
+    **_,
+  ):
+    self.staging_dir = staging_dir or os.path.join(
+      "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights"
+    )
+    self.keep_versions = keep_versions
+    self.num_writers = num_writers
+    self.max_file_bytes = max_file_bytes
+    self.staged: list[str] = []
 
-    async def close(self, engine) -> None:
-        return None
+  async def push(self, engine, config, params, tensors, version: int) -> int:
+    import jax
+
+    path = os.path.abspath(os.path.join(self.staging_dir, f"version_{version}"))
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    nbytes = await asyncio.to_thread(
+      write_hf_dir,
+      path,
+      config,
+      params,
+      tensors,
+      max_file_bytes=self.max_file_bytes,
+      num_writers=self.num_writers,
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
+    if jax.process_index() != 0:
+      return nbytes  # one process drives the servers
+    replies = await asyncio.gather(
+      *[
+        engine._request(
+          "POST",
+          u,
+          "/update_weights_from_disk",
+          {"model_path": path, "weight_version": str(version), "flush_cache": True},
+        )
+        for u in engine.urls
+      ]
+    )
+    for u, rep in zip(engine.urls, replies):
+      if not (isinstance(rep, dict) and rep.get("success")):
+        raise base.PushError(f"{u}/update_weights_from_disk({path}): {rep}")
+    self.staged.append(path)
+    while len(self.staged) > self.keep_versions:
+      shutil.rmtree(self.staged.pop(0), ignore_errors=True)
+    return nbytes
+
+  async def close(self, engine) -> None:
+    return None
