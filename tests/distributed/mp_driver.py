@@ -35,7 +35,14 @@ def _config(mode):
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
 
-  return from_config_dict(rstar2_tiny_cpu.get_config(mode))
+  c = rstar2_tiny_cpu.get_config(mode)
+  if mode == "rl":
+    # The test's own sizes (2 prompts x 4 rollouts, PROMPTS/ROLLOUTS in test_multiprocess.py),
+    # kept apart from the recipe's tuning so that a retuned tiny recipe cannot break the test.
+    c.rl.group_size, c.rl.oversample = 2, 2
+    c.train.batch_prompts = 2
+    c.rollout.max_batch = 8
+  return from_config_dict(c)
 
 
 def run_rl(workdir, steps):

@@ -26,7 +26,7 @@ import compare_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 RL_STEPS, SFT_STEPS = 2, 3
-PROMPTS, ROLLOUTS = 2, 4  # configs/rstar2_tiny_cpu.py: batch_prompts 2, oversample 2 x G 2
+PROMPTS, ROLLOUTS = 2, 4  # mp_driver.py pins batch_prompts 2, oversample 2 x G 2
 
 
 def _env(**extra):
