@@ -134,20 +134,21 @@ def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   if path:
     return bpe.load_tokenizer(path)
   out = os.path.join(workdir, "tokenizer")
-  if os.path.isfile(os.path.join(out, "tokenizer.json")):
-    return bpe.load_tokenizer(out)
-  if not corpus:
+  have = os.path.isfile(os.path.join(out, "tokenizer.json"))
+  if not have and not corpus:
     raise ValueError(
       "a from-scratch model with no model.tokenizer_dir needs a corpus to train its tokenizer"
     )
   from rstar_jax.distributed import primary  # [multi-process] process 0 trains and writes it
 
-  if not primary.is_primary():
-    primary.sync("ensure_tokenizer")
-    return bpe.load_tokenizer(out)
-  tok = bpe.train_bpe_tokenizer(corpus, run.model.vocab_size, out)
+  # Every process passes the barrier exactly once, whatever it found on disk: deciding "the
+  # file exists, no need to wait" per process raced with process 0's write (a slow process saw
+  # the new file, skipped the barrier, and its next collective met process 0's barrier).
+  tok = None
+  if primary.is_primary() and not have:
+    tok = bpe.train_bpe_tokenizer(corpus, run.model.vocab_size, out)
   primary.sync("ensure_tokenizer")
-  return tok
+  return tok if tok is not None else bpe.load_tokenizer(out)
 
 
 def _final_answer_ok(example: ChatExample) -> bool | None:

@@ -24,16 +24,7 @@ CLUSTER = os.path.join(REPO, "scripts", "local_cluster.sh")
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import compare_metrics  # noqa: E402
 
-pytestmark = [
-  pytest.mark.slow,
-  # Known open defect (issue 17): in one CI run the 2 x 4 run hit "device_put is not the same on
-  # each process" for an RNG key; until that is fixed these run on request only.
-  pytest.mark.skipif(
-    os.environ.get("RSTAR_MULTIPROCESS_TESTS") != "1",
-    reason="multi-process parity is flaky (an RNG key differed between processes once); "
-    "run with RSTAR_MULTIPROCESS_TESTS=1",
-  ),
-]
+pytestmark = pytest.mark.slow
 RL_STEPS, SFT_STEPS = 2, 3
 PROMPTS, ROLLOUTS = 2, 4  # mp_driver.py pins batch_prompts 2, oversample 2 x G 2
 
