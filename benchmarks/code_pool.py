@@ -1,13 +1,20 @@
-"""Benchmark of the sandboxed code pool against two references measured in the same run.
+"""Benchmark of the sandboxed code pool against references measured in the same run.
 
-  python benchmarks/code_pool.py [--quick]
+  python benchmarks/code_pool.py [--quick] [--json PATH]
 
 Rows: calls/s and p50/p99 latency at concurrency 1, 8, 64 for a trivial snippet and a snippet
 that imports sympy+numpy and solves a quadratic, through
   pool       CodePool (warm templates, fork per call, sandbox at the best available level)
   python -c  a fresh `python -c` process per call (the naive baseline)
-and the machine's fork limit: one loop per core of fork + _exit + waitpid in a process that
-holds the same preloaded modules (an upper bound for any fork-per-call design).
+and two ceilings for any fork-per-call design, each one loop per core in a process that holds
+the same preloaded (and warmed-up) modules, with no sandbox:
+  fork limit   fork + _exit + waitpid
+  bare fork    fork, run the snippet (stdout to /dev/null), _exit, waitpid
+
+The two target figures (trivial at concurrency 8 against the fork limit, sympy at concurrency 8
+against `python -c`) are measured in alternating rounds (references, pool, references, ...)
+and the best of each kept: on a shared machine the load moves within a run, and rounds
+side by side keep a slow spell from landing on one side of a ratio only.
 """
 
 import argparse
@@ -64,33 +71,70 @@ async def python_c(code):
   assert p.returncode == 0, out
 
 
-def _fork_loop(seconds, q):
+def _fork_loop(seconds, q, code):
   os.environ["OPENBLAS_NUM_THREADS"] = "1"
-  import numpy  # noqa: F401
-  import sympy  # noqa: F401
+  from rstar_jax.tools.code_pool import _DEFAULT_WARMUP
 
+  exec(compile(_DEFAULT_WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
+  compiled = compile(code, "<code>", "exec") if code else None
   gc.collect()
   gc.freeze()
   n, end = 0, time.perf_counter() + seconds
   while time.perf_counter() < end:
     pid = os.fork()
     if pid == 0:
+      if compiled is not None:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        exec(compiled, {"__name__": "__main__"})
+        sys.stdout.flush()
       os._exit(0)
     os.waitpid(pid, 0)
     n += 1
   q.put(n / seconds)
 
 
-def fork_limit(seconds=3.0):
+def fork_limit(seconds=3.0, code=""):
+  """Forks/s over one loop per core (with ``code``: forks that each run it)."""
   ctx = mp.get_context("spawn")
   q = ctx.Queue()
-  procs = [ctx.Process(target=_fork_loop, args=(seconds, q)) for _ in range(os.cpu_count() or 1)]
+  procs = [
+    ctx.Process(target=_fork_loop, args=(seconds, q, code)) for _ in range(os.cpu_count() or 1)
+  ]
   for p in procs:
     p.start()
   total = sum(q.get() for _ in procs)
   for p in procs:
     p.join()
   return total
+
+
+async def target_rounds(pool, rounds, scale):
+  """Best-of-``rounds`` figures for the two targets, each round measuring its references and
+  the pool back to back."""
+  best = {"fork": 0.0, "bare_fork_sympy": 0.0, "pool_trivial": 0.0, "pool_sympy": 0.0, "py_c": 0.0}
+
+  async def call(code):
+    r = await pool.execute(code, timeout_s=30)
+    assert r.status == "ok", r
+
+  for i in range(rounds):
+    best["fork"] = max(best["fork"], fork_limit(2.0))
+    best["pool_trivial"] = max(
+      best["pool_trivial"], (await drive(lambda: call(TRIVIAL), int(800 * scale), 8))[0]
+    )
+    best["bare_fork_sympy"] = max(best["bare_fork_sympy"], fork_limit(2.0, SYMPY))
+    best["pool_sympy"] = max(
+      best["pool_sympy"], (await drive(lambda: call(SYMPY), int(160 * scale), 8))[0]
+    )
+    best["py_c"] = max(best["py_c"], (await drive(lambda: python_c(SYMPY), 8, 8))[0])
+    print(
+      f"  round {i + 1}/{rounds}: fork limit {best['fork']:.0f}/s, pool trivial "
+      f"{best['pool_trivial']:.0f}/s, bare fork+sympy {best['bare_fork_sympy']:.0f}/s, pool sympy "
+      f"{best['pool_sympy']:.0f}/s, python -c sympy {best['py_c']:.1f}/s (best so far)",
+      flush=True,
+    )
+  return best
 
 
 async def main(quick, json_path=None):
@@ -106,7 +150,8 @@ async def main(quick, json_path=None):
   rows = []
   flimit = fork_limit()
   async with CodePool(num_workers=64) as pool:
-    print(f"isolation level: {pool.isolation_level} ({pool.isolation_description})")
+    level = pool.isolation_level
+    print(f"isolation level: {level} ({pool.isolation_description})")
     print(f"templates: {len(pool._templates)}, cores: {os.cpu_count()}")
     for _ in range(20):
       await pool.execute(TRIVIAL)
@@ -123,6 +168,8 @@ async def main(quick, json_path=None):
         pr = await drive(pool_call, n_pool, conc)
         br = await drive(lambda code=code: python_c(code), n_base, conc)
         rows.append((name, conc, pr, br))
+    print(f"\ntarget rounds ({3 if quick else 5}, best of each kept):")
+    best = await target_rounds(pool, 3 if quick else 5, scale)
   # Measured again after the rows and the higher figure kept: on shared cores the load moves
   # during a run, and the higher limit keeps the pool/fork ratio conservative.
   flimit_end = fork_limit()
@@ -143,20 +190,28 @@ async def main(quick, json_path=None):
       f"{name:8} {conc:4d} | {pr[0]:12.1f} {pr[1]:7.1f} {pr[2]:7.1f} | {br[0]:11.1f} "
       f"{br[1]:7.1f} {br[2]:8.1f} | {pr[0] / br[0]:8.1f}x {pr[0] / flimit:8.0%}"
     )
-  by = {(n, c): (pr, br) for n, c, pr, br in rows}
-  trivial = by[("trivial", 8)][0][0] / flimit
-  sympy = by[("sympy", 8)][0][0] / by[("sympy", 8)][1][0]
-  targets = {"trivial_c8_vs_fork_limit": trivial, "sympy_c8_vs_python_c": sympy}
+  trivial = best["pool_trivial"] / best["fork"]
+  sympy = best["pool_sympy"] / best["py_c"]
+  ceiling = best["bare_fork_sympy"] / best["py_c"]
+  targets = {
+    "trivial_c8_vs_fork_limit": trivial,
+    "sympy_c8_vs_python_c": sympy,
+    "bare_fork_sympy_vs_python_c": ceiling,
+    "sympy_c8_vs_bare_fork": best["pool_sympy"] / best["bare_fork_sympy"],
+  }
   print(
-    f"\ntargets (same run): trivial@8 = {trivial:.0%} of the fork limit (>= 50%: "
-    f"{'met' if trivial >= 0.5 else 'MISSED'}); sympy@8 = {sympy:.1f}x python -c (>= 50x: "
-    f"{'met' if sympy >= 50 else 'MISSED'})"
+    f"\ntargets (best of rounds, level {level}): trivial@8 = {trivial:.0%} of the fork limit "
+    f"(>= 50%: {'met' if trivial >= 0.5 else 'MISSED'}); sympy@8 = {sympy:.1f}x python -c "
+    f"(>= 50x: {'met' if sympy >= 50 else 'MISSED'}); the bare-fork ceiling for that snippet is "
+    f"{ceiling:.1f}x python -c, and the pool reaches {targets['sympy_c8_vs_bare_fork']:.0%} of it"
   )
   if json_path:
     with open(json_path, "w") as f:
       json.dump(
         {
+          "isolation_level": level,
           "fork_limit": flimit,
+          "best_of_rounds": best,
           "targets": targets,
           "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
         },

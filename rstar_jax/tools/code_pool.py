@@ -14,13 +14,14 @@ costs a fork, not an interpreter start. With bubblewrap each template lives in i
 a fresh nested PID namespace, so one SIGKILL removes everything the call started. The isolation
 level actually in force is chosen at start-up, logged, and exposed as `pool.isolation_level`:
 
-  "namespaces"  bubblewrap sandbox + per-call PID/net/IPC namespaces + unprivileged uid
-  "pidns"       root without bubblewrap: per-call PID/net/IPC namespaces + uid (host fs)
+  "namespaces"  bubblewrap sandbox + per-call PID namespace + unprivileged uid
+  "pidns"       root without bubblewrap: per-call PID namespace + uid (host fs)
   "uid"         root: unprivileged uid per call; escapees killed by uid; no sockets
   "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
 
-All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV IPC; no new processes
-unless `allow_subprocesses`), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
+All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV / POSIX message-queue
+IPC, sockets; no new processes unless `allow_subprocesses`; with `allow_sockets` at the two
+namespace levels, sockets work inside a per-call network + IPC namespace of their own), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
 with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
 speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
 """
@@ -148,6 +149,12 @@ class PoolConfig:
   # one address space, so RLIMIT_AS bounds the whole call's memory (no cgroup needed); with
   # them allowed a call may hold up to max_procs x memory_limit_mb.
   allow_subprocesses: bool = False
+  # Calls may create sockets (namespaces / pidns levels only; refused at uid / rlimits). Off by
+  # default: the filter refuses socket/socketpair, so no call can reach another call, the host
+  # or a network, and no per-call network namespace is needed. On: each call gets its own
+  # network + IPC namespace (loopback only, empty), which costs ~1.2 ms of kernel time per call
+  # (namespace set-up and teardown; ~15% of a trivial call's cost, benchmarks/code_pool.py).
+  allow_sockets: bool = False
   seccomp: bool = True  # install the call filter (see README); off only to debug
 
   def __post_init__(self):
@@ -349,9 +356,9 @@ def detect_isolation(cfg: PoolConfig) -> str:
 
 _DESCRIPTIONS = {
   "namespaces": "bubblewrap sandbox (pid/net/mount/ipc/uts namespaces, read-only system, "
-  "private /tmp) + per-call PID/net/IPC namespaces + unprivileged uid + seccomp "
+  "private /tmp) + per-call PID namespace + unprivileged uid + seccomp (no sockets) "
   "+ rlimits",
-  "pidns": "per-call PID/net/IPC namespaces + unprivileged uid + seccomp + rlimits (host "
+  "pidns": "per-call PID namespace + unprivileged uid + seccomp (no sockets) + rlimits (host "
   "filesystem)",
   "uid": "unprivileged uid per call, escapees killed by uid + seccomp (no sockets) + rlimits "
   "(host filesystem)",
@@ -445,7 +452,11 @@ class _Template:
       **{k: "" for k in _HIDDEN_DEVICES},
     }
     scratch = "/tmp/code_pool" if level == "namespaces" else self.pool._scratch_dir(self.index)
-    call_ns = level in ("namespaces", "pidns")
+    # Per-call network + IPC namespaces only where sockets are allowed (or nothing refuses
+    # them): with the filter on and sockets off, SysV / message-queue IPC and sockets are
+    # refused outright, so a call has no channel for those namespaces to cut.
+    namespaced = level in ("namespaces", "pidns")
+    call_ns = namespaced and (c.allow_sockets or not c.seccomp)
     return {
       "call_ns": call_ns,
       "use_seccomp": c.seccomp,
@@ -707,8 +718,14 @@ class CodePool(BatchExecuteMixin):
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
     log.warning(
-      "CodePool isolation level: %s (%s)", self.isolation_level, _DESCRIPTIONS[self.isolation_level]
+      "CodePool isolation level: %s (%s)", self.isolation_level, self.isolation_description
     )
+    if c.allow_sockets and self.isolation_level not in ("namespaces", "pidns"):
+      log.warning(
+        "CodePool allow_sockets=True has no effect at level %s: sockets stay refused (no "
+        "per-call network namespace to contain them)",
+        self.isolation_level,
+      )
     self._sem = asyncio.Semaphore(c.num_workers)
     self._templates = [_Template(self, i) for i in range(n)]
     try:
@@ -720,7 +737,11 @@ class CodePool(BatchExecuteMixin):
 
   @property
   def isolation_description(self) -> str:
-    return _DESCRIPTIONS.get(self.isolation_level or "", "not started")
+    d = _DESCRIPTIONS.get(self.isolation_level or "", "not started")
+    if self.config.allow_sockets and self.isolation_level in ("namespaces", "pidns"):
+      d = d.replace("per-call PID namespace", "per-call PID/net/IPC namespaces")
+      d = d.replace("seccomp (no sockets)", "seccomp (sockets inside the call's own network)")
+    return d
 
   def _scratch_dir(self, index: int) -> str:
     return os.path.join(self._tmpdir, f"t{index}")

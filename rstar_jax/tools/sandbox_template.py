@@ -112,6 +112,16 @@ def write_frame(fd, obj):
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SYSCALLS = {
   "x86_64": {
+    "shmat": 30,
+    "shmctl": 31,
+    "semop": 65,
+    "semctl": 66,
+    "semtimedop": 220,
+    "msgsnd": 69,
+    "msgrcv": 70,
+    "msgctl": 71,
+    "mq_open": 240,
+    "mq_unlink": 241,
     "unshare": 272,
     "setns": 308,
     "mount": 165,
@@ -143,6 +153,16 @@ _SYSCALLS = {
     "socketpair": 53,
   },
   "aarch64": {
+    "shmat": 196,
+    "shmctl": 195,
+    "semop": 193,
+    "semctl": 191,
+    "semtimedop": 192,
+    "msgsnd": 189,
+    "msgrcv": 188,
+    "msgctl": 187,
+    "mq_open": 180,
+    "mq_unlink": 181,
     "unshare": 97,
     "setns": 268,
     "mount": 40,
@@ -185,6 +205,18 @@ _ALWAYS_BLOCKED = (
   "shmget",
   "semget",
   "msgget",
+  # Existing SysV objects by id and POSIX message queues too: without a per-call IPC namespace
+  # (the default, sockets off) the host's or another call's objects would otherwise be open.
+  "shmat",
+  "shmctl",
+  "semop",
+  "semctl",
+  "semtimedop",
+  "msgsnd",
+  "msgrcv",
+  "msgctl",
+  "mq_open",
+  "mq_unlink",
   "bpf",
   "userfaultfd",
   "perf_event_open",
@@ -209,7 +241,8 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
   """Classic BPF instructions (code, jt, jf, k) of the call filter, or None if unsupported.
 
   Blocked with EPERM: namespaces (unshare, setns, clone with a CLONE_NEW* flag: so no user
-  namespace), mounts, keyrings (add_key/request_key/keyctl), SysV IPC creation, bpf,
+  namespace), mounts, keyrings (add_key/request_key/keyctl), SysV IPC (creation and use of
+  existing objects by id), POSIX message queues, bpf,
   userfaultfd, perf events, io_uring, ptrace; other ABIs (x32 / 32-bit). clone3 gets ENOSYS so
   libc falls back to clone, whose flags the filter can read. Without `allow_subprocesses`,
   fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the address space, so
@@ -266,10 +299,15 @@ class _SockFprog(ctypes.Structure):
   _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def install_seccomp(prog):
+def build_seccomp(prog):
+  """The filter as the ctypes structure prctl takes; built once in the template, before any
+  fork, so a call's process only makes the syscall (no per-call Python work or CoW faults)."""
   arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
-  fprog = _SockFprog(len(prog), arr)
-  if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+  return _SockFprog(len(prog), arr), arr  # arr: keeps the instructions alive
+
+
+def install_seccomp(built):
+  if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(built[0]), 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
 
 
@@ -672,7 +710,13 @@ class Template:
       # A second unshare(CLONE_NEWPID) fails with EINVAL unless we first return to our own ns.
       if _libc.setns(self.pidns_fd, CLONE_NEWPID) != 0 or _libc.unshare(CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "setns/unshare(CLONE_NEWPID) failed")
-      if self.init_path:
+      if job["kind"] != "session" and not self.cfg["allow_subprocesses"]:
+        # One process (the filter refuses fork): the call itself is PID 1 of its namespace.
+        # Nothing can be orphaned into it, and its exit ends the namespace, so a separate init
+        # (a `sleep` exec per call: ~8% of a trivial call's CPU) buys nothing. Sessions keep
+        # one: a namespace's PID 1 cannot SIGSTOP itself.
+        pass
+      elif self.init_path:
         # The first child becomes PID 1 of the new namespace; our next fork joins it. It stays
         # in our process group (no setsid) so that killing the template's group kills it too,
         # and with it the whole namespace: no orphan survives a killed template.
@@ -775,6 +819,7 @@ class Template:
       "init": init,
       "deadline": t0 + timeout,
       "killed": None,
+      "cpu_s": job["cpu_s"],
     }
     self.calls[pidfd] = call
     self.sel.register(pidfd, selectors.EVENT_READ, ("call", pidfd))
@@ -814,7 +859,7 @@ class Template:
     if call is None:
       return
     # A stale event of this select batch may name a reused fd number: only reap real exits.
-    pid, status = os.waitpid(call["pid"], os.WNOHANG)
+    pid, status, usage = os.wait4(call["pid"], os.WNOHANG)
     if pid == 0:
       return
     del self.calls[pidfd]
@@ -829,7 +874,13 @@ class Template:
     os.close(call["out"])
     os.close(call["err"])
     self._end(call)
-    status_s = self._classify(rc, call["killed"], over_o or over_e)
+    killed = call["killed"]
+    if killed is None and rc == 128 + signal.SIGKILL:
+      # RLIMIT_CPU's hard limit. A namespace's PID 1 (see _fork) ignores the soft limit's
+      # SIGXCPU, so the CPU time it used tells a CPU timeout from any other SIGKILL.
+      if usage.ru_utime + usage.ru_stime >= call["cpu_s"]:
+        killed = "timeout"
+    status_s = self._classify(rc, killed, over_o or over_e)
     if rc > 128 and status_s == "error" and rc - 128 < 65:
       err += f"\nProcess killed by signal {signal.Signals(rc - 128).name}\n".encode()
     elif rc and status_s == "error" and rc < 128 and not err.strip():
@@ -1361,7 +1412,7 @@ def main():
         vm = int(line.split()[1]) * 1024
   cfg["as_limit"] = vm + cfg["limits"]["memory_limit_mb"] * (1 << 20)
   prog = seccomp_program(os.uname().machine, cfg["allow_subprocesses"], cfg["allow_sockets"])
-  cfg["seccomp"] = prog if cfg["use_seccomp"] else None
+  cfg["seccomp"] = build_seccomp(prog) if prog is not None and cfg["use_seccomp"] else None
   if cfg["drop_uid"] and not cfg["pidns"]:
     _kill_uid_range(cfg["uid_lo"], cfg["uid_hi"])  # leftovers of a dead predecessor
   tpl = Template(cfg, ctl_in, ctl_out)

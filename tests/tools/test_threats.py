@@ -32,6 +32,9 @@ def bpool(runner, request):
     memory_limit_mb=512,
     isolation=request.param,
     allow_subprocesses=True,
+    # and sockets allowed: the per-call network + IPC namespaces that then contain them are
+    # attacked here (the default, sockets refused by the filter, is test_threats_isolation's).
+    allow_sockets=True,
     max_output_bytes=1 << 16,
     max_procs=32,
   )

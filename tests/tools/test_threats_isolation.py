@@ -149,11 +149,66 @@ def test_concurrent_calls_share_no_socket_namespace(runner, lpool):
     host.close()
   assert "GOT" not in a.stdout and "CONNECTED" not in b.stdout, (a, b)
   assert accepted == []
-  if lpool.isolation_level in ("namespaces", "pidns"):
-    # Own network namespace per call: sockets work, but nobody else is there.
-    assert a.stdout == "nothing\n", a
-  else:
-    assert a.stdout.startswith("blocked PermissionError"), a  # no namespace: no sockets
+  # Default config: the filter refuses socket() at every level.
+  assert a.stdout.startswith("blocked PermissionError"), a
+  assert b.stdout == "PermissionError PermissionError PermissionError\n", b
+
+
+@pytest.mark.parametrize("level", ["namespaces", "pidns"])
+def test_sockets_allowed_live_in_the_calls_own_network(runner, level):
+  """allow_sockets=True: sockets work, but each call's network namespace is empty (another
+  call's listeners, abstract or TCP, and the host's are not there), and so is its IPC one."""
+  from pool_helpers import level_available
+
+  from rstar_jax.tools.code_pool import CodePool
+
+  why = level_available(level)
+  if why:
+    pytest.skip(why)
+  pool = CodePool(
+    num_workers=2, num_templates=1, timeout_s=4.0, isolation=level, allow_sockets=True
+  )
+  runner.run(pool.start())
+  host = socket.socket()
+  host.bind(("127.0.0.1", 0))
+  host.listen(4)
+  host.settimeout(0.1)
+  try:
+    assert "per-call PID/net/IPC namespaces" in pool.isolation_description
+    port, tag = 47114, os.getpid()
+    listen = _LISTEN.format(tag=tag, port=port)
+    connect = _CONNECT.format(tag=tag, port=port, host_port=host.getsockname()[1])
+
+    async def both():
+      return await asyncio.gather(
+        pool.execute(listen, timeout_s=4.0), pool.execute(connect, timeout_s=4.0)
+      )
+
+    a, b = runner.run(both())
+    with pytest.raises(socket.timeout):
+      host.accept()
+  finally:
+    host.close()
+    runner.run(pool.close())
+  assert a.stdout == "nothing\n", a  # it could listen: sockets work
+  assert "CONNECTED" not in b.stdout and "PermissionError" not in b.stdout, b
+
+
+def test_existing_ipc_objects_and_message_queues_are_refused(runner, lpool):
+  """Without a per-call IPC namespace (the default) a call must not use SysV objects it did
+  not create (by id: the host's, at the pidns / uid levels) nor POSIX message queues."""
+  if os.uname().machine != "x86_64":
+    pytest.skip(f"syscall numbers in this test are x86_64's, machine is {os.uname().machine}")
+  code = _SYSCALL + (
+    "res = []\n"
+    "for nr, args in ((30, (0, 0, 0)), (31, (0, 2, 0)), (65, (0, 0, 0)), (66, (0, 0, 3)),\n"
+    "                 (71, (0, 2, 0)), (240, (b'/rstar-q', 0o100 | 2, 0o600, 0))):\n"
+    "    res.append((libc.syscall(nr, *args), ctypes.get_errno()))\n"
+    "print(res)"
+  )
+  r = runner.run(lpool.execute(code))
+  assert r.status == "ok", r
+  assert r.stdout.strip() == str([(-1, 1)] * 6), r.stdout  # every one EPERM from the filter
 
 
 def test_no_new_processes_or_namespaces(runner, lpool):
@@ -213,3 +268,24 @@ def test_host_listener_unreachable_at_every_level(runner, lpool):
     "PermissionError\n",
     "OSError\n",
   ), r
+
+
+def test_cpu_limit_counts_every_thread_and_reads_as_a_timeout(runner, lpool):
+  """Threads burning CPU in parallel (BLAS releases the GIL) reach RLIMIT_CPU before the
+  wall-clock deadline; the call ends as a timeout at every level, also where the call is its
+  namespace's PID 1 and so ignores the soft limit's SIGXCPU (the hard limit's SIGKILL then ends
+  it, told apart from other kills by the CPU time used)."""
+  if (os.cpu_count() or 1) < 2:
+    pytest.skip("needs 2 cores to use CPU time faster than wall time")
+  code = (
+    "import threading, time, numpy as np\n"
+    "a = np.random.default_rng(0).random((300, 300))\n"
+    "def burn():\n    while True:\n        a @ a\n"
+    "for _ in range(2):\n    threading.Thread(target=burn, daemon=True).start()\n"
+    "time.sleep(60)"
+  )
+  timeout = 6.0
+  r = runner.run(lpool.execute(code, timeout_s=timeout))
+  assert r.status == "timeout", r
+  # CPU limit int(timeout)+1 s, reached at ~2x wall speed on 2 cores: well before the deadline.
+  assert r.duration_s < timeout - 0.5, r.duration_s
