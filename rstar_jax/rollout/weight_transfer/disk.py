@@ -1,7 +1,10 @@
 """Disk transport: staged safetensors in HF layout, then ``POST /update_weights_from_disk``.
 
 Each process writes only the files it owns (file k belongs to process k mod process_count;
-process 0 also writes config.json and the index), straight from its arrays' host views: the
+process 0 also writes config.json and the index); there are ``num_writers`` files per process
+(more when ``max_file_bytes`` caps them), tensors dealt to the emptiest file in table order, so
+that the writer threads write different files at once (pwrites into one file serialise on its
+inode lock). Everything goes straight from the arrays' host views: the
 safetensors header (8-byte little-endian length, JSON, data) is computed from the HF table up
 front, each file is sized once, and a thread pool ``os.pwrite``s every tensor at its final
 offset: plain tensors straight from the host view (in chunks), kernels after one transpose
@@ -15,6 +18,7 @@ fault per 4 KiB.) SGLang args (``srt/managers/io_struct.py`` UpdateWeightFromDis
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import json
 import os
@@ -87,16 +91,26 @@ def write_hf_dir(
     if dt not in _ST_DTYPE:
       raise base.PushError(f"{'/'.join(t.path)}: dtype {dt} not writable as safetensors")
     items.append((t, dt, int(np.prod(t.shape)) * np.dtype(leaf.dtype).itemsize))
-  # Files: in table order, capped in size, at least one per process so all of them write.
-  files: list[list] = [[]]
-  size = 0
-  per_file = min(max_file_bytes, max(1, -(-sum(i[2] for i in items) // max(1, process_count))))
+  # Files: num_writers per process (at least one per process so all of them write), each
+  # capped at max_file_bytes. Tensors are dealt to the emptiest file in table order, so the
+  # writer threads, which take tensors in that order, write different files at once: pwrites to
+  # one file serialise on its inode lock (tmpfs, ext4), and a single staged file left the
+  # second core idle.
+  total = sum(i[2] for i in items)
+  want_files = max(1, process_count) * max(1, num_writers)
+  n_files = max(want_files, -(-total // max_file_bytes))
+  n_files = max(1, min(n_files, len(items)))
+  files: list[list] = [[] for _ in range(n_files)]
+  sizes = [0] * n_files
   for it in items:
-    if files[-1] and size + it[2] > per_file:
+    k = min(range(n_files), key=lambda f: (sizes[f], f))
+    if sizes[k] and sizes[k] + it[2] > max_file_bytes:
       files.append([])
-      size = 0
-    files[-1].append(it)
-    size += it[2]
+      sizes.append(0)
+      k = len(files) - 1
+    files[k].append(it)
+    sizes[k] += it[2]
+  files = [f for f in files if f]
   n = len(files)
   names = [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
   where: dict[str, tuple[int, int]] = {}  # tensor name -> (file, absolute offset)
@@ -115,6 +129,10 @@ def write_hf_dir(
       _pwrite_all(fd, np.frombuffer(hdr, np.uint8), 0)
     with concurrent.futures.ThreadPoolExecutor(max(1, num_writers)) as pool:
       jobs: list = []
+      # Chunks of one big plain tensor (the embedding) all go to one file, where they would
+      # queue on its lock with every writer thread waiting: they are handed out one at a
+      # time, between the other jobs, so the threads keep writing different files.
+      spread: collections.deque = collections.deque()
       for _, parts in source.prefetch(source.host_parts(params, tensors)):
         for t, x, transpose in parts:
           k, off = where[t.name]
@@ -124,8 +142,13 @@ def write_hf_dir(
             jobs.append(pool.submit(_transpose_write, fds[k], x, off))
           else:
             b = x.reshape(-1).view(np.uint8)
-            for s in range(0, b.size, _CHUNK):
-              jobs.append(pool.submit(_pwrite_all, fds[k], b[s : s + _CHUNK], off + s))
+            chunks = [(fds[k], b[s : s + _CHUNK], off + s) for s in range(0, b.size, _CHUNK)]
+            if len(chunks) > 2:
+              spread.extend(chunks)
+            else:
+              jobs.extend(pool.submit(_pwrite_all, *c) for c in chunks)
+          if spread:
+            jobs.append(pool.submit(_pwrite_all, *spread.popleft()))
           written += x.nbytes
         # Bound host memory (GPU / all-gathered leaves are host copies): wait for all
         # but the latest jobs.
@@ -133,6 +156,7 @@ def write_hf_dir(
           for j in jobs[:-32]:
             j.result()
           jobs = jobs[-32:]
+      jobs.extend(pool.submit(_pwrite_all, *c) for c in spread)
       for j in jobs:
         j.result()
   finally:
