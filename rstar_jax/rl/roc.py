@@ -188,52 +188,42 @@ def uniform_downsample(key: jax.Array, batch: int, n: int, group_size: int) -> j
   return idx.astype(jnp.int32)
 
 
-@registry.register("downsample", "paper")
-def roc_paper(
-  key: jax.Array,
-  rewards: jax.Array,
-  penalties: jax.Array,
-  *,
-  group_size: int,
-  min_pos: int = 2,
-  min_neg: int = 2,
-  eps: float = 1e-6,
-) -> jax.Array:
-  """RoC, positives sampled ∝ 1 / (penalty + eps) (rStar2-Agent §2.2.3). [B, N] -> [B, G]."""
-  return roc_downsample(
-    key,
-    rewards,
-    penalties,
-    group_size=group_size,
-    mode="paper",
-    min_pos=min_pos,
-    min_neg=min_neg,
-    eps=eps,
-  )
+def _registered_roc(mode: str, doc: str):
+  """A registered down-sampler for one RoC ``mode`` (the signature every "downsample" entry
+  has; see `roc_downsample` for the arguments)."""
+
+  def downsample(
+    key: jax.Array,
+    rewards: jax.Array,
+    penalties: jax.Array,
+    *,
+    group_size: int,
+    min_pos: int = 2,
+    min_neg: int = 2,
+    eps: float = 1e-6,
+  ) -> jax.Array:
+    return roc_downsample(
+      key,
+      rewards,
+      penalties,
+      group_size=group_size,
+      mode=mode,
+      min_pos=min_pos,
+      min_neg=min_neg,
+      eps=eps,
+    )
+
+  downsample.__name__ = downsample.__qualname__ = f"roc_{mode}"
+  downsample.__doc__ = doc
+  return registry.register("downsample", mode)(downsample)
 
 
-@registry.register("downsample", "released")
-def roc_released(
-  key: jax.Array,
-  rewards: jax.Array,
-  penalties: jax.Array,
-  *,
-  group_size: int,
-  min_pos: int = 2,
-  min_neg: int = 2,
-  eps: float = 1e-6,
-) -> jax.Array:
-  """RoC, lowest-penalty positives first (released code). [B, N] -> [B, G]."""
-  return roc_downsample(
-    key,
-    rewards,
-    penalties,
-    group_size=group_size,
-    mode="released",
-    min_pos=min_pos,
-    min_neg=min_neg,
-    eps=eps,
-  )
+roc_paper = _registered_roc(
+  "paper", "RoC, positives sampled ∝ 1 / (penalty + eps) (rStar2-Agent §2.2.3). [B, N] -> [B, G]."
+)
+roc_released = _registered_roc(
+  "released", "RoC, lowest-penalty positives first (released code). [B, N] -> [B, G]."
+)
 
 
 @registry.register("downsample", "random")
