@@ -32,7 +32,10 @@ from rstar_jax.errors import UserError
 RECORD_DIR = "resolved_config"
 
 # Fields that never change a phase's results: logging / progress intervals, checkpoint cadence
-# and retention, output paths, worker counts. Glob patterns over dotted field names.
+# and retention, output paths, worker counts, and how the weights reach the SGLang servers
+# (transport, delta, colocation, staging path, server addresses: every push ends with a
+# weight-version check, so the servers sample from the same policy whichever way it travelled).
+# Glob patterns over dotted field names.
 DEFAULT_IGNORE = (
   "*progress_every*",
   "*log_every*",
@@ -41,6 +44,11 @@ DEFAULT_IGNORE = (
   "*workdir*",
   "*num_workers",
   "*eval_workers",
+  "rollout.weight_transport",
+  "rollout.weight_delta",
+  "rollout.colocated",
+  "rollout.staging_dir",
+  "rollout.sglang_urls",
 )
 
 
