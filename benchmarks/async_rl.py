@@ -32,6 +32,7 @@ import time
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 from rollout_pipeline import Sim, SimPool, _lognormal, _u  # noqa: E402
 
 from configs import rstar2_tiny_cpu  # noqa: E402

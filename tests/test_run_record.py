@@ -77,35 +77,25 @@ def test_same_config_reuses_and_ignored_fields_do_not_count(tmp_path):
 
 
 def test_weight_transport_settings_do_not_count_but_sampling_does(tmp_path):
+  push = dict(
+    weight_transport="disk",
+    weight_delta=False,
+    colocated=False,
+    staging_dir="/dev/shm/a",
+    sglang_urls=["http://127.0.0.1:1"],
+  )
+  other = ("distributed", True, True, "/dev/shm/b", ["http://127.0.0.1:2"])
+
   def cfg(**rollout):
     c = _cfg()
-    c.rollout = ml_collections.ConfigDict(
-      dict(
-        weight_transport="disk",
-        weight_delta=False,
-        colocated=False,
-        staging_dir="/dev/shm/a",
-        sglang_urls=["http://127.0.0.1:1"],
-        temperature=1.0,
-      )
-    )
+    c.rollout = ml_collections.ConfigDict(dict(push, temperature=1.0))
     c.rollout.update(rollout)
     return c
 
   w = str(tmp_path)
   run_record.check_phases(w, PHASES, cfg())
   _run(w)
-  run_record.check_phases(
-    w,
-    PHASES,
-    cfg(
-      weight_transport="distributed",
-      weight_delta=True,
-      colocated=True,
-      staging_dir="/dev/shm/b",
-      sglang_urls=["http://127.0.0.1:2"],
-    ),
-  )
+  run_record.check_phases(w, PHASES, cfg(**dict(zip(push, other))))  # every push field moved
   with pytest.raises(StaleRunError, match=r"rollout\.temperature 1\.0 -> 0\.6"):
     run_record.check_phases(w, PHASES, cfg(temperature=0.6))
 

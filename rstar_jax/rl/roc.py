@@ -192,26 +192,9 @@ def _registered_roc(mode: str, doc: str):
   """A registered down-sampler for one RoC ``mode`` (the signature every "downsample" entry
   has; see `roc_downsample` for the arguments)."""
 
-  def downsample(
-    key: jax.Array,
-    rewards: jax.Array,
-    penalties: jax.Array,
-    *,
-    group_size: int,
-    min_pos: int = 2,
-    min_neg: int = 2,
-    eps: float = 1e-6,
-  ) -> jax.Array:
-    return roc_downsample(
-      key,
-      rewards,
-      penalties,
-      group_size=group_size,
-      mode=mode,
-      min_pos=min_pos,
-      min_neg=min_neg,
-      eps=eps,
-    )
+  def downsample(key: jax.Array, rewards: jax.Array, penalties: jax.Array, **kw) -> jax.Array:
+    # kw: group_size (required), min_pos, min_neg, eps, with roc_downsample's defaults.
+    return roc_downsample(key, rewards, penalties, mode=mode, **kw)
 
   downsample.__name__ = downsample.__qualname__ = f"roc_{mode}"
   downsample.__doc__ = doc
@@ -226,20 +209,9 @@ roc_released = _registered_roc(
 )
 
 
-@registry.register("downsample", "random")
-def random_downsample(
-  key: jax.Array,
-  rewards: jax.Array,
-  penalties: jax.Array,
-  *,
-  group_size: int,
-  min_pos: int = 0,
-  min_neg: int = 0,
-  eps: float = 1e-6,
-) -> jax.Array:
-  """Plain GRPO: G of N uniformly (ASTER; the RoC ablation). [B, N] -> [B, G]."""
-  del penalties, min_pos, min_neg, eps
-  return roc_downsample(key, rewards, rewards, group_size=group_size, mode="random")
+random_downsample = _registered_roc(
+  "random", "Plain GRPO: G of N uniformly (ASTER; the RoC ablation). [B, N] -> [B, G]."
+)
 
 
 # Jitted once per static configuration: op-by-op dispatch of the vmapped sorts is slow eagerly.

@@ -116,6 +116,20 @@ print(' '.join(out))
 """
 
 
+def _listener_and_connector(runner, pool, port, host):
+  """Runs a listening call and a connecting call at once; returns their results."""
+  tag = os.getpid()
+  listen = _LISTEN.format(tag=tag, port=port)
+  connect = _CONNECT.format(tag=tag, port=port, host_port=host.getsockname()[1])
+
+  async def both():
+    return await asyncio.gather(
+      pool.execute(listen, timeout_s=4.0), pool.execute(connect, timeout_s=4.0)
+    )
+
+  return runner.run(both())
+
+
 def test_concurrent_calls_share_no_socket_namespace(runner, lpool):
   host = socket.socket()
   host.bind(("127.0.0.1", 0))
@@ -133,16 +147,7 @@ def test_concurrent_calls_share_no_socket_namespace(runner, lpool):
   th = threading.Thread(target=accept)
   th.start()
   try:
-    port, tag = 47113, os.getpid()
-    listen = _LISTEN.format(tag=tag, port=port)
-    connect = _CONNECT.format(tag=tag, port=port, host_port=host.getsockname()[1])
-
-    async def both():
-      return await asyncio.gather(
-        lpool.execute(listen, timeout_s=4.0), lpool.execute(connect, timeout_s=4.0)
-      )
-
-    a, b = runner.run(both())
+    a, b = _listener_and_connector(runner, lpool, 47113, host)
   finally:
     stop.set()
     th.join()
@@ -175,16 +180,7 @@ def test_sockets_allowed_live_in_the_calls_own_network(runner, level):
   host.settimeout(0.1)
   try:
     assert "per-call PID/net/IPC namespaces" in pool.isolation_description
-    port, tag = 47114, os.getpid()
-    listen = _LISTEN.format(tag=tag, port=port)
-    connect = _CONNECT.format(tag=tag, port=port, host_port=host.getsockname()[1])
-
-    async def both():
-      return await asyncio.gather(
-        pool.execute(listen, timeout_s=4.0), pool.execute(connect, timeout_s=4.0)
-      )
-
-    a, b = runner.run(both())
+    a, b = _listener_and_connector(runner, pool, 47114, host)
     with pytest.raises(socket.timeout):
       host.accept()
   finally:
