@@ -15,11 +15,19 @@ from rstar_jax.tools.code_pool import CodePool
 NAMESPACED = ("namespaces",)
 
 
-@pytest.fixture(scope="module", params=["namespaces", "pidns", "uid"])
+def needs_containment(pool, attack):
+  """Skips `attack` at the rlimits level: its calls run as the host's uid with no namespace,
+  so the attack would reach the host's own processes (the level says "NOT isolated")."""
+  if pool.isolation_level == "rlimits":
+    pytest.skip(f"the rlimits level cannot contain {attack} (calls run as the host's uid)")
+
+
+@pytest.fixture(scope="module", params=["namespaces", "pidns", "uid", "rlimits"])
 def bpool(runner, request):
   """Each sandboxing level this machine may offer: bubblewrap, then the fallbacks without it
-  (PID namespace only; no namespace at all, escapees killed by uid). A level the machine lacks
-  is skipped with its reason (counted in the "threat tests skipped" summary line)."""
+  (PID namespace only; no namespace at all, escapees killed by uid; rlimits only, where the
+  attacks on host processes are skipped by `needs_containment`). A level the machine lacks is
+  skipped with its reason (counted in the "threat tests skipped" summary line)."""
   why = level_available(request.param)
   if why:
     pytest.skip(why)
@@ -91,6 +99,8 @@ def test_fork_bomb(runner, bpool):
 
 
 def test_fork_bomb_is_bounded_by_nproc(runner, bpool):
+  if os.geteuid() == 0:  # the kernel does not apply RLIMIT_NPROC to root
+    needs_containment(bpool, "a fork bomb by RLIMIT_NPROC as root")
   code = (
     "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
     "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
@@ -113,8 +123,7 @@ def test_thread_bomb(runner, bpool):
 
 
 def test_double_fork_setsid_escape(runner, bpool):
-  if bpool.isolation_level == "rlimits":
-    pytest.skip("the rlimits level (not root) cannot contain setsid escapees; see README")
+  needs_containment(bpool, "setsid escapees")
   code = (
     "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
     "        time.sleep(1000)\n    os._exit(0)\nos.wait()\nprint('parent done')"
@@ -124,8 +133,7 @@ def test_double_fork_setsid_escape(runner, bpool):
 
 
 def test_double_fork_escape_survives_timeout_kill(runner, bpool):
-  if bpool.isolation_level == "rlimits":
-    pytest.skip("the rlimits level (not root) cannot contain setsid escapees; see README")
+  needs_containment(bpool, "setsid escapees")
   code = (
     "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
     "        while True: pass\n    os._exit(0)\ntime.sleep(100)"
@@ -215,7 +223,8 @@ def test_writes_outside_scratch_fail(runner, bpool, tmp_path):
 
 
 def test_network_is_unreachable(runner, bpool):
-  # namespaces/pidns: each call has its own empty network namespace; uid: sockets are refused.
+  # namespaces/pidns: each call has its own empty network namespace; uid / rlimits: sockets are
+  # refused by the filter.
   srv = socket.socket()
   srv.bind(("127.0.0.1", 0))
   srv.listen(8)
@@ -248,7 +257,7 @@ def test_network_is_unreachable(runner, bpool):
   assert (
     "ConnectionRefusedError" in r.stderr
     or "unreachable" in r.stderr
-    or (bpool.isolation_level == "uid" and "PermissionError" in r.stderr)
+    or (bpool.isolation_level in ("uid", "rlimits") and "PermissionError" in r.stderr)
   ), r
   assert accepted == []
   # The listener itself is reachable from the host, so the test could have seen a connection.
@@ -283,6 +292,7 @@ def test_no_gpu_devices_visible(runner, bpool):
 
 
 def test_kill_parent(runner, bpool):
+  needs_containment(bpool, "a kill of its template")
   r = run(runner, bpool, "import os\nos.kill(os.getppid(), 9)\nprint('still here')")
   assert r.status in ("ok", "error")
 
@@ -293,6 +303,7 @@ def test_killpg_zero(runner, bpool):
 
 
 def test_kill_everything(runner, bpool):
+  needs_containment(bpool, "kill(-1)")
   r = run(
     runner,
     bpool,
@@ -341,7 +352,7 @@ def test_no_core_dump(runner, bpool):
 
 def test_runs_unprivileged(runner, bpool):
   if bpool.isolation_level == "rlimits":
-    pytest.skip("not root: no uid switch")
+    pytest.skip("the rlimits level does not switch uids (calls run as the host's uid)")
   r = run(runner, bpool, "import os\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())")
   uid, euid, gid = (int(v) for v in r.stdout.split()[:3])
   lo, hi = pool_uid_range(bpool)
