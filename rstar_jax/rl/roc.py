@@ -193,11 +193,12 @@ def _registered_roc(mode: str, doc: str):
   has; see `roc_downsample` for the arguments)."""
 
   def downsample(key: jax.Array, rewards: jax.Array, penalties: jax.Array, **kw) -> jax.Array:
-    # kw: group_size (required), min_pos, min_neg, eps, with roc_downsample's defaults.
     return roc_downsample(key, rewards, penalties, mode=mode, **kw)
 
   downsample.__name__ = downsample.__qualname__ = f"roc_{mode}"
-  downsample.__doc__ = doc
+  downsample.__doc__ = (
+    f"{doc}\n\nKeywords as `roc_downsample`: group_size (required), min_pos, min_neg, eps."
+  )
   return registry.register("downsample", mode)(downsample)
 
 

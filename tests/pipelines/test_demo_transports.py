@@ -59,13 +59,13 @@ def test_demo_runs_with_each_weight_transport(tmp_path):
       w = str(tmp_path / transport)
       summary = demo.run_demo(from_config_dict(c), w)
       first = first or w
-      server = srv.server
     finally:
       srv.close()
     assert summary["rl_steps"] == 2, transport
     assert json.load(open(os.path.join(w, "summary.json")))["rl_steps"] == 2
     cfg = from_config_dict(c).model.qwen3_config()
     final = jax.tree.map(np.asarray, qwen3.load_hf_params(os.path.join(w, "rl", "hf"), cfg))
+    server = srv.server  # closed, but it keeps the weights it received
     assert server.weights, transport
     sft = jax.tree.map(np.asarray, qwen3.load_hf_params(os.path.join(w, "sft", "hf"), cfg))
     # The pushes carried the RL updates, not the SFT start the server was first given.
