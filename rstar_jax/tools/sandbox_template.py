@@ -65,8 +65,12 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-# Exit code the executor uses for an uncaught MemoryError (reported as status memory_limit).
-MEMORY_EXIT_CODE = 247
+# Statuses come only from what the template observed (its own kill, the CPU time and peak
+# memory the kernel accounted, the bytes it read): an exit code is only ever `ok` (0) or
+# `error`. A call counts as out of memory when its peak resident memory grew by at least this
+# fraction of `memory_limit_mb` (a single request past the limit is refused by the kernel before
+# any page is used: that is the program's own MemoryError, an `error`).
+MEMORY_OBSERVED_FRACTION = 0.5
 USER_FILENAME = "<code>"
 MAX_REQUEST_BYTES = 1 << 30  # a request holds code + stdin; the host caps both far lower
 MAX_TIMEOUT_S = 86400.0
@@ -151,6 +155,9 @@ _SYSCALLS = {
     "vfork": 58,
     "socket": 41,
     "socketpair": 53,
+    "execve": 59,
+    "execveat": 322,
+    "memfd_create": 319,
   },
   "aarch64": {
     "shmat": 196,
@@ -190,6 +197,9 @@ _SYSCALLS = {
     "clone": 220,
     "socket": 198,
     "socketpair": 199,
+    "execve": 221,
+    "execveat": 281,
+    "memfd_create": 279,
   },
 }
 _ALWAYS_BLOCKED = (
@@ -228,6 +238,9 @@ _ALWAYS_BLOCKED = (
   "fsmount",
   "fspick",
   "ptrace",
+  # A call's own memfds would be memory outside RLIMIT_AS (its output memfds are the
+  # template's, capped by RLIMIT_FSIZE).
+  "memfd_create",
 )
 _RET_ALLOW = 0x7FFF0000
 _EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
@@ -243,10 +256,10 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
   Blocked with EPERM: namespaces (unshare, setns, clone with a CLONE_NEW* flag: so no user
   namespace), mounts, keyrings (add_key/request_key/keyctl), SysV IPC (creation and use of
   existing objects by id), POSIX message queues, bpf,
-  userfaultfd, perf events, io_uring, ptrace; other ABIs (x32 / 32-bit). clone3 gets ENOSYS so
-  libc falls back to clone, whose flags the filter can read. Without `allow_subprocesses`,
-  fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the address space, so
-  RLIMIT_AS then bounds the whole call); without `allow_sockets`, socket/socketpair get EPERM.
+  userfaultfd, perf events, io_uring, ptrace, memfd_create; other ABIs (x32 / 32-bit). clone3
+  gets ENOSYS so libc falls back to clone, whose flags the filter can read. Without
+  `allow_subprocesses`, fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the
+  address space, so RLIMIT_AS then bounds the whole call) and execve/execveat EPERM; without `allow_sockets`, socket/socketpair get EPERM.
   """
   arch = _AUDIT_ARCH.get(machine)
   nrs = _SYSCALLS.get(machine)
@@ -261,6 +274,9 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
     for n in ("fork", "vfork"):
       if n in nrs:
         rules.append((nrs[n], _ret_errno(_EAGAIN)))
+    # exec would swap the template-sized address space (whose size RLIMIT_AS was set from)
+    # for a small fresh one, leaving the whole template's size as extra room under the limit.
+    rules += [(nrs["execve"], _ret_errno(_EPERM)), (nrs["execveat"], _ret_errno(_EPERM))]
   if not allow_sockets:
     rules += [(nrs["socket"], _ret_errno(_EPERM)), (nrs["socketpair"], _ret_errno(_EPERM))]
   prog.append((ld_w, 0, 0, 4))  # A = arch
@@ -391,17 +407,11 @@ def exec_user_code(code, namespace):
       return e.code & 0xFF
     sys.stderr.write(str(e.code) + "\n")
     return 1
-  except MemoryError as e:
+  except BaseException as e:  # MemoryError, KeyboardInterrupt, RecursionError, ...: the user's
     try:
       sys.stderr.write(_user_traceback(e))
     except BaseException:
       pass
-    return MEMORY_EXIT_CODE
-  except BaseException as e:  # KeyboardInterrupt, RecursionError, ... all go to the user
-    try:
-      sys.stderr.write(_user_traceback(e))
-    except MemoryError:
-      return MEMORY_EXIT_CODE
     return 1
 
 
@@ -463,11 +473,7 @@ def _wait_as_init(user_pid):
       continue
     if pid == user_pid:
       if os.WIFEXITED(status):
-        return (
-          min(os.WEXITSTATUS(status), 127)
-          if os.WEXITSTATUS(status) != MEMORY_EXIT_CODE
-          else MEMORY_EXIT_CODE
-        )
+        return min(os.WEXITSTATUS(status), 127)
       return 128 + os.WTERMSIG(status)
 
 
@@ -537,9 +543,6 @@ def _run_function(job):
   try:
     fn, args, kwargs = pickle.loads(job["payload"])
     record = [True, fn(*args, **kwargs)]
-  except MemoryError:
-    _flush_std()
-    os._exit(MEMORY_EXIT_CODE)
   except BaseException as e:
     record = [False, "".join(traceback.format_exception(type(e), e, e.__traceback__))]
   try:
@@ -840,19 +843,30 @@ class Template:
     data = os.pread(fd, min(size, cap), 0)
     return data, size > cap
 
-  def _classify(self, rc, killed, over):
-    if killed == "timeout":
+  def _memory_grew(self, peak_rss_bytes):
+    """Whether a call's kernel-accounted peak resident memory (which starts at the template's
+    own, shared at fork) grew by MEMORY_OBSERVED_FRACTION of the limit or more."""
+    try:
+      with open("/proc/self/statm") as f:
+        base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+      base = 0
+    limit = self.lim["memory_limit_mb"] << 20
+    return peak_rss_bytes - base >= MEMORY_OBSERVED_FRACTION * limit
+
+  @staticmethod
+  def _classify(rc, killed, over, cpu_out=False, mem_out=False):
+    """The status from what the template observed, never from what the call says: `killed`
+    (its own kill), `over` (stdout/stderr bytes past the cap), `cpu_out` (the kernel's CPU
+    account reached RLIMIT_CPU), `mem_out` (the kernel's peak-memory account). Any other
+    ending, whatever its exit code, is `error` unless it exited 0."""
+    if killed == "timeout" or (killed is None and cpu_out):
       return "timeout"
     if over:
       return "output_limit"
-    if rc == MEMORY_EXIT_CODE:
-      return "memory_limit"
-    if rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and killed is None:
-      # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
-      return "timeout" if rc == 128 + signal.SIGXCPU else "error"
-    if rc == 128 + signal.SIGXFSZ:
-      return "output_limit"
-    return "ok" if rc == 0 else "error"
+    if rc == 0 and killed is None:
+      return "ok"
+    return "memory_limit" if mem_out else "error"
 
   def finish_call(self, pidfd):
     call = self.calls.get(pidfd)
@@ -865,25 +879,22 @@ class Template:
     del self.calls[pidfd]
     self.sel.unregister(pidfd)
     os.close(pidfd)
-    if os.WIFEXITED(status):
-      rc = os.WEXITSTATUS(status)
-    else:
-      rc = 128 + os.WTERMSIG(status)
+    signaled = os.WIFSIGNALED(status)
+    rc = 128 + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
     out, over_o = self._read_memfd(call["out"])
     err, over_e = self._read_memfd(call["err"])
     os.close(call["out"])
     os.close(call["err"])
     self._end(call)
-    killed = call["killed"]
-    if killed is None and rc == 128 + signal.SIGKILL:
-      # RLIMIT_CPU's hard limit. A namespace's PID 1 (see _fork) ignores the soft limit's
-      # SIGXCPU, so the CPU time it used tells a CPU timeout from any other SIGKILL.
-      if usage.ru_utime + usage.ru_stime >= call["cpu_s"]:
-        killed = "timeout"
-    status_s = self._classify(rc, killed, over_o or over_e)
-    if rc > 128 and status_s == "error" and rc - 128 < 65:
-      err += f"\nProcess killed by signal {signal.Signals(rc - 128).name}\n".encode()
-    elif rc and status_s == "error" and rc < 128 and not err.strip():
+    # RLIMIT_CPU: the kernel's own CPU account tells a CPU timeout from any other ending (a
+    # namespace's PID 1 ignores the soft limit's SIGXCPU and dies at the hard one).
+    cpu_out = signaled and usage.ru_utime + usage.ru_stime >= call["cpu_s"]
+    mem_out = rc != 0 and self._memory_grew(usage.ru_maxrss * 1024)
+    status_s = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
+    if signaled and status_s == "error":
+      name = signal.Signals(rc - 128).name if rc - 128 in signal.valid_signals() else rc - 128
+      err += f"\nProcess killed by signal {name}\n".encode()
+    elif rc and status_s == "error" and not err.strip():
       err += f"Process exited with code {rc}\n".encode()
     self.reply(
       call["rid"],
@@ -1062,14 +1073,27 @@ class Template:
         rc = -1
       if not 0 <= rc <= 255:
         rc = 1
-      self._session_result(s, rc, dead=False)
+      self._session_result(s, rc, dead=False, peak=self._peak_rss(s["pid"]) if rc else 0)
 
-  def _session_result(self, s, rc, dead):
+  @staticmethod
+  def _peak_rss(pid):
+    """VmHWM of a stopped (still mapped) process, in bytes; 0 when unreadable."""
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        for line in f:
+          if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+      pass
+    return 0
+
+  def _session_result(self, s, rc, dead, peak=0, cpu_out=False):
     call = s["call"]
     s["call"] = None
     out, over_o = self._read_memfd(s["out"])
     err, over_e = self._read_memfd(s["err"])
-    status = self._classify(rc, call["killed"], over_o or over_e)
+    mem_out = rc != 0 and self._memory_grew(peak)
+    status = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
     if call.get("left"):
       err += f"\n[{call['left']}: they are not allowed to outlive it]\n".encode()
     if dead:
@@ -1103,14 +1127,17 @@ class Template:
     s = self.sessions.get(sid)
     if s is None:
       return
-    pid, status = os.waitpid(s["pid"], 0 if block else os.WNOHANG)
+    pid, status, usage = os.wait4(s["pid"], 0 if block else os.WNOHANG)
     if pid == 0:  # stale event (the session was closed and restarted in this select batch)
       return
     del self.sessions[sid]
     self.sel.unregister(s["pidfd"])
     rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     if s["call"] is not None and s["call"].get("running"):
-      self._session_result(s, rc, dead=True)
+      cpu_out = os.WIFSIGNALED(status) and (
+        usage.ru_utime + usage.ru_stime >= self.cfg["session_cpu_s"]
+      )
+      self._session_result(s, rc, dead=True, peak=usage.ru_maxrss * 1024, cpu_out=cpu_out)
     elif s["call"] is not None:  # died before it ever ran the call
       call = s["call"]
       self.reply(
@@ -1314,6 +1341,85 @@ def expose_paths(paths):
   return "; ".join(done)
 
 
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+MNT_DETACH = 2
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+class _CapHeader(ctypes.Structure):
+  _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [
+    ("effective", ctypes.c_uint32),
+    ("permitted", ctypes.c_uint32),
+    ("inheritable", ctypes.c_uint32),
+  ]
+
+
+def _drop_capability_sets():
+  """Empties the bounding, ambient and inheritable sets (the effective and permitted sets the
+  template needs stay, and a call loses them at its uid switch): no exec of any file can give
+  a call's process a capability back."""
+  cap = 0
+  while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+    cap += 1
+  if cap == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last capability
+    raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP({cap}) failed")
+  _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+  hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+  if _libc.capget(ctypes.byref(hdr), data) != 0:
+    raise OSError(ctypes.get_errno(), "capget failed")
+  for d in data:
+    d.inheritable = 0
+  if _libc.capset(ctypes.byref(hdr), data) != 0:
+    raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def harden_template(cfg):
+  """Once per template, before any call; every call inherits it (no per-call cost).
+
+  - oom_score_adj 1000: under memory pressure the kernel's OOM killer takes sandbox processes
+    before the trainer (a call cannot lower it: that needs CAP_SYS_RESOURCE).
+  - As root (every level but `rlimits`), in the template's own mount namespace: a new /proc
+    instance with hidepid=invisible (gid 0 exempt: the template), so a call, which runs as its
+    own uid, sees only its own processes; /dev/pts detached, so /dev/ptmx opens no terminal;
+    the bounding, ambient and inheritable capability sets emptied.
+  Returns what could not be done ("" when everything was).
+  """
+  failed = []
+  try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+      f.write("1000")
+  except OSError as e:
+    failed.append(f"oom_score_adj: {e.strerror}")
+  if not cfg["drop_uid"]:
+    return "; ".join(failed)
+  if _libc.unshare(CLONE_NEWNS) != 0:
+    failed.append(f"unshare(CLONE_NEWNS): errno {ctypes.get_errno()}")
+    return "; ".join(failed)
+  if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    failed.append(f"mount --make-rprivate /: errno {ctypes.get_errno()}")
+    return "; ".join(failed)
+  flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+  if _libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible,gid=0") != 0:
+    failed.append(f"mount proc hidepid=invisible: errno {ctypes.get_errno()}")
+  for pts in (b"/dev/pts",):
+    if os.path.ismount(pts) and _libc.umount2(pts, MNT_DETACH) != 0:
+      failed.append(f"umount /dev/pts: errno {ctypes.get_errno()}")
+  if os.path.exists("/dev/ptmx") and not os.path.islink("/dev/ptmx"):
+    # A real ptmx node (not bwrap's pts/ptmx link): cover it with /dev/null.
+    if _libc.mount(b"/dev/null", b"/dev/ptmx", None, MS_BIND, None) != 0:
+      failed.append(f"bind /dev/null over /dev/ptmx: errno {ctypes.get_errno()}")
+  try:
+    _drop_capability_sets()
+  except OSError as e:
+    failed.append(f"capabilities: {e}")
+  return "; ".join(failed)
+
+
 def check_imports(cfg, modules):
   """Forks a child that drops to a sandbox uid and opens every module's files; "" when all
   are readable, else a message naming the first that is not."""
@@ -1391,6 +1497,7 @@ def main():
       exposed = expose_paths(cfg["expose_paths"])
     except OSError as e:
       exposed = f"failed: {e}"
+  hardening = harden_template(cfg)
   os.environ.update(cfg["template_env"])
   loaded = []
   for name in cfg["preload"]:
@@ -1429,6 +1536,7 @@ def main():
       "pidns_self": os.getpid() in (1, 2),
       "import_error": import_error,
       "exposed": exposed,
+      "hardening_failed": hardening,
       "seccomp": prog is not None and cfg["use_seccomp"],
     },
   )
