@@ -40,6 +40,8 @@ import pickle
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -131,11 +133,15 @@ class PoolConfig:
   num_workers: int = 4  # max calls executing at once (sessions idle for free)
   num_templates: int | None = None  # warm template processes; default min(workers, cpus)
   timeout_s: float = 4.0  # default wall-clock limit per call (rStar README: 4 s)
-  memory_limit_mb: int = 1024  # address space a call may add on top of the template's
+  # Everything a call may add on top of the template's address space: its own memory, its
+  # scratch tmpfs (scratch_mb) and its output memfds (2 x max_output_bytes) together.
+  memory_limit_mb: int = 1024
   max_output_bytes: int = 1 << 20  # cap on stdout and on stderr (and on any file written)
   max_procs: int = 64  # RLIMIT_NPROC per call (processes + threads)
   max_open_files: int = 128  # RLIMIT_NOFILE
-  scratch_mb: int = 512  # size of the sandbox's private /tmp (namespaces level)
+  # Size of each call's private scratch tmpfs (its cwd, $HOME, /tmp, /var/tmp and /dev/shm at
+  # every level but "rlimits"); carved out of memory_limit_mb. Default: memory_limit_mb // 8.
+  scratch_mb: int | None = None
   isolation: str = "auto"  # "auto" (strongest available) or exactly one level
   preload: tuple[str, ...] = ("numpy", "sympy")
   # Run once in each template after preloading: pulls in the lazily imported submodules that
@@ -193,7 +199,6 @@ class PoolConfig:
       "max_output_bytes",
       "max_procs",
       "max_open_files",
-      "scratch_mb",
       "session_timeout_cpu_s",
       "uids_per_template",
     ):
@@ -222,8 +227,24 @@ class PoolConfig:
       raise ValueError(
         f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}"
       )
+    if self.scratch_mb is not None and (
+      isinstance(self.scratch_mb, bool) or not isinstance(self.scratch_mb, int) or self.scratch_mb < 1
+    ):
+      raise ValueError(f"PoolConfig.scratch_mb must be an int >= 1, got {self.scratch_mb!r}")
+    carved = (self.scratch_bytes + 2 * self.max_output_bytes) >> 20
+    if carved > self.memory_limit_mb // 2:
+      raise ValueError(
+        f"PoolConfig.scratch_mb + 2 x max_output_bytes must fit in half of memory_limit_mb "
+        f"({self.memory_limit_mb // 2} MiB), got {carved} MiB"
+      )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
+
+
+  @property
+  def scratch_bytes(self) -> int:
+    mb = self.scratch_mb if self.scratch_mb is not None else max(1, self.memory_limit_mb // 8)
+    return mb << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,7 +316,7 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
     "--perms",
     "0755",
     "--size",
-    str(cfg.scratch_mb << 20),
+    str(1 << 20),  # the template's own /tmp: only the mount point of the calls' scratch
     "--tmpfs",
     "/tmp",
   ]
@@ -467,8 +488,57 @@ def _kill_uid_range(lo: int, hi: int) -> None:
       pass
 
 
+# The memfds sent with each exec/func/session request (sandbox_template.CALL_FDS), and the
+# request id that tags them on the fd socket.
+_CALL_FDS = ("in", "code", "out", "err")
+_RID = struct.Struct("<Q")
+
+
+class _CallIO:
+  """The memfds of one call (or one session): the host writes code and stdin, the call's
+  process reads them and writes stdout/stderr, which the host reads. The template only passes
+  the descriptors on (it checks output sizes, never contents), so no call's data ever sits in
+  the template's heap, from which every later call is forked."""
+
+  def __init__(self):
+    self.fds: dict[str, int] = {}
+    try:
+      for name in _CALL_FDS:
+        self.fds[name] = os.memfd_create(name, os.MFD_CLOEXEC)
+    except BaseException:
+      self.close()
+      raise
+
+  def load(self, code: bytes, stdin: bytes) -> None:
+    for name, data in (("code", code), ("in", stdin)):
+      fd = self.fds[name]
+      os.ftruncate(fd, 0)
+      view, off = memoryview(data), 0
+      while off < len(view):
+        off += os.pwrite(fd, view[off:], off)
+    self.rewind()
+
+  def rewind(self) -> None:
+    """Empties the output and rewinds every offset (a shared file description: the call's
+    process continues from here)."""
+    for name in ("out", "err"):
+      os.ftruncate(self.fds[name], 0)
+    for fd in self.fds.values():
+      os.lseek(fd, 0, os.SEEK_SET)
+
+  def read(self, name: str, cap: int) -> bytes:
+    fd = self.fds[name]
+    return os.pread(fd, min(os.fstat(fd).st_size, cap), 0)
+
+  def close(self) -> None:
+    for fd in self.fds.values():
+      os.close(fd)
+    self.fds = {}
+
+
 def _internal(msg: str, retryable: bool = False) -> dict:
   return {
+    "local": True,  # made by the host: there is no call output to collect
     "status": "internal_error",
     "stdout": b"",
     "stderr": msg.encode(),
@@ -494,6 +564,7 @@ class _Template:
     self.restarting = False
     self.info: dict = {}
     self._write_lock = asyncio.Lock()
+    self.fd_sock: socket.socket | None = None  # the call memfds go to the template over it
 
   @property
   def uid_range(self) -> tuple[int, int]:
@@ -531,6 +602,7 @@ class _Template:
       "user_env": user_env,
       "limits": {
         "memory_limit_mb": c.memory_limit_mb,
+        "scratch_bytes": c.scratch_bytes,
         "max_output_bytes": c.max_output_bytes,
         "max_procs": c.max_procs,
         "max_open_files": c.max_open_files,
@@ -541,6 +613,7 @@ class _Template:
       "uid_hi": hi,
       "scratch_root": scratch,
       "session_cpu_s": c.session_timeout_cpu_s,
+      "fd_sock": -1,  # set at start
     }
 
   async def start(self) -> None:
@@ -549,15 +622,26 @@ class _Template:
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **_THREAD_ENV}
     if self.pool.isolation_level == "namespaces":
       argv = _bwrap_argv(c) + ["--"] + argv
-    self.proc = await asyncio.create_subprocess_exec(
-      *argv,
-      stdin=asyncio.subprocess.PIPE,
-      stdout=asyncio.subprocess.PIPE,
-      env=env,
-      start_new_session=True,
-      close_fds=True,
-    )
-    self.proc.stdin.write(wire.frame(self._template_cfg()))
+    if self.fd_sock is not None:
+      self.fd_sock.close()
+    self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self.fd_sock.setblocking(False)
+    try:
+      self.proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(theirs.fileno(),),
+      )
+    finally:
+      theirs_fd = theirs.fileno()
+      theirs.close()
+    cfg = self._template_cfg()
+    cfg["fd_sock"] = theirs_fd  # bubblewrap keeps inherited descriptors at their numbers
+    self.proc.stdin.write(wire.frame(cfg))
     await self.proc.stdin.drain()
     try:
       self.info = await asyncio.wait_for(self._read_frame(), c.startup_timeout_s)
@@ -719,7 +803,20 @@ class _Template:
       self.pending.pop(rid, None)
       on_done()
 
-  async def request(self, req: dict, timeout: float | None, on_cancel=None) -> dict:
+  async def request(
+    self, req: dict, timeout: float | None, on_cancel=None, io: _CallIO | None = None
+  ) -> dict:
+    """Sends `req` (with `io`'s memfds for a call) and awaits the reply; a call's reply comes
+    back with the output the host read from `io` (after the session note, if any)."""
+    msg = await self._request(req, timeout, on_cancel, io)
+    if io is None or msg.get("local") or "status" not in msg:
+      return msg
+    cap = self.pool.config.max_output_bytes
+    msg["stdout"] = io.read("out", cap) + msg["stdout"]
+    msg["stderr"] = req.get("note", b"") + io.read("err", cap) + msg["stderr"]
+    return msg
+
+  async def _request(self, req: dict, timeout: float | None, on_cancel, io) -> dict:
     try:
       await asyncio.wait_for(self.ready.wait(), self.pool.config.startup_timeout_s)
     except TimeoutError:
@@ -737,9 +834,12 @@ class _Template:
     self.pending[rid] = fut
     try:
       async with self._write_lock:
-        self.proc.stdin.write(wire.frame(req))
+        if io is not None:
+          # Before the request, so the template finds them queued when it reads it.
+          socket.send_fds(self.fd_sock, [_RID.pack(rid)], [io.fds[n] for n in _CALL_FDS])
+        self.proc.stdin.write(wire.frame({k: v for k, v in req.items() if k != "note"}))
         await self.proc.stdin.drain()
-    except (ConnectionError, RuntimeError, AttributeError) as e:
+    except (OSError, RuntimeError, AttributeError) as e:
       self.pending.pop(rid, None)
       self._on_death(f"could not reach the sandbox template: {e!r}")
       return _internal(f"could not reach the sandbox template: {e!r}\n", retryable=True)
@@ -773,6 +873,9 @@ class _Template:
       pass
     if self.reader is not None:
       self.reader.cancel()
+    if self.fd_sock is not None:
+      self.fd_sock.close()
+      self.fd_sock = None
     pending, self.pending = self.pending, {}
     for fut in pending.values():  # nobody will answer them now
       if not fut.done():
@@ -818,6 +921,7 @@ class CodePool(BatchExecuteMixin):
     self._sem: asyncio.Semaphore | None = None
     self._rids = itertools.count(1)
     self._sessions: dict[str, tuple[int, int]] = {}
+    self._session_io: dict[str, _CallIO] = {}
     self._session_locks: dict[str, asyncio.Lock] = {}
     self._closing = False
     self._tasks: set[asyncio.Task] = set()
@@ -894,6 +998,8 @@ class CodePool(BatchExecuteMixin):
       task.cancel()
     if self._tmpdir:
       wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
+    for sid in list(self._session_io):
+      self._drop_session_io(sid)
     if self._uid_lock is not None:
       os.close(self._uid_lock)  # every process of the range is gone: give the range back
       self._uid_lock = None
@@ -936,7 +1042,12 @@ class CodePool(BatchExecuteMixin):
       raise QueueTimeout(f"no sandbox worker free within {timeout:.1f}s") from None
 
   async def _run(
-    self, tpl: _Template | None, req: dict, timeout_s: float, queue_timeout_s: float | None
+    self,
+    tpl: _Template | None,
+    req: dict,
+    timeout_s: float,
+    queue_timeout_s: float | None,
+    io: _CallIO | None = None,
   ) -> dict:
     await self._acquire(queue_timeout_s)
     if tpl is None:
@@ -951,11 +1062,14 @@ class CodePool(BatchExecuteMixin):
     try:
       for attempt in range(2):
         tpl.inflight += 1
+        if attempt:
+          io.rewind()  # a dead attempt's partial output is not this call's
         try:
           msg = await tpl.request(
             dict(req),
             timeout_s + self.config.reply_grace_s,
             on_cancel=lambda t=tpl: release_later(t),
+            io=io,
           )
         except asyncio.CancelledError:
           held[0] = False  # the call still runs in the sandbox: its slot frees when it ends
@@ -1009,7 +1123,8 @@ class CodePool(BatchExecuteMixin):
         f"code and stdin must each be <= {MAX_CODE_BYTES} bytes, got {len(code)} and {len(stdin_b)}"
       )
     self.stats["calls"] += 1
-    req = {"kind": "exec", "code": code, "stdin": stdin_b, "timeout_s": timeout}
+    req = {"kind": "exec", "timeout_s": timeout}
+    code_b = code.encode("utf-8", "surrogatepass")
     if session_id is not None:
       if not isinstance(session_id, str) or not 0 < len(session_id) <= 1024:
         raise ValueError(
@@ -1023,8 +1138,12 @@ class CodePool(BatchExecuteMixin):
       async with lock:
         tpl, req["note"] = self._session_template(session_id)
         self._touch(session_id)
+        io = self._session_io.get(session_id)
+        if io is None:
+          io = self._session_io[session_id] = _CallIO()
+        io.load(code_b, stdin_b)  # the interpreter is stopped between calls
         try:
-          msg = await self._run(tpl, req, timeout, queue_timeout_s)
+          msg = await self._run(tpl, req, timeout, queue_timeout_s, io)
         except asyncio.CancelledError:
           self._abort_session(session_id)
           raise
@@ -1032,7 +1151,12 @@ class CodePool(BatchExecuteMixin):
           if session_id in self._sessions:
             self._touch(session_id)
       return self._result(msg)
-    msg = await self._run(None, req, timeout, queue_timeout_s)
+    io = _CallIO()
+    try:
+      io.load(code_b, stdin_b)
+      msg = await self._run(None, req, timeout, queue_timeout_s, io)
+    finally:
+      io.close()  # the template and the call hold their own references while they need them
     return self._result(msg)
 
   @staticmethod
@@ -1095,6 +1219,7 @@ class CodePool(BatchExecuteMixin):
     known = self._sessions.pop(sid, None)
     self._session_locks.pop(sid, None)
     self._session_used.pop(sid, None)
+    self._drop_session_io(sid)
     self._evicted[sid] = reason
     while len(self._evicted) > 65536:
       self._evicted.popitem(last=False)
@@ -1140,7 +1265,13 @@ class CodePool(BatchExecuteMixin):
         return await self._close_session(session_id)
     return await self._close_session(session_id)
 
+  def _drop_session_io(self, sid: str) -> None:
+    io = self._session_io.pop(sid, None)
+    if io is not None:
+      io.close()
+
   async def _close_session(self, session_id: str) -> bool:
+    self._drop_session_io(session_id)
     known = self._sessions.pop(session_id, None)
     self._session_locks.pop(session_id, None)
     self._session_used.pop(session_id, None)
@@ -1169,12 +1300,16 @@ class CodePool(BatchExecuteMixin):
       ) from e
     req = {
       "kind": "func",
-      "payload": payload,
       "timeout_s": timeout,
-      "stdin": b"",
       "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
     }
-    msg = await self._run(None, req, timeout, None)
+    io = _CallIO()
+    try:
+      io.load(payload, b"")
+      del payload
+      msg = await self._run(None, req, timeout, None, io)
+    finally:
+      io.close()
     stderr = msg["stderr"].decode("utf-8", "replace")
     if msg["status"] != "ok":
       raise FunctionRunError(msg["status"], stderr[-2000:])

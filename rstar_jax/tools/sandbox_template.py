@@ -36,6 +36,8 @@ import os
 import resource
 import selectors
 import signal
+import socket
+import struct
 import sys
 import time
 import traceback
@@ -490,14 +492,16 @@ def _child_main(cfg, job, fds):
       # socket or SysV object is shared with a concurrent call, and all die with the call.
       if _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWIPC) failed")
+    if job["scratch"] is None:
+      job["home"] = _mount_private_scratch(cfg, job["uid"])
     os.dup2(fds["in"], 0)
     os.dup2(fds["out"], 1)
     os.dup2(fds["err"], 2)
-    keep = [0, 1, 2]
+    os.dup2(fds["code"], 3)
+    keep = [0, 1, 2, 3]
     if job["kind"] == "session":
-      os.dup2(fds["code"], 3)
       os.dup2(fds["rc"], 4)
-      keep += [3, 4]
+      keep += [4]
     _close_fds_except(keep)
     if job.get("leader"):
       user_pid = os.fork()
@@ -512,22 +516,52 @@ def _child_main(cfg, job, fds):
   os._exit(code)
 
 
+def _mount_private_scratch(cfg, uid):
+  """In a mount namespace of the call's own: a fresh tmpfs (size- and inode-limited, owned by
+  the call's uid, mode 700) at the scratch root, bound over every shared writable directory.
+  It vanishes with the call's last process; nobody walks or deletes what the call made, and no
+  other call can enter or fill it. Returns the call's home."""
+  if _libc.unshare(CLONE_NEWNS) != 0:
+    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for the call's scratch failed")
+  size = cfg["limits"]["scratch_bytes"]
+  opts = b"size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (
+    size,
+    max(1024, size >> 14),
+    uid,
+    uid,
+  )
+  root = cfg["scratch_root"].encode()
+  if _libc.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+    raise OSError(ctypes.get_errno(), f"mount tmpfs on {cfg['scratch_root']} failed")
+  os.chdir(root)
+  home = cfg["scratch_root"]
+  for d in cfg["shared_tmp_dirs"]:
+    if _libc.mount(b".", d.encode(), None, MS_BIND, None) != 0:
+      raise OSError(ctypes.get_errno(), f"bind the call's scratch over {d} failed")
+    if d == "/tmp":
+      home = "/tmp"
+  return home
+
+
 def _user_main(cfg, job):
-  _drop_to_user(cfg, job["uid"], job["scratch"], job["cpu_s"])
+  _drop_to_user(cfg, job["uid"], job.get("home") or job["scratch"], job["cpu_s"])
   _new_std_streams()
   kind = job["kind"]
+  if kind in ("exec", "func"):
+    data = os.pread(3, os.fstat(3).st_size, 0)  # the host wrote it; only this process reads it
+    os.close(3)
   if kind == "exec":
-    rc = exec_user_code(job["code"], _fresh_namespace())
+    rc = exec_user_code(data.decode("utf-8", "surrogatepass"), _fresh_namespace())
     _flush_std()
     os._exit(rc)
   if kind == "func":
-    _run_function(job)
+    _run_function(job, data)
   if kind == "session":
     _session_loop()
   os._exit(2)
 
 
-def _run_function(job):
+def _run_function(job, payload):
   """Unpickles (fn, args, kwargs) from the host, runs it, writes a `wire` record to fd 1.
 
   The host wrote the pickle (trusted direction); the result travels back as plain values only,
@@ -541,7 +575,8 @@ def _run_function(job):
   out = os.fdopen(os.dup(1), "wb")
   sys.stdout = sys.stderr  # prints of the function must not corrupt the result record
   try:
-    fn, args, kwargs = pickle.loads(job["payload"])
+    fn, args, kwargs = pickle.loads(payload)
+    del payload
     record = [True, fn(*args, **kwargs)]
   except BaseException as e:
     record = [False, "".join(traceback.format_exception(type(e), e, e.__traceback__))]
@@ -595,21 +630,22 @@ def _session_loop():
 # ---------------------------------------------------------------------------------------------
 # template
 _REQ_FIELDS = {
-  "exec": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float},
-  "func": {"rid": int, "payload": bytes, "stdin": bytes, "timeout_s": float, "sys_path": list},
-  "session": {
-    "rid": int,
-    "code": str,
-    "stdin": bytes,
-    "timeout_s": float,
-    "session_id": str,
-    "note": bytes,
-  },
+  # A call's code, stdin, arguments and output never travel here: they are in the memfds the
+  # host passes with the request (CALL_FDS, over the fd socket), read and written only by the
+  # host and the call's process.
+  "exec": {"rid": int, "timeout_s": float},
+  "func": {"rid": int, "timeout_s": float, "sys_path": list},
+  "session": {"rid": int, "timeout_s": float, "session_id": str},
   "close_session": {"rid": int, "session_id": str},
   "abort_session": {"rid": int, "session_id": str},
   "ping": {"rid": int},
   "shutdown": {},
 }
+
+
+# The memfds the host sends with each exec/func/session request, in this order.
+CALL_FDS = ("in", "code", "out", "err")
+_RID = struct.Struct("<Q")
 
 
 def check_request(req):
@@ -634,6 +670,9 @@ class Template:
     self.sessions = {}  # session_id -> session record
     self.sel = selectors.DefaultSelector()
     self.buf = bytearray()
+    self.fd_sock = socket.socket(fileno=cfg["fd_sock"])
+    self.fd_sock.set_inheritable(False)  # not into the posix_spawn'ed PID 1s
+    self.fd_sock.setblocking(False)
     self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY) if cfg["pidns"] else None
     # PID 1 of each call's namespace: a tiny exec'd process (cheaper than forking this big
     # interpreter twice). Orphans re-parent to it; killing it tears the namespace down.
@@ -642,8 +681,9 @@ class Template:
     self.scratch_root = cfg["scratch_root"]
     os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
     os.chmod(self.scratch_root, 0o711)
-    for name in os.listdir(self.scratch_root):  # leftovers of a dead predecessor
-      wire.rmtree(os.path.join(self.scratch_root, name))
+    if not cfg["private_scratch"]:  # rlimits level: leftovers of a dead predecessor
+      for name in os.listdir(self.scratch_root):
+        wire.rmtree(os.path.join(self.scratch_root, name))
     self.serial = 0
     # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
     self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -682,6 +722,10 @@ class Template:
     self._kill_uid(uid)
 
   def _make_scratch(self, uid):
+    """A host directory for the call's files, or None when the call mounts its own tmpfs
+    (every root level: nothing of the call's is ever walked or deleted by the template)."""
+    if self.cfg["private_scratch"]:
+      return None
     self.serial += 1
     path = os.path.join(self.scratch_root, f"s{uid}_{os.getpid()}_{self.serial}")
     os.mkdir(path, 0o700)
@@ -701,7 +745,8 @@ class Template:
         except OSError:
           pass
       self._kill_uid(uid)
-      wire.rmtree(scratch)
+      if scratch is not None:  # rlimits level: the call ran as our own uid, nothing gained
+        wire.rmtree(scratch)
     finally:
       self.free_uids.append(uid)
 
@@ -767,47 +812,47 @@ class Template:
     else:
       self._release(rec["uid"], rec["scratch"], rec["pid"])
 
-  def _memfds(self, names, stdin=b""):
-    fds = []
-    try:
-      for name in names:  # no MFD_ALLOW_SEALING: the call cannot seal them against the template
-        fds.append(os.memfd_create(name, os.MFD_CLOEXEC))
-      if stdin:
-        os.pwrite(fds[names.index("stdin")], stdin, 0)
-    except BaseException:
+  def recv_call_fds(self, rid):
+    """The memfds the host sent for request `rid` (sent before the request itself, so they are
+    already queued). Messages of requests that never arrived (a failed write) are dropped."""
+    while True:
+      try:
+        msg, fds, _, _ = socket.recv_fds(self.fd_sock, 64, len(CALL_FDS) + 1)
+      except BlockingIOError:
+        raise RuntimeError(f"no memfds arrived with request {rid}") from None
+      if len(msg) == _RID.size and _RID.unpack(msg)[0] == rid and len(fds) == len(CALL_FDS):
+        return dict(zip(CALL_FDS, fds))
       for fd in fds:
         os.close(fd)
-      raise
-    return fds
+      if len(msg) == _RID.size and _RID.unpack(msg)[0] > rid:
+        raise RuntimeError(f"no memfds arrived with request {rid}")
 
-  def start_call(self, req):
+  def start_call(self, req, fds):
     kind = req["kind"]
     if kind == "session":
-      return self.session_call(req)
+      return self.session_call(req, fds)
     t0 = time.monotonic()
     timeout = req["timeout_s"]
-    taken = []  # what to give back if anything below fails
+    taken = [("fds", list(fds.values()))]  # what to give back if anything below fails
     try:
       uid = self._alloc_uid()
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      out, err, inp = self._memfds(("stdout", "stderr", "stdin"), req["stdin"])
-      taken.append(("fds", (out, err, inp)))
       job = {
         "kind": kind,
         "uid": uid,
         "scratch": scratch,
         "cpu_s": int(timeout) + 1,
-        "code": req.get("code", ""),
-        "payload": req.get("payload"),
         "sys_path": req.get("sys_path", ()),
       }
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err})
+      pid, init = self._fork(job, fds)
     except BaseException:
       self._give_back(taken)
       raise
-    os.close(inp)
+    out, err = fds["out"], fds["err"]
+    os.close(fds["in"])
+    os.close(fds["code"])
     pidfd = os.pidfd_open(pid)
     call = {
       "rid": req["rid"],
@@ -837,11 +882,10 @@ class Template:
       else:
         self.free_uids.append(d["uid"])
 
-  def _read_memfd(self, fd):
+  def _output_size(self, fd):
+    """(bytes written, whether past the cap): the size only, the template never reads them."""
     size = os.fstat(fd).st_size
-    cap = self.lim["max_output_bytes"]
-    data = os.pread(fd, min(size, cap), 0)
-    return data, size > cap
+    return size, size > self.lim["max_output_bytes"]
 
   def _memory_grew(self, peak_rss_bytes):
     """Whether a call's kernel-accounted peak resident memory (which starts at the template's
@@ -881,8 +925,9 @@ class Template:
     os.close(pidfd)
     signaled = os.WIFSIGNALED(status)
     rc = 128 + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
-    out, over_o = self._read_memfd(call["out"])
-    err, over_e = self._read_memfd(call["err"])
+    _, over_o = self._output_size(call["out"])
+    n_err, over_e = self._output_size(call["err"])
+    err = b""  # what the template adds after the call's own stderr (which the host reads)
     os.close(call["out"])
     os.close(call["err"])
     self._end(call)
@@ -894,13 +939,13 @@ class Template:
     if signaled and status_s == "error":
       name = signal.Signals(rc - 128).name if rc - 128 in signal.valid_signals() else rc - 128
       err += f"\nProcess killed by signal {name}\n".encode()
-    elif rc and status_s == "error" and not err.strip():
+    elif rc and status_s == "error" and not n_err:
       err += f"Process exited with code {rc}\n".encode()
     self.reply(
       call["rid"],
       {
         "status": status_s,
-        "stdout": out,
+        "stdout": b"",
         "stderr": err,
         "exit_code": rc,
         "duration_s": time.monotonic() - call["t0"],
@@ -908,25 +953,26 @@ class Template:
     )
 
   # -- sessions
-  def _start_session(self, sid):
+  def _start_session(self, sid, fds):
     if self.cfg["pidns"] and not self.init_path:
       raise RuntimeError("sessions need /usr/bin/sleep as their namespace's PID 1")
-    taken = []
+    taken = [("fds", list(fds.values()))]
     try:
       uid = self._alloc_uid()
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      fds = self._memfds(("stdout", "stderr", "stdin", "code", "rc"))
-      taken.append(("fds", fds))
-      out, err, inp, code_fd, rc_fd = fds
+      # The exit code of each session call: the template's own (not call data).
+      rc_fd = os.memfd_create("rc", os.MFD_CLOEXEC)
+      taken[0][1].append(rc_fd)
+      out, err, inp, code_fd = fds["out"], fds["err"], fds["in"], fds["code"]
       job = {
         "kind": "session",
         "uid": uid,
         "scratch": scratch,
         "cpu_s": int(self.cfg["session_cpu_s"]),
       }
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "code": code_fd, "rc": rc_fd})
+      pid, init = self._fork(job, {**fds, "rc": rc_fd})
     except BaseException:
       self._give_back(taken)
       raise
@@ -950,10 +996,17 @@ class Template:
     self.sel.register(pidfd, selectors.EVENT_READ, ("sess_dead", sid))
     return s
 
-  def session_call(self, req):
+  def session_call(self, req, fds):
     sid = req["session_id"]
     t0 = time.monotonic()
     s = self.sessions.get(sid)
+    if s is not None and os.fstat(s["code"]).st_ino != os.fstat(fds["code"]).st_ino:
+      # The host replaced the session's memfds: it no longer knows this interpreter.
+      self.close_session({"kind": "abort_session", "session_id": sid})
+      s = None
+    if s is not None:  # the process already holds these files
+      for fd in fds.values():
+        os.close(fd)
     if s is not None and s["call"] is not None:
       self.reply(
         req["rid"],
@@ -967,31 +1020,22 @@ class Template:
       )
       return
     if s is None:
-      s = self._start_session(sid)
+      s = self._start_session(sid, fds)
     s["call"] = {
       "rid": req["rid"],
       "t0": t0,
       "deadline": t0 + req["timeout_s"],
       "killed": None,
-      "note": req["note"],
-      "code": req["code"],
-      "stdin": req["stdin"],
       "running": False,
     }
     if s["stopped"]:
       self._dispatch(s)
 
   def _dispatch(self, s):
-    """The session process is stopped: load the call into its memfds and resume it."""
+    """The session process is stopped: resume it on the call the host loaded into its memfds
+    (code, stdin; output emptied and rewound) before sending the request."""
     call = s["call"]
-    for fd in (s["out"], s["err"], s["inp"], s["code"], s["rc"]):
-      os.ftruncate(fd, 0)
-    for fd in (s["out"], s["err"], s["inp"]):
-      os.lseek(fd, 0, os.SEEK_SET)  # shared file description: rewinds the child's offset too
-    if call["stdin"]:
-      os.pwrite(s["inp"], call["stdin"], 0)
-    os.pwrite(s["code"], call["code"].encode("utf-8", "surrogatepass"), 0)
-    call["code"] = call["stdin"] = None
+    os.ftruncate(s["rc"], 0)
     call["running"] = True
     s["stopped"] = False
     try:
@@ -1090,8 +1134,9 @@ class Template:
   def _session_result(self, s, rc, dead, peak=0, cpu_out=False):
     call = s["call"]
     s["call"] = None
-    out, over_o = self._read_memfd(s["out"])
-    err, over_e = self._read_memfd(s["err"])
+    _, over_o = self._output_size(s["out"])
+    _, over_e = self._output_size(s["err"])
+    err = b""  # appended by the host after the call's own stderr
     mem_out = rc != 0 and self._memory_grew(peak)
     status = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
     if call.get("left"):
@@ -1104,8 +1149,8 @@ class Template:
       call["rid"],
       {
         "status": status,
-        "stdout": out,
-        "stderr": call["note"] + err,
+        "stdout": b"",
+        "stderr": err,
         "exit_code": rc,
         "duration_s": time.monotonic() - call["t0"],
       },
@@ -1146,7 +1191,7 @@ class Template:
           "status": "internal_error",
           "stdout": b"",
           "exit_code": rc,
-          "stderr": call["note"] + b"session process failed to start\n",
+          "stderr": b"session process failed to start\n",
           "duration_s": time.monotonic() - call["t0"],
         },
       )
@@ -1189,7 +1234,7 @@ class Template:
         raise EOFError
       else:
         try:
-          self.start_call(req)
+          self.start_call(req, self.recv_call_fds(req["rid"]))
         except BaseException as e:
           self.reply(
             req["rid"],
@@ -1276,7 +1321,13 @@ class Template:
         except OSError:
           pass
       self._kill_uid(r["uid"])
-    wire.rmtree(self.scratch_root)
+    if self.cfg["private_scratch"]:
+      try:
+        os.rmdir(self.scratch_root)  # only ever a mount point here
+      except OSError:
+        pass
+    else:
+      wire.rmtree(self.scratch_root)
 
 
 def _kill_uid_range(lo, hi):
@@ -1387,7 +1438,8 @@ def harden_template(cfg):
     instance with hidepid=invisible (gid 0 exempt: the template), so a call, which runs as its
     own uid, sees only its own processes; /dev/pts detached, so /dev/ptmx opens no terminal;
     the bounding, ambient and inheritable capability sets emptied.
-  Returns what could not be done ("" when everything was).
+  Returns (what could not be done, "" when everything was; whether the template's mounts are
+  private, so that each call may mount its own scratch without it reaching the host).
   """
   failed = []
   try:
@@ -1396,13 +1448,13 @@ def harden_template(cfg):
   except OSError as e:
     failed.append(f"oom_score_adj: {e.strerror}")
   if not cfg["drop_uid"]:
-    return "; ".join(failed)
+    return "; ".join(failed), False
   if _libc.unshare(CLONE_NEWNS) != 0:
     failed.append(f"unshare(CLONE_NEWNS): errno {ctypes.get_errno()}")
-    return "; ".join(failed)
+    return "; ".join(failed), False
   if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
     failed.append(f"mount --make-rprivate /: errno {ctypes.get_errno()}")
-    return "; ".join(failed)
+    return "; ".join(failed), False
   flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
   if _libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible,gid=0") != 0:
     failed.append(f"mount proc hidepid=invisible: errno {ctypes.get_errno()}")
@@ -1417,7 +1469,7 @@ def harden_template(cfg):
     _drop_capability_sets()
   except OSError as e:
     failed.append(f"capabilities: {e}")
-  return "; ".join(failed)
+  return "; ".join(failed), True
 
 
 def check_imports(cfg, modules):
@@ -1497,7 +1549,12 @@ def main():
       exposed = expose_paths(cfg["expose_paths"])
     except OSError as e:
       exposed = f"failed: {e}"
-  hardening = harden_template(cfg)
+  hardening, cfg["private_scratch"] = harden_template(cfg)
+  # World-writable places a call could otherwise fill or share with another call: each call
+  # gets its own tmpfs bound over all of them (/tmp last: the source is the call's cwd).
+  cfg["shared_tmp_dirs"] = [
+    d for d in ("/var/tmp", "/dev/shm", "/tmp") if os.path.isdir(d) and not os.path.islink(d)
+  ]
   os.environ.update(cfg["template_env"])
   loaded = []
   for name in cfg["preload"]:
@@ -1517,7 +1574,13 @@ def main():
     for line in f:
       if line.startswith("VmSize:"):
         vm = int(line.split()[1]) * 1024
-  cfg["as_limit"] = vm + cfg["limits"]["memory_limit_mb"] * (1 << 20)
+  # memory_limit_mb holds the call's memory, its scratch tmpfs and its two output memfds
+  # (RLIMIT_FSIZE caps each): the address space gets what the other two leave.
+  lim = cfg["limits"]
+  carved = 2 * (lim["max_output_bytes"] + 1)
+  if cfg["private_scratch"]:
+    carved += lim["scratch_bytes"]
+  cfg["as_limit"] = vm + (lim["memory_limit_mb"] << 20) - carved
   prog = seccomp_program(os.uname().machine, cfg["allow_subprocesses"], cfg["allow_sockets"])
   cfg["seccomp"] = build_seccomp(prog) if prog is not None and cfg["use_seccomp"] else None
   if cfg["drop_uid"] and not cfg["pidns"]:
