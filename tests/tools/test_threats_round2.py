@@ -24,6 +24,109 @@ def _root_only(pool, what):
     pytest.skip(f"{what}: the rlimits level runs calls as the host's uid, without root")
 
 
+# --- class 1: the template never holds a call's data --------------------------------------
+# Counts, in the calling process's own readable anonymous memory (all of it inherited from the
+# template at fork, or its own), the places holding each needle. The needles are built byte by
+# byte in a ctypes buffer and found with libc memmem, so the scan itself makes no copy of them.
+_SCAN = """
+import ctypes, json
+libc = ctypes.CDLL(None)
+libc.memmem.restype = ctypes.c_void_p
+libc.memmem.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+regions = []
+for line in open('/proc/self/maps'):
+    f = line.split()
+    name = f[5] if len(f) > 5 else ''
+    if f[1][0] == 'r' and f[4] == '0' and name not in ('[vvar]', '[vsyscall]', '[vvar_vclock]'):
+        lo, hi = (int(x, 16) for x in f[0].split('-'))
+        regions.append((lo, hi))
+hits = {}
+for label, hidden in HIDDEN.items():
+    needle = ctypes.create_string_buffer(len(hidden))
+    for i, b in enumerate(hidden):
+        needle[i] = b ^ 0x5A
+    own, n = ctypes.addressof(needle), len(hidden)
+    count = 0
+    for lo, hi in regions:
+        at = lo
+        while at < hi:
+            p = libc.memmem(at, hi - at, own, n)
+            if not p:
+                break
+            count += p != own
+            at = p + 1
+    hits[label] = count
+print(json.dumps(hits))
+"""
+
+
+def _hide(text):
+  return bytes(b ^ 0x5A for b in text.encode())
+
+
+def test_later_calls_never_see_earlier_calls_data(runner, lpool):
+  import json
+  import operator
+
+  marks = {k: f"{k}-{secrets.token_hex(12)}" for k in ("code", "stdin", "stdout", "arg", "sess")}
+  # Several sizes: small frames are overwritten by the next ones, big ones are unmapped when
+  # freed; the sizes in between stay in the template's heap if it ever held them.
+  for pad in (100, 3000, 8000, 30000):
+    r = runner.run(
+      lpool.execute(
+        f"secret = {marks['code']!r}\nimport sys\nsys.stdin.read()\n"
+        f"print({marks['stdout'][::-1]!r}[::-1] + '.' * {pad})\n#" + "." * pad,
+        stdin=marks["stdin"] + "." * pad,
+      )
+    )
+    assert r.status == "ok" and r.stdout.startswith(marks["stdout"]), r
+    arg = marks["arg"] + "." * pad
+    assert runner.run(lpool.run_function(operator.add, arg, "")) == arg
+    r = runner.run(
+      lpool.execute(f"s = {marks['sess']!r} + '.' * {pad}\nprint(s)", session_id="leak")
+    )
+    assert r.status == "ok", r
+  # A control needle no call ever used proves the scan finds nothing of its own making.
+  marks["control"] = f"control-{secrets.token_hex(12)}"
+  hidden = {k: _hide(v) for k, v in marks.items()}
+  r = runner.run(lpool.execute(f"HIDDEN = {hidden!r}\n" + _SCAN, timeout_s=30.0))
+  runner.run(lpool.close_session("leak"))
+  assert r.status == "ok", r
+  assert json.loads(r.stdout) == {k: 0 for k in marks}, r.stdout
+
+
+# --- class 2: each call's scratch is its own tmpfs -----------------------------------------
+def test_scratch_is_private_bounded_and_gone_with_the_call(runner, lpool):
+  _root_only(lpool, "a per-call tmpfs needs root")
+  fill = (
+    "import os\nhere = os.getcwd()\nn = 0\ntry:\n"
+    "    for i in range(100000):\n"
+    "        with open(f'f{i}', 'wb') as f:\n            f.write(b'x' * 60000)\n        n += 1\n"
+    "except OSError as e:\n    print('full', e.errno)\n"
+    "os.chmod(here, 0o777)\nfor d in ('/tmp', '/dev/shm', '/var/tmp'):\n"
+    "    if os.path.isdir(d):\n        open(os.path.join(d, 'mine'), 'w').write('x')\n"
+    "print(n * 60000 <= SIZE, sorted(os.listdir('/tmp'))[:2])"
+  )
+  size = lpool.config.scratch_bytes
+  r = runner.run(lpool.execute(f"SIZE = {size}\n" + fill, timeout_s=20.0))
+  assert r.status == "ok" and "full 28" in r.stdout and "True" in r.stdout, r  # ENOSPC
+  peek = (
+    "import os\nseen = []\nfor d in ('.', '/tmp', '/dev/shm', '/var/tmp'):\n"
+    "    if os.path.isdir(d):\n        seen += os.listdir(d)\nprint(sorted(seen))"
+  )
+  r = runner.run(lpool.execute(peek))
+  assert (r.status, r.stdout) == ("ok", "[]\n"), r  # the next call starts empty
+  assert lpool._templates[0].restarts == 0
+
+
+def test_scratch_counts_toward_the_memory_limit():
+  from rstar_jax.tools.code_pool import PoolConfig
+
+  assert PoolConfig(memory_limit_mb=256).scratch_bytes == 32 << 20
+  with pytest.raises(ValueError, match="scratch_mb"):
+    PoolConfig(memory_limit_mb=256, scratch_mb=200)
+
+
 # --- class 3: statuses come from what the supervisor observed -------------------------------
 @pytest.mark.parametrize(
   "code",
@@ -229,9 +332,11 @@ def test_host_stall_does_not_kill_a_template_that_answered(runner):
   pool = level_pool(runner, ISOLATION_LEVELS[-1], num_workers=1, reply_grace_s=0.2)
 
   async def scenario():
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.05, time.sleep, 1.5)  # the host's loop stalls; the reply lands meanwhile
-    return await pool.execute("print('fine')", timeout_s=0.1)
+    task = asyncio.ensure_future(pool.execute("print('fine')", timeout_s=0.5))
+    while not pool._templates[0].pending:  # until the request is on its way
+      await asyncio.sleep(0)
+    time.sleep(1.5)  # the host's loop stalls past the 0.7 s wait; the reply lands meanwhile
+    return await task
 
   try:
     r = runner.run(scenario())
