@@ -526,7 +526,7 @@ def _mount_private_scratch(cfg, uid):
   size = cfg["limits"]["scratch_bytes"]
   opts = b"size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (
     size,
-    max(1024, size >> 14),
+    max(4096, size >> 12),  # one per page: the inodes' kernel memory stays small
     uid,
     uid,
   )
