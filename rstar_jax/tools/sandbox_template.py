@@ -63,6 +63,7 @@ _NS_FLAGS = (
   | 0x40000000
 )
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -687,6 +688,7 @@ class Template:
     self.serial = 0
     # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
     self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    self.subreaper = not cfg["drop_uid"] and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
 
@@ -749,6 +751,39 @@ class Template:
         wire.rmtree(scratch)
     finally:
       self.free_uids.append(uid)
+    self.sweep_orphans()
+
+  def sweep_orphans(self):
+    """Without a uid or PID namespace to kill by (the rlimits level), the template is its
+    calls' child subreaper: a process that left its call (setsid, double fork) is re-parented
+    here when its parent exits. Every child that is no call or session is such an escapee:
+    killed with its group and reaped, generation by generation (its own children re-parent
+    here in turn)."""
+    if not self.subreaper:
+      return
+    for _ in range(1000):
+      known = {c["pid"] for c in self.calls.values()} | {s["pid"] for s in self.sessions.values()}
+      strays = set()
+      try:
+        for tid in os.listdir("/proc/self/task"):
+          with open(f"/proc/self/task/{tid}/children") as f:
+            strays.update(int(p) for p in f.read().split())
+      except OSError:
+        return
+      strays -= known
+      if not strays:
+        return
+      for pid in strays:  # our unreaped child: its pid (and group id) cannot be reused meanwhile
+        for kill in (os.killpg, os.kill):
+          try:
+            kill(pid, signal.SIGKILL)
+          except OSError:
+            pass
+      for pid in strays:
+        try:
+          os.waitpid(pid, 0)
+        except ChildProcessError:
+          pass
 
   # -- fork
   def _fork(self, job, fds):
@@ -1084,6 +1119,7 @@ class Template:
         pass
     except BlockingIOError:
       pass
+    self.sweep_orphans()
     for s in list(self.sessions.values()):
       if s["stopped"]:
         continue
