@@ -1148,8 +1148,18 @@ class Template:
         continue
       try:
         raw = os.pread(s["rc"], 16, 0)
+      except OSError:
+        raw = b""
+      if not raw:
+        # The trusted loop writes the exit code before it stops: this stop is the user code's
+        # own, mid-call. Resuming it would run the rest of this call as the next one's (whose
+        # result it could then forge): the session ends here.
+        call["left"] = "the call stopped its own process"
+        self.kill_session(s, "self-stop")
+        continue
+      try:
         rc = int(raw.strip() or b"-1")
-      except (OSError, ValueError):
+      except ValueError:
         rc = -1
       if not 0 <= rc <= 255:
         rc = 1
@@ -1175,7 +1185,9 @@ class Template:
     err = b""  # appended by the host after the call's own stderr
     mem_out = rc != 0 and self._memory_grew(peak)
     status = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
-    if call.get("left"):
+    if call.get("left") and call["killed"] == "self-stop":
+      err += f"\n[{call['left']}]\n".encode()
+    elif call.get("left"):
       err += f"\n[{call['left']}: they are not allowed to outlive it]\n".encode()
     if dead:
       err += b"\n[session terminated: its state is lost; the next call starts a fresh session]\n"

@@ -143,6 +143,22 @@ def test_exit_codes_cannot_forge_a_status(runner, lpool, code):
   assert "killed by signal" not in r.stderr, r
 
 
+def test_self_stop_never_completes_a_session_call(runner, lpool):
+  # A stop is how a session's trusted loop says "done"; user code stopping itself mid-call
+  # must not be taken for it, nor may its remaining code run as (and forge) the next call.
+  stop = "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGSTOP)\n"
+  runner.run(lpool.execute("x = 1", session_id="stopper"))
+  r = runner.run(lpool.execute(stop + "print('after')", session_id="stopper"))
+  assert r.status == "error" and "stopped its own process" in r.stderr, r
+  r = runner.run(lpool.execute("print('mine')", session_id="stopper"))
+  assert (r.status, r.stdout) == ("ok", "mine\n"), r
+  runner.run(lpool.close_session("stopper"))
+  r = runner.run(lpool.execute(stop + "print('after')", timeout_s=1.0))
+  # Plain call: the stopped process is killed at its deadline (or, as its namespace's PID 1,
+  # it cannot stop itself at all): never `ok` with its output cut short.
+  assert r.status == "timeout" or (r.status, r.stdout) == ("ok", "before\nafter\n"), r
+
+
 def test_observed_limits_keep_their_status(runner, lpool):
   grow = "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))"
   r = runner.run(lpool.execute(grow, timeout_s=8.0))
