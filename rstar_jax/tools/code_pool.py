@@ -228,7 +228,9 @@ class PoolConfig:
         f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}"
       )
     if self.scratch_mb is not None and (
-      isinstance(self.scratch_mb, bool) or not isinstance(self.scratch_mb, int) or self.scratch_mb < 1
+      isinstance(self.scratch_mb, bool)
+      or not isinstance(self.scratch_mb, int)
+      or self.scratch_mb < 1
     ):
       raise ValueError(f"PoolConfig.scratch_mb must be an int >= 1, got {self.scratch_mb!r}")
     carved = (self.scratch_bytes + 2 * self.max_output_bytes) >> 20
@@ -239,7 +241,6 @@ class PoolConfig:
       )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
-
 
   @property
   def scratch_bytes(self) -> int:
