@@ -17,13 +17,15 @@ level actually in force is chosen at start-up, logged, and exposed as `pool.isol
   "namespaces"  bubblewrap sandbox + per-call PID namespace + unprivileged uid
   "pidns"       root without bubblewrap: per-call PID namespace + uid (host fs)
   "uid"         root: unprivileged uid per call; escapees killed by uid; no sockets
-  "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
+  "rlimits"     not root: rlimits + process group; the template is the calls' child subreaper
 
 All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV / POSIX message-queue
 IPC, sockets; no new processes unless `allow_subprocesses`; with `allow_sockets` at the two
 namespace levels, sockets work inside a per-call network + IPC namespace of their own), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
-with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
-speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
+with accelerators hidden, a private scratch tmpfs per call (root levels), and a wall-clock
+SIGKILL. Host and template speak `wire.py` frames (never pickle); a call's code, stdin and output
+travel only in memfds the host makes and passes over a socket (`_CallIO`), never through the
+template's heap; every number a caller passes is checked (`check_seconds`).
 """
 
 from __future__ import annotations
