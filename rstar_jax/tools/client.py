@@ -184,6 +184,8 @@ class CodePoolClient(BatchExecuteMixin):
     return await fut
 
   async def close_session(self, session_id: str) -> bool:
+    if self._session is None or self._closed:
+      raise RuntimeError("CodePoolClient is not running: use `async with CodePoolClient(url)`")
     check_session_id("session_id", session_id)
     async with self._session.post(
       self.url + "/close_session", json={"session_id": session_id}

@@ -69,6 +69,12 @@ def _no_constant(name: str):
   raise ValueError(f"JSON constant {name} is not allowed (numbers must be finite)")
 
 
+def _parse_int(digits: str) -> int | float:
+  # Every number of the schema is seconds: an integer too long to be one becomes +-inf, which
+  # the field's own check then refuses by name (int() of 4300+ digits would fail the whole body).
+  return int(digits) if len(digits) <= 64 else float(digits)
+
+
 def json_value_count(raw: bytes) -> int:
   """Upper bound on the number of JSON values in `raw` outside strings, in a few C-speed passes.
 
@@ -92,7 +98,7 @@ def loads_bounded(raw: bytes, max_values: int) -> Any:
   if n > max_values:
     raise BadRequest(f"body has ~{n} JSON values, more than the limit of {max_values}")
   try:
-    return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    return json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_int=_parse_int)
   except (ValueError, RecursionError) as e:
     raise BadRequest(f"body is not JSON: {str(e)[:200]}") from None
 
@@ -164,22 +170,35 @@ def _wire_len(text: str) -> int:
   return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
+def _prefix_within(text: str, limit: int) -> int:
+  """The longest prefix of `text` whose JSON string takes <= `limit` bytes, in one pass over at
+  most ~`limit` characters (a character takes 1 to 6 bytes: `\\u0001`), not over all of it."""
+  end, used = 0, 2  # the quotes
+  step = 1 << 16
+  while end < len(text):
+    n = _wire_len(text[end : end + step]) - 2
+    if used + n > limit:
+      lo, hi = 0, min(step, len(text) - end)  # within this chunk: the longest part that fits
+      while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if used + _wire_len(text[end : end + mid]) - 2 <= limit:
+          lo = mid
+        else:
+          hi = mid - 1
+      return end + lo
+    used += n
+    end += step
+  return len(text)
+
+
 def _fit(text: str, budget: int) -> tuple[str, bool]:
-  """`text` cut so that its JSON string takes <= `budget` bytes (with the note), and whether it
-  was cut. Escapes make the JSON up to 6x the text (a control character is `\\u0001`)."""
-  size = _wire_len(text)
-  if size <= budget:
+  """`text` cut so that its JSON string takes <= `budget` bytes (the note included), and
+  whether it was cut."""
+  if 6 * len(text) + 2 <= budget or _prefix_within(text, budget) == len(text):
     return text, False
-  note = f"\n[output cut by the code pool service: {size} bytes as JSON, limit {budget}]\n"
-  room = budget - _wire_len(note)
-  lo, hi = 0, min(len(text), max(room, 0))  # every character takes >= 1 byte
-  while lo < hi:  # longest prefix that fits
-    mid = (lo + hi + 1) // 2
-    if _wire_len(text[:mid]) <= room:
-      lo = mid
-    else:
-      hi = mid - 1
-  return text[:lo] + note, True
+  note = f"\n[output cut by the code pool service: over {budget} bytes as JSON]\n"
+  end = _prefix_within(text, max(budget - (_wire_len(note) - 2), 2))
+  return text[:end] + note, True
 
 
 def encode_results(results: list[dict], field_bytes: int, total_bytes: int) -> bytes:
