@@ -1,6 +1,7 @@
 """HTTP service + client: same interface as CodePool, micro-batching, retries, queue timeouts."""
 
 import asyncio
+import gzip
 import json
 import os
 import signal
@@ -12,8 +13,8 @@ import urllib.error
 import urllib.request
 
 import aiohttp
-from aiohttp import web
 import pytest
+from aiohttp import web
 
 from rstar_jax.tools.client import CodePoolClient
 from rstar_jax.tools.code_pool import PoolConfig
@@ -304,14 +305,21 @@ def test_json_parsing_is_bounded(runner, server):
   body = json.dumps({"requests": [{"code": "print(len(input()))", "stdin": stdin}]})
   status, raw = _post_raw(runner, server, "/execute_batch", body)
   assert status == 200 and json.loads(raw)["results"][0]["stdout"] == "40000\n"
-  limit, server.max_request_bytes = server.max_request_bytes, 1 << 20
+  small = CodePoolServer(
+    PoolConfig(num_workers=1, num_templates=1), "127.0.0.1", 0, max_request_bytes=1 << 20
+  )
+  runner.run(small.start())
   try:
-    srv_app_limit = server._runner.app._client_max_size
-    server._runner.app._client_max_size = 1 << 20
-    status, _ = _post_raw(runner, server, "/execute_batch", b"[" + b" " * (2 << 20) + b"]")
+    status, raw = _post_raw(runner, small, "/execute_batch", b"[" + b" " * (2 << 20) + b"]")
+    assert status == 413 and "max_request_bytes" in json.loads(raw)["error"]
+    # the cap holds for the decompressed body: 64 MiB of spaces as 64 KiB of gzip
+    zbomb = gzip.compress(b"[" + b" " * (64 << 20) + b"]", compresslevel=1)
+    status, raw = _post_raw(
+      runner, small, "/execute_batch", zbomb, headers={"Content-Encoding": "gzip"}
+    )
+    assert status == 413 and "max_request_bytes" in json.loads(raw)["error"]
   finally:
-    server.max_request_bytes, server._runner.app._client_max_size = limit, srv_app_limit
-  assert status == 413
+    runner.run(small.stop())
 
 
 def test_bytes_stdin_and_call_site_errors(runner, server):

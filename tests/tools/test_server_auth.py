@@ -2,7 +2,6 @@
 401s, per-token session namespaces, and the refusal to serve off loopback without a token
 (tested on the start-up check itself: no test binds anything but 127.0.0.1)."""
 
-import asyncio
 import json
 import secrets
 
