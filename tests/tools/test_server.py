@@ -18,7 +18,7 @@ from aiohttp import web
 
 from rstar_jax.tools.client import CodePoolClient
 from rstar_jax.tools.code_pool import PoolConfig
-from rstar_jax.tools.server import CodePoolServer
+from rstar_jax.tools.server import CodePoolServer, encode_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -418,3 +418,14 @@ def test_launcher_bad_token_file_is_one_line(tmp_path):
     f"code_pool_server: token file '{missing}' cannot be read: No such file or directory"
   )
   assert "Traceback" not in proc.stderr
+
+
+def test_sixteen_mib_of_control_characters_stay_sixteen_mib():
+  """The red team's case at the encoder: 16 MiB of output used to be a ~96 MiB response."""
+  field = (16 << 20) + 4096
+  r = {"status": "ok", "stdout": "\x01" * (16 << 20), "stderr": "", "duration_s": 0.1}
+  raw = encode_results([r, dict(r, stdout="short")], field, 256 << 20)
+  assert len(raw) <= field + 1024
+  first, second = json.loads(raw)["results"]
+  assert first["status"] == "output_limit" and first["stdout"].endswith("bytes as JSON]\n")
+  assert (second["status"], second["stdout"]) == ("ok", "short")
