@@ -18,7 +18,7 @@ from aiohttp import web
 
 from rstar_jax.tools.client import CodePoolClient
 from rstar_jax.tools.code_pool import PoolConfig
-from rstar_jax.tools.server import CodePoolServer, encode_results
+from rstar_jax.tools.server import CodePoolServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -136,8 +136,8 @@ class FakeService:
   """A stand-in service on 127.0.0.1 whose /execute_batch answers `status` after recording the
   items it got (or never answers, with hang=True): what a crash after running looks like."""
 
-  def __init__(self, status=500, hang=False):
-    self.status, self.hang = status, hang
+  def __init__(self, status=500, hang=False, body=None):
+    self.status, self.hang, self.body = status, hang, body
     self.items = []
     self.release = asyncio.Event()
 
@@ -145,6 +145,8 @@ class FakeService:
     self.items.extend((await request.json())["requests"])
     if self.hang:
       await self.release.wait()
+    if self.body is not None:
+      return web.Response(body=self.body, status=self.status, content_type="application/json")
     return web.json_response({"error": "boom"}, status=self.status)
 
   async def __aenter__(self):
@@ -180,6 +182,21 @@ def test_session_call_is_never_resent_after_a_5xx(runner):
   assert sess.status == "internal_error" and "not re-sent" in sess.stderr
   assert plain.status == "internal_error" and "unreachable after 4 tries" in plain.stderr
   assert stats["retries"] == 3
+
+
+def test_client_refuses_an_oversized_response(runner):
+  """A response over the client's max_response_bytes is an internal_error, read no further and
+  not fetched again."""
+  huge = json.dumps({"results": [{"status": "ok", "stdout": "x" * 50000, "stderr": ""}]})
+
+  async def go():
+    async with FakeService(200, body=huge.encode()) as svc:
+      async with CodePoolClient(svc.url, max_retries=3, max_response_bytes=10000) as c:
+        return await asyncio.wait_for(c.execute("print(1)"), 30), len(svc.items)
+
+  r, sent = runner.run(go())
+  assert r.status == "internal_error" and "max_response_bytes" in r.stderr
+  assert sent == 1
 
 
 def test_close_resolves_every_waiting_caller(runner):
@@ -422,6 +439,8 @@ def test_launcher_bad_token_file_is_one_line(tmp_path):
 
 def test_sixteen_mib_of_control_characters_stay_sixteen_mib():
   """The red team's case at the encoder: 16 MiB of output used to be a ~96 MiB response."""
+  from rstar_jax.tools.server import encode_results
+
   field = (16 << 20) + 4096
   r = {"status": "ok", "stdout": "\x01" * (16 << 20), "stderr": "", "duration_s": 0.1}
   raw = encode_results([r, dict(r, stdout="short")], field, 256 << 20)
