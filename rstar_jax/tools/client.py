@@ -115,7 +115,8 @@ class CodePoolClient(BatchExecuteMixin):
     return self
 
   async def close(self) -> None:
-    """Stops the client; every call still waiting resolves to an internal_error."""
+    """Stops the client; every call still waiting (queued, batched, in flight, waiting to be
+    re-sent) resolves to an internal_error: `_futures` holds them all, wherever they are."""
     self._closed = True
     if self._batcher is not None:
       self._batcher.cancel()
@@ -211,13 +212,7 @@ class CodePoolClient(BatchExecuteMixin):
           batch.append(await asyncio.wait_for(self._queue.get(), left))
         except TimeoutError:
           break
-      try:
-        await self._sem.acquire()
-      except asyncio.CancelledError:
-        for _, fut, _ in batch:  # taken off the queue: close() would not see them otherwise
-          if not fut.done():
-            fut.set_result(_internal("code pool client closed before the call was sent"))
-        raise
+      await self._sem.acquire()
       self._spawn(self._send(batch))
 
   def _spawn(self, coro) -> None:
@@ -310,10 +305,6 @@ class CodePoolClient(BatchExecuteMixin):
           )
     finally:
       self._sem.release()
-      if self._closed:  # cancelled by close(): nobody else resolves these
-        for _, fut, _ in batch:
-          if not fut.done():
-            fut.set_result(_internal("code pool client closed before the call finished"))
 
   def _deliver(self, pending: list, results: list[dict]) -> None:
     for (item, fut, tries), res in zip(pending, results):
@@ -346,10 +337,5 @@ class CodePoolClient(BatchExecuteMixin):
         fut.set_result(_internal(f"malformed result from the code pool service: {e}"))
 
   async def _requeue(self, item, fut, tries) -> None:
-    try:
-      await asyncio.sleep(self.backoff_s * 2 ** (tries - 1))
-      await self._queue.put((item, fut, tries))
-    except asyncio.CancelledError:
-      if not fut.done():
-        fut.set_result(_internal("code pool client closed before the call was re-sent"))
-      raise
+    await asyncio.sleep(self.backoff_s * 2 ** (tries - 1))
+    await self._queue.put((item, fut, tries))
