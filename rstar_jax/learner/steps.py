@@ -32,9 +32,10 @@ whole-batch normaliser. Metrics come back as scalars (float32 []), each the exac
 approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (before clipping),
 ``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
 
-Old log-probs: the RL batch carries the sampler's log-probs. To use the learner's own instead
-(recomputed after RoC, as verl does), call `compute_logprobs` + `with_old_logprobs` before
-`rl_step`; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
+Old log-probs: the host batch carries the sampler's log-probs (``sampler_logprobs``);
+`batch.rl_inputs(batch, config.rl_keys, proximal)` makes the step's ``old_logprobs`` from the
+learner's own (`compute_logprobs`, recomputed after RoC as verl does) or the sampler's, and
+``behaviour_logprobs`` for an off-policy loss; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
 Log-probs and entropies come from the one `rstar_jax.rl.losses.token_logprobs_and_entropy`
 (prediction-aligned); the learner shifts by one column to the token-aligned layout above.
 """
@@ -53,6 +54,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.learner import optim
+from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY
+from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
@@ -62,11 +65,10 @@ Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
-RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
-# The sampler's per-token log-probs [N, T] (behaviour policy), read by the off-policy losses
-# when StepConfig.tis_cap is set; "old_logprobs" then holds the learner's recomputed ones.
-BEHAVIOUR_KEY = "behaviour_logprobs"
-PACKING_KEYS = ("segment_ids", "positions")  # optional: packed rows
+RL_KEYS = SFT_KEYS + (OLD_KEY, "advantages")
+# BEHAVIOUR_KEY (the sampler's per-token log-probs [N, T]) is read by the off-policy losses when
+# StepConfig.tis_cap is set; OLD_KEY then holds the learner's recomputed ones
+# (`batch.rl_inputs` builds both from the host batch). PACKING_KEYS are optional: packed rows.
 
 # (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32; for packed
 # batches it is also called with keyword arguments segment_ids= and positions= ([B,T] int32).
@@ -397,6 +399,11 @@ class JittedSteps:
       mesh: the mesh.
       data_axes: mesh axes the batch rows are sharded over.
       num_micro_batches: micro-batches per step (rows must divide by it x data size).
+      config: the static step settings (``config.rl_keys``: the RL batch contract).
+      rules: the sharding rules the steps were traced under.
+      jitted: the ``jax.jit`` objects behind the three callables ("sft_step", "rl_step",
+          "compute_logprobs"); `lower` lowers them as the callables run them (the planner
+          compiles these very objects).
   """
 
   sft_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
@@ -406,6 +413,15 @@ class JittedSteps:
   mesh: jax.sharding.Mesh
   data_axes: tuple[str, ...]
   num_micro_batches: int
+  config: StepConfig = StepConfig()
+  rules: Any = "train"
+  jitted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def lower(self, name: str, *args):
+    """``self.jitted[name].lower(*args)`` under the mesh and activation layout the callables
+    use (args: ShapeDtypeStructs with shardings, or arrays)."""
+    with use_mesh(self.mesh), activation_layout(self.rules):
+      return self.jitted[name].lower(*args)
 
   def batch_sharding(self, x) -> NamedSharding:
     """Rows over the data axes, everything else replicated."""
@@ -505,42 +521,49 @@ def make_jitted_steps_for(
 
     return call
 
-  def jit_step(fn, keys):
+  def jit(fn):
     step = functools.partial(fn, apply_fn=apply_fn, config=config, micro_sharding=rows_sharding)
-    jitted = traced_under_mesh(
-      jax.jit(
-        step,
-        in_shardings=(state_sh, batch_prefix),
-        out_shardings=(state_sh, replicated),
-        donate_argnums=(0,),
-      )
+    return jax.jit(
+      step,
+      in_shardings=(state_sh, batch_prefix),
+      out_shardings=(state_sh, replicated),
+      donate_argnums=(0,),
     )
+
+  def run_step(jitted, keys):
+    call = traced_under_mesh(jitted)
 
     def run(state, batch):
       _check_tx(state, state_sh)
-      return jitted(state, _with_packing(batch, keys))
+      return call(state, _with_packing(batch, keys))
 
     return run
 
-  lp_keys = ("input_ids", "attention_mask")
-  logprobs = traced_under_mesh(
-    jax.jit(
+  jitted = {
+    "sft_step": jit(sft_step),
+    "rl_step": jit(rl_step),
+    "compute_logprobs": jax.jit(
       functools.partial(
         compute_logprobs, apply_fn=apply_fn, num_micro_batches=config.num_micro_batches
       ),
       in_shardings=(params_shardings, batch_prefix),
       out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32)),
-    )
-  )
+    ),
+  }
+  lp_keys = ("input_ids", "attention_mask")
+  logprobs = traced_under_mesh(jitted["compute_logprobs"])
 
   return JittedSteps(
-    sft_step=jit_step(sft_step, SFT_KEYS),
-    rl_step=jit_step(rl_step, config.rl_keys),
+    sft_step=run_step(jitted["sft_step"], SFT_KEYS),
+    rl_step=run_step(jitted["rl_step"], config.rl_keys),
     compute_logprobs=lambda params, batch: logprobs(params, _with_packing(batch, lp_keys)),
     state_shardings=state_sh,
     mesh=mesh,
     data_axes=data_axes,
     num_micro_batches=config.num_micro_batches,
+    config=config,
+    rules=rules,
+    jitted=jitted,
   )
 
 

@@ -3,9 +3,9 @@
 `RLLoop.step` only sequences named stages; each is a method a test can call alone, and the
 pure math lives in `rstar_jax.rl` and `rstar_jax.learner`:
 
-  rollout      ``train.batch_prompts`` problems from the resumable iterator, ``rl.oversample *
-               rl.group_size`` trajectories each through engine + agent loop + code pool
-               (`collect_rollouts`: a failed rollout is retried with the same seed)  -> Rollouts
+  rollout      ``train.batch_prompts`` groups of ``rl.oversample * rl.group_size`` trajectories
+               from the loop's `GroupSource` (synchronous: made now from the stage's
+               iterator; asynchronous: finished ahead with older weights)            -> Rollouts
   score        rewards (math verification out of process, bounded) and p_err + p_format
                penalties as [P, N] host arrays                                       -> Scores
   select       `rstar_jax.rl.selection.select_rollouts`: zero-variance filter, down-sampling
@@ -24,8 +24,10 @@ Stages: each stage sets the response budget and turn limit; a stage may reset th
 train on the hard subset (problems the policy at the stage start does not solve k of k) or on
 the "recent" subset (problems not all-correct in the last steps' training rollouts; ASTER).
 The training set is filtered once, before the first step (``data.integer_answers_only``,
-``data.drop_overlong_prompts``; counts logged every step). With ``rl.tis_cap`` the batch keeps
-the sampler's log-probs as ``behaviour_logprobs`` for the off-policy loss.
+``data.drop_overlong_prompts``; counts logged every step). The step has no mode branches:
+choosing asynchronous RL is choosing the source (`pipelines.wiring.group_source`); the update
+always runs in a worker thread, so an asynchronous source keeps generating meanwhile. The
+learner owns the batch contract (`learner.batch.rl_inputs` builds ``StepConfig.rl_keys``).
 Checkpoints hold the TrainState plus the loop position (stage, steps done, data iterator
 state, hard subset, weight version, collapse-monitor history), so a resumed run continues with
 the same step, data position and stage.
@@ -56,18 +58,16 @@ from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
-from rstar_jax.pipelines import eval_protocols, rl_metrics
+from rstar_jax.pipelines import eval_protocols, rl_metrics, wiring
 from rstar_jax.pipelines import stages as stages_lib
-from rstar_jax.pipelines.agent_runner import (
-  AgentRunner,
-  RolloutSettings,
-  eval_settings,
-  rollout_settings,
-)
+from rstar_jax.pipelines.agent_runner import AgentRunner, eval_settings, rollout_settings
+from rstar_jax.pipelines.evaluation import evaluate
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 from rstar_jax.pipelines.runtime import Learner
 from rstar_jax.rewards import quality
 from rstar_jax.rl import selection as selection_lib
+from rstar_jax.rollout import groups as groups_lib
+from rstar_jax.rollout.sources import PROBLEM_STRIDE, GroupSource, StageFeed
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Rollouts:
   select_key: jax.Array
   retries: int
   time_s: float
-  metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # async RL: async/*
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the source's own
   generated: int = 0  # trajectories generated this step, summed over processes
 
 
@@ -111,69 +111,6 @@ class Selected:
   trajectories: list[Any]
   advantages: list[float]
   rewards: list[float]
-
-
-async def collect_rollouts(
-  runner,
-  problems: Sequence[Problem],
-  n: int,
-  seed0: int,
-  settings: RolloutSettings,
-  *,
-  max_retries: int,
-  progress: Progress | None = None,
-  stats: dict | None = None,
-) -> tuple[list[list[Any]], int]:
-  """``n`` trajectories per problem; each failed rollout is retried with the same seed.
-
-  A rollout "fails" when the engine or agent loop raises, or when a tool call ended with
-  ``internal_error`` (the pool lost its worker: not the policy's fault, so the sample would be
-  biased). After ``max_retries`` failed attempts of one rollout this raises.
-  With several JAX processes each rolls out its contiguous share of the problems
-  (`hostdata.local_indices`) and every process gets every trajectory (an all-gather).
-  Returns (groups [P][n], number of retries summed over processes); ``stats["generated"]``
-  (when given) is set to the trajectories generated, summed over processes.
-  """
-  # [multi-process] this process rolls out its share of the prompts only.
-  jobs = [(i, j) for i in hostdata.local_indices(len(problems)) for j in range(n)]
-  if progress:
-    progress.total = len(jobs)
-  out: dict[tuple[int, int], Any] = {}
-  retries = 0
-
-  async def one(i, j):
-    nonlocal retries
-    seed = (seed0 + i * 7_368_787 + j * 104_729) % (2**31 - 1)
-    last_err = None
-    for attempt in range(max_retries + 1):
-      try:
-        traj = await runner.rollout(problems[i], seed=seed, settings=settings)
-      except Exception as e:  # engine/agent failure: retry the same rollout
-        last_err = e
-        log.warning(
-          "rollout (problem %d, sample %d) failed on attempt %d: %r", i, j, attempt + 1, e
-        )
-      else:
-        if not any(c.status == "internal_error" for c in traj.tool_calls):
-          out[(i, j)] = traj
-          if progress:
-            progress.update(len(out))
-          return
-        last_err = RuntimeError("tool call ended with internal_error (worker lost)")
-        log.warning("rollout (problem %d, sample %d): tool worker lost; retrying", i, j)
-      retries += 1
-      await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-    raise RuntimeError(
-      f"rollout of problem {i} sample {j} failed {max_retries + 1} times; last error: {last_err!r}"
-    )
-
-  await asyncio.gather(*(one(i, j) for i, j in jobs))
-  # [multi-process] every process gets every trajectory; counts summed over processes.
-  if stats is not None:
-    stats["generated"] = int(hostdata.sum_over_processes(len(out)))
-  retries = int(hostdata.sum_over_processes(retries))
-  out = hostdata.allgather_dict(out)
-  return [[out[(i, j)] for j in range(n)] for i in range(len(problems))], retries
 
 
 def penalties_of(trajectories: Sequence[Any], p_err_mode: str, p_format_mode: str) -> np.ndarray:
@@ -206,7 +143,7 @@ class LoopPosition:
   hard_subset_stats: dict | None = None
   # Per RL step [(problem index, all rollouts correct)], newest last, for "recent" stages.
   recent_outcomes: list | None = None
-  async_state: dict | None = None  # rl.max_staleness >= 1: groups issued, not yet trained on
+  source_state: dict | None = None  # the group source's (asynchronous: issued, not trained)
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -214,6 +151,9 @@ class LoopPosition:
   @classmethod
   def from_json(cls, d: dict) -> LoopPosition:
     names = {f.name for f in dataclasses.fields(cls)}
+    d = dict(d)
+    if "async_state" in d:  # checkpoints written before the group sources
+      d.setdefault("source_state", d.pop("async_state"))
     return cls(**{k: v for k, v in d.items() if k in names})
 
 
@@ -227,7 +167,9 @@ class RLLoop:
     workdir: checkpoints (``ckpt/``), metrics (``metrics.jsonl``, ``tb/``).
     problems: the training problems (default: ``run.data.train_path``).
     eval_problems: held-out problems evaluated every ``train.eval_every`` steps (optional).
-    weight_transfer: the push stage's target (default: ``runner.engine``).
+    weight_transfer: the push stage's target (default: ``source.engine``).
+    source: where the step's groups come from (default: `wiring.group_source`, by
+      ``rl.max_staleness``).
   """
 
   def __init__(
@@ -240,6 +182,7 @@ class RLLoop:
     problems: Sequence[Problem] | None = None,
     eval_problems: Sequence[Problem] | None = None,
     weight_transfer: WeightTransfer | None = None,
+    source: GroupSource | None = None,
   ):
     self.config = run
     self.learner = learner
@@ -283,10 +226,11 @@ class RLLoop:
     self.iterator: EpochIterator | None = None
     self.writer: MetricsWriter | None = None
     self.progress_every_s = run.train.progress_every_s
-    # async RL hook (issue 19): None at rl.max_staleness == 0 (the synchronous loop)
-    from rstar_jax.pipelines import async_rollout
+    self.source = source or wiring.group_source(run, runner, on_start=self._progress_ticker)
 
-    self.async_rl = async_rollout.from_config(run, runner)
+  def _progress_ticker(self, total: int):
+    label = f"step {self.pos.rl_step + 1} rollouts"
+    return Progress(label, total, every_s=self.progress_every_s).update
 
   # ------------------------------------------------------------------ resume / checkpoint
 
@@ -315,14 +259,7 @@ class RLLoop:
     if self.pos.collapse:
       self.collapse.load_state_dict(self.pos.collapse)
     self._make_iterator(self.pos.data_state)
-    if self.async_rl is not None:  # async RL hook: groups in flight at the save come back
-      self.async_rl.load_state_dict(self.pos.async_state)
-    elif self.pos.async_state and self.pos.async_state["pending"]:
-      log.warning(
-        "resuming an asynchronous run (rl.max_staleness >= 1) synchronously: its %d "
-        "in-flight prompt groups are skipped",
-        len(self.pos.async_state["pending"]),
-      )
+    self.source.load_state_dict(self.pos.source_state)  # async: groups in flight come back
     log.info(
       "resumed at RL step %d (stage %d, step %d in stage, weight version %d)",
       self.pos.rl_step,
@@ -347,8 +284,7 @@ class RLLoop:
     """Checkpoints the state (when it changed) and always the loop position side file."""
     self.pos.data_state = self.iterator.state_dict() if self.iterator else None
     self.pos.collapse = self.collapse.state_dict()
-    if self.async_rl is not None:  # async RL hook: same instant as data_state (no await)
-      self.pos.async_state = self.async_rl.state_dict()
+    self.pos.source_state = self.source.state_dict()  # same instant as data_state (no await)
     step = int(jax.device_get(self.learner.state.step))
     wrote = False
     if step != self._last_saved_step:
@@ -380,7 +316,7 @@ class RLLoop:
     )
     if self.iterator is None:
       self._make_iterator(None)
-    if resumed or self.pos.weight_version != self.runner.engine.weight_version:
+    if resumed or self.pos.weight_version != self.source.engine.weight_version:
       await self.push()
     last: dict = {}
     done = 0
@@ -405,8 +341,7 @@ class RLLoop:
       self.save()
       self.ckpt.wait_until_finished()
     finally:
-      if self.async_rl is not None:  # async RL hook: cancel what is in flight
-        await self.async_rl.stop()
+      await self.source.close()  # async: cancels what is in flight
       self.writer.close()
     return last
 
@@ -442,20 +377,19 @@ class RLLoop:
     k = stage.drop_solved_k_of_k
     cap = self.config.rl.hard_subset_max_problems or len(self.problems)
     cand = list(range(min(cap, len(self.problems))))
-    settings = rollout_settings(self.config, stage)
     seed0 = self.config.train.seed * 1_000_003 + 7919 * (self.pos.stage_index + 1)
     prog = Progress(f"hard-subset k={k}", len(cand) * k, every_s=self.progress_every_s)
-    trajs, _ = await collect_rollouts(
+    made = await groups_lib.make_groups(
       self.runner,
       [self.problems[i] for i in cand],
+      [(seed0 + i * PROBLEM_STRIDE) % groups_lib.SEED_MODULUS for i in range(len(cand))],
       k,
-      seed0,
-      settings,
+      rollout_settings(self.config, stage),
       max_retries=self.config.rl.max_step_retries,
-      progress=prog,
+      on_done=prog.update,
     )
     rewards = await self.verify(
-      [t for g in trajs for t in g], [self.problems[i].answer for i in cand for _ in range(k)]
+      rl_metrics.flatten(made.groups), [self.problems[i].answer for i in cand for _ in range(k)]
     )
     correct = np.asarray(rewards, np.float32).reshape(len(cand), k) > 0
     kept, stats = stages_lib.build_hard_subset(cand, correct.sum(1), k)
@@ -527,10 +461,8 @@ class RLLoop:
     t_push = 0.0
     batch = self.build_batch(sel, metrics)
     if batch is not None:
-      if self.async_rl is not None:  # async RL hook: rollouts go on during the update
-        metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
-      else:
-        metrics.update(self.update(batch, seed=ro.seed0 + 1))
+      # In a worker thread (JAX releases the GIL): an asynchronous source generates meanwhile.
+      metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
       t_update = time.monotonic() - t0
       t_push = await self.push(metrics)
     else:
@@ -552,55 +484,29 @@ class RLLoop:
     return metrics
 
   async def rollout(self, stage: StageConfig) -> Rollouts:
-    """Next ``P`` problems, ``N`` trajectories each; splits the state's RNG for the step.
-    At ``rl.max_staleness >= 1`` the groups come from the async producer (`async_rollout`),
-    generated while earlier steps trained."""
+    """The step's ``P`` groups of ``N`` trajectories from the source; splits the state's RNG
+    for the step (its seed and the selection key)."""
     self.learner.state, key = self.learner.state.split_rng()
     k_seed, k_select = jax.random.split(key)
     seed0 = int(jax.random.randint(k_seed, (), 0, 2**31 - 1))
     t0 = time.monotonic()
-    if self.async_rl is not None:  # async RL hook
-      problems, groups, metrics = await self.async_rl.take(
-        (self.pos.stage_index, self.pos.data_source),
-        self.iterator,
-        self._dataset(),
-        rollout_settings(self.config, stage),
-        stage.steps - self.pos.stage_step,
-      )
-      # The producer generates ahead; a step is charged with the groups it consumes.
-      return Rollouts(
-        problems,
-        groups,
-        seed0,
-        k_select,
-        int(metrics["async/rollout_retries"]),
-        time.monotonic() - t0,
-        metrics,
-        generated=len(problems) * self.N,
-      )
-    problems = self.iterator.next_batch(self.P)
-    prog = Progress(
-      f"step {self.pos.rl_step + 1} rollouts", len(problems) * self.N, every_s=self.progress_every_s
+    feed = StageFeed(
+      key=(self.pos.stage_index, self.pos.data_source),
+      iterator=self.iterator,
+      dataset=self._dataset(),
+      settings=rollout_settings(self.config, stage),
+      steps_left=stage.steps - self.pos.stage_step,
     )
-    stats: dict[str, int] = {}
-    groups, retries = await collect_rollouts(
-      self.runner,
-      problems,
-      self.N,
-      seed0,
-      rollout_settings(self.config, stage),
-      max_retries=self.config.rl.max_step_retries,
-      progress=prog,
-      stats=stats,
-    )
+    got = await self.source.take(self.P, seed=seed0, feed=feed)
     return Rollouts(
-      problems,
-      groups,
+      got.problems,
+      got.groups,
       seed0,
       k_select,
-      retries,
+      got.retries,
       time.monotonic() - t0,
-      generated=stats["generated"],
+      got.metrics,
+      generated=got.generated,
     )
 
   async def verify(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
@@ -686,8 +592,6 @@ class RLLoop:
     batch = batch_lib.make_rl_batch(
       sel.trajectories, sel.advantages, pad_to, pad_id=self.runner.pad_id, row_multiple=self.rows
     )
-    if self.config.rl.tis_cap:  # off-policy loss: the sampler's log-probs are the behaviour's
-      batch[steps_lib.BEHAVIOUR_KEY] = batch["old_logprobs"].copy()
     if self.config.train.pack_rows and self.config.rl.loss_agg == "token-mean":
       batch, pack_metrics = packing.pack_for_step(
         batch, row_multiple=self.learner.row_multiple, pad_id=self.runner.pad_id
@@ -701,20 +605,22 @@ class RLLoop:
     ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled mini-batches of one fixed
     shape (old log-probs from the params before the first). Returns the updates' mean metrics."""
     js, rl = self.learner.jitted, self.config.rl
-    sharded = js.shard_batch(batch)
     metrics: dict[str, float] = {}
+    proximal = None
     if rl.recompute_old_logprobs:
-      lp = js.compute_logprobs(self.learner.state.params, sharded)
-      sharded = steps_lib.with_old_logprobs(sharded, lp)
-      lp = hostdata.to_host(lp)  # [multi-process] rows spread over processes: gathered
-      drift = steps_lib.logprob_drift(batch["old_logprobs"], lp, batch["loss_mask"])
+      lp = js.compute_logprobs(self.learner.state.params, js.shard_batch(batch))
+      proximal = hostdata.to_host(lp)  # [multi-process] rows spread over processes: gathered
+      sampler = batch[batch_lib.SAMPLER_KEY]
+      drift = steps_lib.logprob_drift(sampler, proximal, batch["loss_mask"])
       metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
-      if self.async_rl is not None:  # async RL hook: behaviour (sampler) vs proximal log-probs
-        batch, sharded = self.async_rl.with_behaviour_logprobs(batch, sharded, lp, metrics)
-      batch = dict(batch, old_logprobs=lp * batch["loss_mask"])
+      if self.source.off_policy:  # sampled by older weights: the importance ratios
+        metrics.update(
+          batch_lib.importance_metrics(sampler, proximal, batch["loss_mask"], rl.tis_cap)
+        )
+    batch = batch_lib.rl_inputs(batch, js.config.rl_keys, proximal)
     m, epochs = rl.ppo_mini_batches, rl.ppo_epochs
     if m == 1 and epochs == 1:
-      updates = [sharded]
+      updates = [js.shard_batch(batch)]
     else:
       rm = self.learner.row_multiple
       per_mb = -(-batch["input_ids"].shape[0] // m)  # packed batches have fewer rows
@@ -743,7 +649,7 @@ class RLLoop:
     ``push/bytes``, ``push/seconds``, ``push/gbps``, ``push/delta_fraction``)."""
     t0 = time.monotonic()
     version = int(jax.device_get(self.learner.state.step))
-    target = self.weight_transfer or self.runner.engine
+    target = self.weight_transfer or self.source.engine
     params = hostdata.local_params(self.learner.params_copy())  # [multi-process] host copy
     await target.update_weights(self.learner.model_config, params, version)
     self.pos.weight_version = version
@@ -756,8 +662,6 @@ class RLLoop:
     metrics["collapse_warning"] = float(self.collapse.update(metrics["tool_calls_per_traj"]))
     every = self.config.train.eval_every
     if self.eval_problems and every and (self.pos.rl_step + 1) % every == 0:
-      from rstar_jax.pipelines.evaluation import evaluate
-
       rep = await evaluate(
         self.runner,
         self.eval_problems,

@@ -27,7 +27,7 @@ def test_rl_batch_layout():
   np.testing.assert_array_equal(b["attention_mask"][0], [1] * 8 + [0] * 2)
   np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 0, 1, 1, 0, 0, 1, 0, 0])
   # Logprobs sit on the column of the token they score; tool-token logprobs are zeroed.
-  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
+  np.testing.assert_allclose(b["sampler_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
   np.testing.assert_array_equal(b["input_ids"][1, :2], [8, 13])
   np.testing.assert_array_equal(b["loss_mask"][1], [0, 1] + [0] * 8)
   np.testing.assert_allclose(b["advantages"], [1.5, -0.5, 0, 0])
@@ -79,7 +79,7 @@ def test_rl_batch_from_rollout_trajectory():
   b = make_rl_batch([tr], [2.0], pad_to=6)
   np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 5, 0])
   np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 0, 1, 0])
-  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
+  np.testing.assert_allclose(b["sampler_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
 
 
 def _seven_row_batch():
