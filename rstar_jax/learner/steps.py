@@ -33,9 +33,10 @@ approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (befor
 ``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
 
 Old log-probs: the host batch carries the sampler's log-probs (``sampler_logprobs``);
-`batch.rl_inputs(batch, config.rl_keys, proximal)` makes the step's ``old_logprobs`` from the
-learner's own (`compute_logprobs`, recomputed after RoC as verl does) or the sampler's, and
-``behaviour_logprobs`` for an off-policy loss; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
+`step_inputs(batch, config, proximal)` makes the step's ``old_logprobs`` from the learner's own
+(`compute_logprobs`, recomputed after RoC as verl does) or the sampler's, and
+``behaviour_logprobs`` for an off-policy loss, and reports `logprob_drift` (the
+sampler/trainer mismatch) and, for groups from older weights, the importance ratios.
 Log-probs and entropies come from the one `rstar_jax.rl.losses.token_logprobs_and_entropy`
 (prediction-aligned); the learner shifts by one column to the token-aligned layout above.
 """
@@ -50,11 +51,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import optim
-from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY
+from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
@@ -381,6 +384,39 @@ def logprob_drift(
     "logprob_max_abs_diff": jnp.max(jnp.abs(d)),
     "logprob_diff": jnp.sum(d) / n,
   }
+
+
+def step_inputs(
+  batch: Mapping[str, np.ndarray],
+  config: StepConfig,
+  proximal: np.ndarray | None = None,
+  *,
+  older_weights: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+  """The RL step's host inputs from a `batch.make_rl_batch` batch, and the contract's metrics.
+
+  The one place the sampler's log-probs (``batch.SAMPLER_KEY``) turn into step inputs: the keys
+  ``config.rl_keys`` names (`batch.rl_inputs`), the truncation cap read from ``config.tis_cap``.
+
+  Args:
+    batch: host batch (packed or not) with ``sampler_logprobs`` [N, T].
+    config: the step's static settings (the `JittedSteps.config` the step was built with).
+    proximal: [N, T] the learner's recomputed log-probs, or None (the sampler's are old).
+    older_weights: the groups may come from older weights (an asynchronous source): adds the
+      importance ratios of the sampler's log-probs against ``proximal``.
+  Returns:
+    (inputs, metrics): ``sampler_logprob_drift`` when ``proximal`` is given, plus
+    ``async/is_ratio_*`` (`batch.importance_metrics`) when ``older_weights``.
+  """
+  metrics: dict[str, float] = {}
+  if proximal is not None:
+    sampler = batch[SAMPLER_KEY]
+    drift = logprob_drift(sampler, proximal, batch["loss_mask"])
+    metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
+    if older_weights:
+      cap = config.tis_cap or 0.0
+      metrics.update(batch_lib.importance_metrics(sampler, proximal, batch["loss_mask"], cap))
+  return batch_lib.rl_inputs(batch, config.rl_keys, proximal), metrics
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,11 @@ from rstar_jax.distributed import hostdata, primary
 from rstar_jax.pipelines import rl_metrics
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
-from rstar_jax.rollout import groups as groups_lib
+from rstar_jax.rollout.sources import SyncSource
+
+# Problem i's group is seeded seed * 1_000_003 + 17 + i * 7_919: the rule of the reports
+# written before the group sources, kept so their numbers stay reproducible.
+EVAL_PROBLEM_STRIDE = 7_919
 
 
 async def evaluate(
@@ -47,9 +51,9 @@ async def evaluate(
     problems: the evaluation set.
     settings: sampling and agent-loop limits.
     k: attempts per problem (avg@k).
-    seed: base seed; problem i's group of k attempts is seeded from (seed, i)
-      (`groups.make_groups`: attempt j gets `groups.sample_seed`), so the same call gives the
-      same samples (with a deterministic engine).
+    seed: base seed; the k attempts are one group per problem of a `SyncSource`
+      (`rollout.groups`: the seed, retry and multi-process rules of RL's groups), so the same
+      call gives the same samples (with a deterministic engine).
     keep_samples: include the first ``keep_samples`` decoded responses in the report.
     max_retries: failed attempts of one rollout (engine error, lost tool worker) retried.
   """
@@ -59,12 +63,14 @@ async def evaluate(
     raise ValueError("evaluate: the problem set is empty")
   t0 = time.monotonic()
   prog = Progress("eval", len(problems) * k, every_s=progress_every_s)
-  seeds = [
-    (seed * 1_000_003 + i * 7_919 + 17) % groups_lib.SEED_MODULUS for i in range(len(problems))
-  ]
-  made = await groups_lib.make_groups(
-    runner, problems, seeds, k, settings, max_retries=max_retries, on_done=prog.update
+  source = SyncSource(
+    runner,
+    num_samples=k,
+    max_retries=max_retries,
+    on_start=lambda _: prog.update,
+    problem_stride=EVAL_PROBLEM_STRIDE,
   )
+  made = await source.groups_of(problems, seed=seed * 1_000_003 + 17, settings=settings)
   trajs = rl_metrics.flatten(made.groups)
   # [multi-process] each process verifies its share; the rewards are all-gathered
   rewards = await hostdata.map_sharded(

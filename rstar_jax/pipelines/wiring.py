@@ -1,4 +1,5 @@
-"""Builds the run's parts from a typed `RunConfig` (config -> group source, ...).
+"""Builds the run's parts from a typed `RunConfig`: the training set, the learner and tokenizer
+of an RL run, and the group source.
 
 The one place a config section becomes an object: the loops take the objects and never read the
 config to decide how a part is built.
@@ -6,9 +7,19 @@ config to decide how a part is built.
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
 from rstar_jax.config import RunConfig
+from rstar_jax.data import filters as data_filters
+from rstar_jax.data.problems import Problem
+from rstar_jax.pipelines import data_sources, runtime
 from rstar_jax.rollout.async_source import AsyncSource
 from rstar_jax.rollout.sources import GroupSource, SyncSource
+
+log = logging.getLogger(__name__)
 
 
 def group_source(run: RunConfig, runner, *, on_start=None) -> GroupSource:
@@ -27,3 +38,49 @@ def group_source(run: RunConfig, runner, *, on_start=None) -> GroupSource:
     base_seed=run.train.seed,
     max_retries=rl.max_step_retries,
   )
+
+
+def training_set(
+  run: RunConfig, problems: Sequence[Problem], runner
+) -> tuple[list[Problem], dict[str, int]]:
+  """The RL training problems after the ``data`` filters (integer answers, prompt length),
+  with the filter counts (logged every step). Raises when nothing is left."""
+  # A runner without prompt rendering (a test double) has no prompt to measure or refuse.
+  prompt_length = getattr(runner, "prompt_length", None)
+  kept, counts = data_filters.filter_problems(
+    list(problems),
+    integer_answers_only=run.data.integer_answers_only,
+    max_prompt_tokens=run.rollout.max_prompt_tokens
+    if run.data.drop_overlong_prompts and prompt_length
+    else 0,
+    prompt_length=prompt_length,
+  )
+  if counts["filter_kept"] < counts["filter_total"]:
+    log.info("training set filters: %s", counts)
+  if not kept:
+    raise ValueError(f"RL loop: the training problem set is empty (filters: {counts})")
+  return kept, counts
+
+
+def rl_setup(
+  run: RunConfig,
+  workdir: str,
+  *,
+  problems: Sequence[Problem] | None = None,
+  eval_problems: Sequence[Problem] | None = None,
+  tokenizer: Any = None,
+  params: Any = None,
+) -> tuple[Sequence[Problem], Sequence[Problem] | None, Any, runtime.Learner]:
+  """(problems, eval_problems, tokenizer, learner) of an RL run: each from the config unless
+  given (``eval_problems`` only when ``train.eval_every``; a from-scratch model's tokenizer
+  is trained into ``workdir``)."""
+  os.makedirs(workdir, exist_ok=True)
+  if problems is None:
+    problems = data_sources.train_problems(run)
+  if eval_problems is None and run.train.eval_every:
+    eval_problems = data_sources.eval_problems(run)
+  if tokenizer is None:
+    tokenizer = data_sources.ensure_tokenizer(run, workdir, data_sources.tokenizer_corpus(problems))
+  learner = runtime.build_learner(run, params=params)
+  runtime.check_vocab(tokenizer, learner.model_config)
+  return problems, eval_problems, tokenizer, learner

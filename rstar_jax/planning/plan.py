@@ -18,14 +18,14 @@ and only ``lower(...).compile()`` runs. From the compiled per-device program we 
 * the collectives in the optimized HLO text (static op counts; an op inside a loop body
   counts once).
 
-The compiled program is the project's own step function (`learner.steps.rl_step` / `sft_step`)
-with the shardings `learner.steps.make_jitted_steps` assigns, lowered with abstract arguments.
+The compiled program is the learner's own: the jit objects `learner.steps.make_jitted_steps`
+returns (`JittedSteps.jitted`, lowered with `JittedSteps.lower` on abstract arguments), with the
+batch keys the step reads (`StepConfig.rl_keys`: the sampler's log-probs with ``rl.tis_cap``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import re
@@ -34,15 +34,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.config import RunConfig, from_config_dict
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
+from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import qwen3
-from rstar_jax.sharding.mesh import use_mesh
-from rstar_jax.sharding.rules import activation_layout
 
 GIB = 1024**3
 
@@ -246,14 +244,15 @@ def abstract_batch(
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """The step's batch as ShapeDtypeStructs; ``packed`` adds segment_ids / positions and
   per-token advantages (learner/packing.py)."""
-  keys = steps.RL_KEYS if shape.kind == "rl" else steps.SFT_KEYS
+  keys = js.config.rl_keys if shape.kind == "rl" else steps.SFT_KEYS
   if packed:
-    keys = keys + steps.PACKING_KEYS
+    keys = keys + PACKING_KEYS
   dtypes = {
     "input_ids": jnp.int32,
     "attention_mask": jnp.int32,
     "loss_mask": jnp.float32,
     "old_logprobs": jnp.float32,
+    "behaviour_logprobs": jnp.float32,
     "advantages": jnp.float32,
     "segment_ids": jnp.int32,
     "positions": jnp.int32,
@@ -280,31 +279,10 @@ def compile_step(
   js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
   state = _with_shardings(abstract_state(model_config, tx, param_dtype), js.state_shardings)
   batch = abstract_batch(shape, js, packed)
-  fn = steps.rl_step if shape.kind == "rl" else steps.sft_step
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return qwen3.forward(
-      params,
-      model_config,
-      input_ids,
-      positions=positions,
-      attention_mask=attention_mask,
-      segment_ids=segment_ids,
-    )
-
-  # The same jit as `steps.make_jitted_steps_for` builds (its jitted callables enter the mesh
-  # context themselves, which cannot happen inside an outer jit, so we jit the pure step with
-  # the shardings `js` computed and enter the same mesh / activation layout here).
-  jitted = jax.jit(
-    functools.partial(fn, apply_fn=apply_fn, config=step_config, micro_sharding=js.batch_sharding),
-    in_shardings=(js.state_shardings, {k: v.sharding for k, v in batch.items()}),
-    out_shardings=(js.state_shardings, replicated),
-    donate_argnums=(0,),
-  )
   t0 = time.perf_counter()
-  with use_mesh(mesh), activation_layout("train"):
-    lowered = jitted.lower(state, batch)
+  # The very jit objects the learner runs (`JittedSteps.jitted`), lowered under its mesh and
+  # activation layout: what is planned is what trains.
+  lowered = js.lower("rl_step" if shape.kind == "rl" else "sft_step", state, batch)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()

@@ -9,8 +9,8 @@ choosing asynchronous RL is choosing the source:
     ahead of the learner with older weights, behind its own `InterruptibleEngine` wrapper.
 
 Both make every group with `groups.make_groups` / `groups.make_group` (one seed rule, one retry
-rule, one multi-process gather). Evaluation makes its k samples per problem with the same
-`groups.make_groups`.
+rule, one multi-process gather). Evaluation and the hard subset are a `SyncSource` too, with k
+samples per problem (`SyncSource.groups_of` a given problem list).
 """
 
 from __future__ import annotations
@@ -45,10 +45,17 @@ class StageFeed:
   steps_left: int
 
 
+class WeightTransfer(Protocol):
+  """Where the RL loop pushes a new policy (an engine, or a transport in front of one)."""
+
+  async def update_weights(self, model_config, params, version: int) -> Any: ...
+
+
 class GroupSource(Protocol):
   """Hands the RL loop finished trajectory groups.
 
-  engine: where the loop pushes new weights (the engine the groups are sampled with).
+  engine: where the loop pushes new weights (the engine the groups are sampled with; a
+    `WeightTransfer`).
   off_policy: groups may be sampled by older weights than the ones trained (the loop then logs
     the importance ratios of the sampler's log-probs against the learner's).
   """
@@ -65,16 +72,22 @@ class GroupSource(Protocol):
   async def close(self) -> None: ...
 
 
+def group_seeds(seed0: int, n: int, stride: int = PROBLEM_STRIDE) -> list[int]:
+  """Seeds of ``n`` groups made together: group i gets ``seed0 + i * stride`` (mod 2^31 - 1)."""
+  return [(int(seed0) + i * int(stride)) % groups_lib.SEED_MODULUS for i in range(n)]
+
+
 class SyncSource:
-  """The synchronous step's groups: the next ``n`` problems of the stage, ``num_samples``
-  trajectories each, made now; group i of a step seeded ``seed + i * PROBLEM_STRIDE``.
+  """Groups made now, with the policy that will be trained (on-policy): the RL step's (the
+  stage's next ``n`` problems), evaluation's and the hard subset's (`groups_of` a given list).
 
   Args:
     runner: the `AgentRunner` (problem -> trajectory).
-    num_samples: trajectories per group (``rl.oversample * rl.group_size``).
-    max_retries: failed attempts of one trajectory before the step raises.
-    on_start: called with the step's trajectory count; returns the per-trajectory tick
+    num_samples: trajectories per group (RL: ``rl.oversample * rl.group_size``; eval: k).
+    max_retries: failed attempts of one trajectory before the call raises.
+    on_start: called with the call's trajectory count; returns the per-trajectory tick
       (progress lines), or None.
+    problem_stride: group i of a call is seeded ``seed + i * problem_stride`` (`group_seeds`).
   """
 
   off_policy = False
@@ -86,23 +99,28 @@ class SyncSource:
     num_samples: int,
     max_retries: int,
     on_start: Callable[[int], Callable[[], None] | None] | None = None,
+    problem_stride: int = PROBLEM_STRIDE,
   ):
     self.runner = runner
     self.engine = runner.engine
     self.N = int(num_samples)
     self.max_retries = int(max_retries)
     self.on_start = on_start
+    self.problem_stride = int(problem_stride)
 
   async def take(self, n: int, *, seed: int, feed: StageFeed) -> groups_lib.Groups:
-    problems = feed.iterator.next_batch(n)
+    """The stage's next ``n`` problems (``feed.iterator``), one group each."""
+    return await self.groups_of(feed.iterator.next_batch(n), seed=seed, settings=feed.settings)
+
+  async def groups_of(self, problems: Sequence[Any], *, seed: int, settings) -> groups_lib.Groups:
+    """One group of ``num_samples`` per problem, seeded by `group_seeds` (``seed``)."""
     tick = self.on_start(len(problems) * self.N) if self.on_start else None
-    seeds = [(seed + i * PROBLEM_STRIDE) % groups_lib.SEED_MODULUS for i in range(len(problems))]
     return await groups_lib.make_groups(
       self.runner,
       problems,
-      seeds,
+      group_seeds(seed, len(problems), self.problem_stride),
       self.N,
-      feed.settings,
+      settings,
       max_retries=self.max_retries,
       on_done=tick,
     )
