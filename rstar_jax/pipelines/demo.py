@@ -354,7 +354,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   summary["resolved_config"] = records["eval_rl"]  # run record: the config of every number
   _write_json(os.path.join(workdir, "summary.json"), summary)
   if cfg.demo.plot:
-    from rstar_jax import viz
+    from rstar_jax.pipelines import viz  # matplotlib: optional, imported only for the plot
 
     viz.plot_demo(workdir, summary, os.path.join(workdir, "demo_plot.png"))
   mark("report")
