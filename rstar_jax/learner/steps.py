@@ -408,6 +408,7 @@ def step_inputs(
     (inputs, metrics): ``sampler_logprob_drift`` when ``proximal`` is given, plus
     ``async/is_ratio_*`` (`batch.importance_metrics`) when ``older_weights``.
   """
+  inputs = batch_lib.rl_inputs(batch, config.rl_keys, proximal)  # checks the shapes first
   metrics: dict[str, float] = {}
   if proximal is not None:
     sampler = batch[SAMPLER_KEY]
@@ -416,7 +417,7 @@ def step_inputs(
     if older_weights:
       cap = config.tis_cap or 0.0
       metrics.update(batch_lib.importance_metrics(sampler, proximal, batch["loss_mask"], cap))
-  return batch_lib.rl_inputs(batch, config.rl_keys, proximal), metrics
+  return inputs, metrics
 
 
 # --------------------------------------------------------------------------------------------
