@@ -26,6 +26,7 @@ from typing import Any
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.learner.batch import pad_id_of
+from rstar_jax.pipelines import wiring
 from rstar_jax.rewards import math_reward
 
 log = logging.getLogger(__name__)
@@ -275,11 +276,9 @@ async def open_runner(
   runner_cls: type[AgentRunner] = AgentRunner,
 ) -> AsyncIterator[AgentRunner]:
   """Starts the code pool and the engine; yields the runner; closes both."""
-  from rstar_jax.distributed import fleet
-
   if engine is None:
     engine = build_engine(run, model_config, params, tokenizer)
-  pool = fleet.build_tool_pool(run.tool)  # tool.backend: "local" | "http" | "ray"
+  pool = wiring.tool_pool(run.tool)  # tool.backend: "local" | "http" | "ray"
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):  # remote servers: wait until they answer

@@ -1,5 +1,5 @@
-"""Builds the run's parts from a typed `RunConfig`: the training set, the learner and tokenizer
-of an RL run, and the group source.
+"""Builds the run's parts from a typed `RunConfig`: the code pool, the training set, the learner
+and tokenizer of an RL run, and the group source.
 
 The one place a config section becomes an object: the loops take the objects and never read the
 config to decide how a part is built.
@@ -12,14 +12,56 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rstar_jax.config import RunConfig
+import jax
+
+from rstar_jax.config import RunConfig, ToolConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import data_sources, runtime
 from rstar_jax.rollout.async_source import AsyncSource
 from rstar_jax.rollout.sources import GroupSource, SyncSource
+from rstar_jax.tools.client import CodePoolClient
+from rstar_jax.tools.code_pool import CodePool, PoolConfig
 
 log = logging.getLogger(__name__)
+
+TOOL_BACKENDS = ("local", "http", "ray")
+
+
+def tool_pool(tool: ToolConfig):
+  """The (not yet started) code pool named by ``tool.backend``, for this JAX process:
+
+  * "local": a `CodePool` in this process (one per JAX process; default);
+  * "http":  a `CodePoolClient` of the service (`launchers.code_pool_server`) at
+    ``tool.urls[i % len(tool.urls)]`` for process i;
+  * "ray":   a `RayCodePool` (one pool actor per Ray node), connecting with
+    ``ray.init(address=tool.ray_address)`` when Ray is not initialised yet.
+  """
+  backend = tool.backend
+  limits = dict(
+    num_workers=int(tool.num_workers),
+    timeout_s=float(tool.timeout_s),
+    memory_limit_mb=int(tool.memory_limit_mb),
+  )
+  if backend == "local":
+    return CodePool(**limits)
+  if backend == "http":
+    urls = list(tool.urls)
+    if not urls:
+      raise ValueError(
+        "tool.urls: expected at least one code-pool service URL for tool.backend='http', got ()"
+      )
+    return CodePoolClient(urls[jax.process_index() % len(urls)])  # [multi-process]
+  if backend == "ray":
+    # Ray is an optional extra (setup.py "ray"): imported only when this backend is chosen.
+    import ray
+
+    from rstar_jax.tools.ray_pool import RayCodePool
+
+    if not ray.is_initialized():
+      ray.init(address=tool.ray_address or "auto")
+    return RayCodePool(PoolConfig(**limits))
+  raise ValueError(f"tool.backend: expected one of {TOOL_BACKENDS}, got {backend!r}")
 
 
 def group_source(run: RunConfig, runner, *, on_start=None) -> GroupSource:
