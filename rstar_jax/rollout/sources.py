@@ -102,11 +102,15 @@ class SyncSource:
     problem_stride: int = PROBLEM_STRIDE,
   ):
     self.runner = runner
-    self.engine = runner.engine
     self.N = int(num_samples)
     self.max_retries = int(max_retries)
     self.on_start = on_start
     self.problem_stride = int(problem_stride)
+
+  @property
+  def engine(self):
+    """The runner's own engine: the policy trained is the one sampled next."""
+    return self.runner.engine
 
   async def take(self, n: int, *, seed: int, feed: StageFeed) -> groups_lib.Groups:
     """The stage's next ``n`` problems (``feed.iterator``), one group each."""
