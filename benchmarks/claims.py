@@ -160,7 +160,11 @@ def plot_claim(claim: str, arms: dict[str, dict], path: str) -> None:
   for ax, (key, title) in zip(axes.flat, names):
     for (arm, a), c in zip(arms.items(), colors):
       s = a["series"][key]
-      pts = [(x, m, lo, hi) for x, m, lo, hi in zip(s["step"], s["mean"], s["min"], s["max"]) if m is not None]
+      pts = [
+        (x, m, lo, hi)
+        for x, m, lo, hi in zip(s["step"], s["mean"], s["min"], s["max"])
+        if m is not None
+      ]
       if not pts:
         continue
       xs, ms, los, his = zip(*pts)
@@ -231,7 +235,9 @@ def run_one(run_cfg, workdir: str) -> dict:
   summary = demo.run_demo(run_cfg, workdir)
   if not summary:
     raise RuntimeError(f"{workdir}: RL stopped early (demo.rl_max_steps?)")
-  rows = sorted(read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl")), key=lambda r: r["step"])
+  rows = sorted(
+    read_jsonl_metrics(os.path.join(workdir, "rl", "metrics.jsonl")), key=lambda r: r["step"]
+  )
   return {
     "seed": run_cfg.train.seed,
     "rows": rows,
@@ -309,7 +315,9 @@ def parse_args(argv=None):
   args.claims = [c for c in args.claims.split(",") if c]
   bad = [c for c in args.claims if c not in CLAIMS]
   if bad or not args.claims:
-    p.error(f"--claims: expected a comma-separated subset of {sorted(CLAIMS)}, got {bad or '(none)'}")
+    p.error(
+      f"--claims: expected a comma-separated subset of {sorted(CLAIMS)}, got {bad or '(none)'}"
+    )
   if args.seeds < 1:
     p.error(f"--seeds: expected >= 1, got {args.seeds}")
   if not 0.0 <= args.tool_failure_rate <= 1.0:

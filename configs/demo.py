@@ -164,7 +164,15 @@ def _noisy(c: ml_collections.ConfigDict) -> None:
 
 # ASTER's claim needs tasks a policy can also answer without the tool ("in the head", less
 # reliably): the demo's families plus two such (rstar_jax.data.synthetic_tasks).
-_ASTER_FAMILIES = ["mulmod", "powmod", "ncr_mod", "power_sum", "count_primes", "add", "mul_last_digit"]
+_ASTER_FAMILIES = [
+  "mulmod",
+  "powmod",
+  "ncr_mod",
+  "power_sum",
+  "count_primes",
+  "add",
+  "mul_last_digit",
+]
 
 
 def _dense(c: ml_collections.ConfigDict) -> None:

@@ -110,7 +110,9 @@ def test_arm_configs_share_sft_and_differ_only_in_rl():
   assert dense.stages[0].max_turns == sparse.eval.max_turns == 4 == dense.rollout.max_turns
   assert dense.tool.inject_failure_rate == 0.0
   quick = claims.parse_args(["--out=/x", "--quick"])
-  assert quick.steps == 20 and claims.arm_config("dense", "paper", 0, quick, "").stages[0].steps == 20
+  assert (
+    quick.steps == 20 and claims.arm_config("dense", "paper", 0, quick, "").stages[0].steps == 20
+  )
   for bad in (["--claims=roc,nope"], ["--seeds=0"], ["--tool_failure_rate=1.5"]):
     with pytest.raises(SystemExit):
       claims.parse_args(["--out=/x", *bad])
@@ -139,12 +141,18 @@ def test_claims_smoke_json_and_plots(tmp_path):
       assert 0 <= a["heldout"]["accuracy"][when]["mean"] <= 1
   assert {a["roc_mode"] for a in res["arms"].values()} == {"paper", "random"}
   assert res["arms"]["grpo"]["roc_mode"] == "random"
-  assert isinstance(res["noisy_start_ok"], bool) and len(res["noisy_start_pos_tool_error_ratio"]) == 2
+  assert (
+    isinstance(res["noisy_start_ok"], bool) and len(res["noisy_start_pos_tool_error_ratio"]) == 2
+  )
   for claim in ("roc", "aster"):
     png = res["claims"][claim]["png"]
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
   # The GRPO arm trained from the RoC arm's SFT model (same weights, same SFT eval).
-  sft = lambda arm: open(os.path.join(out, arm, "seed0", "sft", "hf", "model.safetensors"), "rb").read()  # noqa: E731
+  def sft(arm):
+    with open(os.path.join(out, arm, "seed0", "sft", "hf", "model.safetensors"), "rb") as f:
+      return f.read()
+
   assert sft("roc") == sft("grpo")
   assert os.path.isdir(os.path.join(out, "roc", "seed0", "sft", "ckpt"))  # trained there only
   assert not os.path.exists(os.path.join(out, "grpo", "seed0", "sft", "ckpt"))

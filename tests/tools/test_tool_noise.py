@@ -122,7 +122,9 @@ def test_the_policy_sees_injected_failures_through_the_runner():
     seeds = list(range(40))
     # Concurrent, and in reverse order on the rerun: only per-trajectory streams agree.
     trajs = await asyncio.gather(
-      *(runner.rollout(prob, seed=s, settings=settings) for s in (seeds[::-1] if reverse else seeds))
+      *(
+        runner.rollout(prob, seed=s, settings=settings) for s in (seeds[::-1] if reverse else seeds)
+      )
     )
     return trajs[::-1] if reverse else trajs
 
@@ -148,10 +150,10 @@ def test_open_runner_wraps_the_pool_it_builds():
     cfg.tool.inject_failure_rate = rate
     run = from_config_dict(cfg)
 
-    async def main():
+    async def main(run, rate):
       async with agent_runner.open_runner(run, None, None, None, engine=object()) as runner:
         seen[rate] = runner.pool
 
-    asyncio.run(main())
+    asyncio.run(main(run, rate))
   assert not isinstance(seen[0.0], noise.NoisyPool)
   assert isinstance(seen[0.2], noise.NoisyPool) and seen[0.2].rate == 0.2
