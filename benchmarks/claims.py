@@ -28,11 +28,13 @@ the claim; add ``--tool_failure_rate``).
 
   python benchmarks/claims.py --out=/tmp/claims --seeds=3 --json     full: 3 seeds x 4 arms
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed x 4 arms, 20 RL steps
-  python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI), ~3 min
+  python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
 
-Wall time on 2 CPU cores, estimated from the demo's measured phases (README run: SFT side
-~270 s, 40 RL steps + final eval ~490 s): --quick ~30 minutes (3 SFT models + 4 RL runs of 20
-steps), full --seeds=3 ~2 hours (3 SFT models + 12 RL runs of 40 steps). Not yet measured.
+Wall time on 2 CPU cores, estimated from the demo's measured phases (README run, quiet
+machine: data + tokenizer + SFT + SFT eval ~270 s, 40 RL steps + final eval ~490 s): --quick
+~35 minutes (3 SFT models + 4 RL runs of 20 steps), full --seeds=3 ~2 hours (3 SFT models + 12
+RL runs of 40 steps); not yet measured. The smoke run took 4.9 minutes of wall time (52 s of
+CPU) on the 2-core machine while it was shared with other jobs (load ~25).
 """
 
 from __future__ import annotations
