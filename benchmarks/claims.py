@@ -22,7 +22,8 @@ errors among the calls of positive trajectories, the paper's Fig. 4), ``format_p
 mode, = 1 - ``answer_tags_eq1_frac``), ``response_length_mean``, ``tool_calls_per_traj``,
 ``reward_mean``; and held-out accuracy (plus tool calls / errors / length) before and after RL
 from ``eval_sft.json`` / ``eval_rl.json``. One PNG per claim shows both arms, mean lines with the
-min-max band over seeds shaded. ``noisy_start_ok`` says whether the noisy arms began RL with a
+min-max band over seeds shaded; ``claims_table.md`` has one row per arm and seed and one with
+the mean over seeds (the README / issue-note table). ``noisy_start_ok`` says whether the noisy arms began RL with a
 positive-trajectory tool-error ratio >= 0.1 (below that the environment is too clean to test
 the claim; add ``--tool_failure_rate``).
 
@@ -249,6 +250,45 @@ def run_one(run_cfg, workdir: str) -> dict:
   }
 
 
+def _fmt(v) -> str:
+  return "-" if v is None else f"{v:.3f}"
+
+
+def table_markdown(arms: dict[str, dict]) -> str:
+  """One markdown row per arm and seed, then one per arm with the mean (sd) over seeds: held-out
+  accuracy before -> after, each series' first -> last, wall time."""
+  cols = [
+    ("pos_tool_error_ratio", "pos. tool-error ratio"),
+    ("format_penalty_rate", "format-penalty rate"),
+    ("response_length_mean", "response length"),
+    ("tool_calls_per_traj", "tool calls / traj"),
+    ("reward_mean", "rollout reward"),
+  ]
+  head = ["arm", "seed", "held-out acc. before -> after"] + [f"{t}, first -> last" for _, t in cols]
+  lines = ["| " + " | ".join(head + ["wall s"]) + " |", "|" + "---|" * (len(head) + 1)]
+  for arm, a in arms.items():
+    acc = a["heldout"]["accuracy"]["per_seed"]
+    for i, seed in enumerate(a["seeds"]):
+      cells = [arm, str(seed), f"{_fmt(acc[i]['before'])} -> {_fmt(acc[i]['after'])}"]
+      for key, _ in cols:
+        fl = a["first_last"][key]["per_seed"][i]
+        cells.append(f"{_fmt(fl['first'])} -> {_fmt(fl['last'])}")
+      cells.append(f"{a['wall_time_s'][str(seed)]:.0f}")
+      lines.append("| " + " | ".join(cells) + " |")
+    h = a["heldout"]["accuracy"]
+    cells = [
+      f"**{arm}**",
+      f"mean (sd) of {len(a['seeds'])}",
+      f"{_fmt(h['before']['mean'])} -> {_fmt(h['after']['mean'])} ({_fmt(h['gain']['std'])})",
+    ]
+    for key, _ in cols:
+      f, la = a["first_last"][key]["first"], a["first_last"][key]["last"]
+      cells.append(f"{_fmt(f['mean'])} -> {_fmt(la['mean'])} ({_fmt(la['std'])})")
+    cells.append(f"{sum(a['wall_time_s'].values()):.0f}")
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def run_claims(args) -> dict:
   t0 = time.monotonic()
   os.makedirs(args.out, exist_ok=True)
@@ -290,6 +330,9 @@ def run_claims(args) -> dict:
     out["noisy_start_pos_tool_error_ratio"] = starts
     out["noisy_start_ok"] = all(v is not None and v >= NOISY_START_MIN for v in starts)
   out["wall_time_s"] = time.monotonic() - t0
+  out["table"] = os.path.join(args.out, "claims_table.md")
+  with open(out["table"], "w", encoding="utf-8") as f:
+    f.write(table_markdown(arms))
   with open(os.path.join(args.out, "claims.json"), "w", encoding="utf-8") as f:
     json.dump(out, f, indent=1, sort_keys=True)
   return out
@@ -332,16 +375,8 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
   args = parse_args(argv)
   out = run_claims(args)
-  for arm, a in out["arms"].items():
-    h, fl = a["heldout"]["accuracy"], a["first_last"]
-    print(
-      f"[claims] {arm}: held-out {h['before']['mean']:.3f} -> {h['after']['mean']:.3f} "
-      f"(gain sd {h['gain']['std']:.3f}, {len(a['seeds'])} seeds); pos tool-error ratio "
-      f"{fl['pos_tool_error_ratio']['first']['mean']} -> {fl['pos_tool_error_ratio']['last']['mean']}; "
-      f"calls/traj {fl['tool_calls_per_traj']['first']['mean']} -> "
-      f"{fl['tool_calls_per_traj']['last']['mean']}",
-      flush=True,
-    )
+  with open(out["table"], encoding="utf-8") as f:
+    print(f.read(), flush=True)
   if args.json:
     print(json.dumps(out, sort_keys=True))
 

@@ -84,6 +84,17 @@ def test_aggregate_arm_series_first_last_and_spread():
     claims.aggregate_arm([])
 
 
+def test_table_has_a_row_per_seed_and_a_mean_row():
+  a = claims.aggregate_arm(
+    [_run(0, [0.3, 0.2], [1.0, 1.0], 0.5, 0.7), _run(1, [0.5, None], [1.0, 1.0], 0.5, 0.6)]
+  )
+  lines = claims.table_markdown({"roc": a}).splitlines()
+  assert len(lines) == 2 + 2 + 1 and lines[0].startswith("| arm | seed |")
+  assert lines[2].startswith("| roc | 0 | 0.500 -> 0.700 | 0.300 -> 0.200 |")
+  assert "| 0.500 -> 0.500 |" in lines[3]  # seed 1's last present ratio
+  assert lines[4].startswith("| **roc** | mean (sd) of 2 | 0.500 -> 0.650 (0.071) |")
+
+
 def test_plot_claim_writes_both_arms(tmp_path):
   import matplotlib.image
 
@@ -132,6 +143,8 @@ def test_claims_smoke_json_and_plots(tmp_path):
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
   res = json.loads(proc.stdout.strip().splitlines()[-1])
   assert res == json.load(open(os.path.join(out, "claims.json")))
+  table = open(res["table"]).read()
+  assert table.count("| seed") == 1 and len(table.splitlines()) == 2 + 4 * 2
   assert set(res["arms"]) == {"roc", "grpo", "dense", "sparse"}
   for arm, a in res["arms"].items():
     assert a["seeds"] == [0] and a["rl_steps"] == 2, arm
