@@ -22,6 +22,7 @@ from rstar_jax.rollout.async_source import AsyncSource
 from rstar_jax.rollout.sources import GroupSource, SyncSource
 from rstar_jax.tools.client import CodePoolClient
 from rstar_jax.tools.code_pool import CodePool, PoolConfig
+from rstar_jax.tools.service_token import client_token
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,9 @@ def tool_pool(tool: ToolConfig):
       raise ValueError(
         "tool.urls: expected at least one code-pool service URL for tool.backend='http', got ()"
       )
-    return CodePoolClient(urls[jax.process_index() % len(urls)])  # [multi-process]
+    # The service's shared secret comes from this process's $RSTAR_CODE_POOL_TOKEN_FILE or
+    # $RSTAR_CODE_POOL_TOKEN (rstar_jax/tools/README.md); a bad token file fails here, at build.
+    return CodePoolClient(urls[jax.process_index() % len(urls)], token=client_token())
   if backend == "ray":
     # Ray is an optional extra (setup.py "ray"): imported only when this backend is chosen.
     import ray
