@@ -140,7 +140,7 @@ class AsyncSource:
     max_retries: int = 3,
   ):
     if max_staleness < 1:
-      raise ValueError(f"AsyncSource: max_staleness expected >= 1, got {max_staleness}")
+      raise ValueError(f"AsyncSource.max_staleness: expected >= 1, got {max_staleness}")
     engine = runner.engine
     if not isinstance(engine, interruptible.InterruptibleEngine):
       engine = interruptible.InterruptibleEngine(engine, partial_rollout)
