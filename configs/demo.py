@@ -2,6 +2,7 @@
 
   python -m launchers.demo --workdir=/tmp/demo_run
   python -m launchers.demo --workdir=/tmp/demo_grpo --config.rl.roc_mode=random   (plain GRPO)
+  python -m launchers.demo --config=configs/demo.py:lora --workdir=/tmp/demo_lora  (RL with LoRA)
 
 Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the
@@ -36,7 +37,7 @@ from rstar_jax.config import schema
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """variant "" = the demo; "smoke" = a toy-sized run of every phase (tests, ~1 minute)."""
-  common.check_variant(variant, "configs/demo.py", ("", "smoke"))
+  common.check_variant(variant, "configs/demo.py", ("", "smoke", "lora", "lora_smoke"))
   c = ml_collections.ConfigDict()
   c.mode = "rl"
   c.model = common.model_config(
@@ -117,9 +118,19 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     number_tokens=1000,
     curve_eval_problems=48,
   )
-  if variant == "smoke":
+  if variant in ("lora", "lora_smoke"):
+    _lora(c)
+  if variant in ("smoke", "lora_smoke"):
     _smoke(c)
   return c
+
+
+def _lora(c: ml_collections.ConfigDict) -> None:
+  """RL with LoRA adapters on every linear layer (the SFT phase stays full fine-tuning: the
+  model is trained from scratch there). Adapters need a larger step than full weights."""
+  c.model.lora_rank = 16
+  c.model.lora_alpha = 32.0
+  c.optim.lr = 1e-3
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:

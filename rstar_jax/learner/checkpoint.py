@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 
 from rstar_jax.errors import UserError
 from rstar_jax.learner.train_state import TrainState
+from rstar_jax.models import lora
 
 
 class CheckpointMismatchError(UserError, ValueError):
@@ -31,7 +32,7 @@ class CheckpointMismatchError(UserError, ValueError):
 
 def _arrays(state: TrainState) -> dict[str, Any]:
   return {
-    "params": state.params,
+    "params": lora.saved_params(state.params),  # LoRA: the adapters only
     "opt_state": state.opt_state,
     "step": state.step,
     "rng": state.rng,
@@ -94,6 +95,7 @@ class Checkpointer:
         f"Checkpointer.save: metadata['step']={meta['step']} differs from state.step={step}"
       )
     meta["step"] = step
+    meta.update(lora.checkpoint_meta(state.params))  # LoRA: settings + pointer to the base
     try:
       json.dumps(meta)
     except TypeError as e:
@@ -142,8 +144,14 @@ class Checkpointer:
         f"{detail[:400]}{'...' if len(detail) > 400 else ''}"
       ) from e
     arrays = out["state"]
+    problem = lora.check_checkpoint_meta(target.params, out["meta"])
+    if problem:
+      raise CheckpointMismatchError(f"checkpoint {self.directory} step {step}: {problem}")
     state = target.replace(
-      params=arrays["params"], opt_state=arrays["opt_state"], step=arrays["step"], rng=arrays["rng"]
+      params=lora.restored_params(target.params, arrays["params"]),
+      opt_state=arrays["opt_state"],
+      step=arrays["step"],
+      rng=arrays["rng"],
     )
     return state, dict(out["meta"])
 
@@ -199,4 +207,4 @@ def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
   """
   from rstar_jax.distributed.export import save_hf_multihost
 
-  save_hf_multihost(os.fspath(out_dir), model_config, params)
+  save_hf_multihost(os.fspath(out_dir), model_config, lora.merged(params))  # LoRA: merged
