@@ -421,6 +421,13 @@ class RolloutConfig(_Section):
     IS_BOOL,
     "Push only the HF tensors whose bytes changed since the last push (verl delta sync).",
   )
+  lora_push: str = field(
+    "merged",
+    one_of(("merged", "adapters")),
+    "LoRA runs (model.lora_rank > 0): push the merged weights through weight_transport, or "
+    "'adapters' (SGLang: base once, then PEFT adapters via /load_lora_adapter; servers need "
+    "--enable-lora).",
+  )
   colocated: bool = field(
     False,
     IS_BOOL,

@@ -84,6 +84,7 @@ class Learner:
   tx: Any
   jitted: steps.JittedSteps
   state: TrainState
+  push_adapters: bool = False  # LoRA with rollout.lora_push=adapters
 
   @property
   def row_multiple(self) -> int:
@@ -91,7 +92,11 @@ class Learner:
 
   def params_copy(self):
     """A copy of the params that survives the next (donating) step, e.g. for the sampler;
-    with LoRA the merged weights (samplers and pushes get plain Qwen3 params)."""
+    with LoRA the merged weights (samplers and pushes get plain Qwen3 params), or with
+    ``rollout.lora_push=adapters`` the `lora.LoraParams` themselves (the SGLang engine then
+    pushes the adapters; the JaxSampler merges them)."""
+    if self.push_adapters:
+      return jax.tree.map(jnp.copy, self.state.params)
     return lora.merged_copy(self.state.params)
 
 
@@ -140,7 +145,8 @@ def build_learner(
       param_dtype=run.model.param_dtype,
     )
   state = js.shard_state(TrainState.create(params, tx, run.train.seed))
-  return Learner(model_config, oc, tx, js, state)
+  push_adapters = lora_cfg is not None and run.rollout.lora_push == "adapters"
+  return Learner(model_config, oc, tx, js, state, push_adapters=push_adapters)
 
 
 def load_tokenizer(path: str):
