@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from rstar_jax.learner import optim, steps
-from rstar_jax.learner.checkpoint import CheckpointMismatchError, Checkpointer
+from rstar_jax.learner.checkpoint import Checkpointer, CheckpointMismatchError
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
 
