@@ -126,6 +126,11 @@ class Checkpointer:
         f"Checkpointer.restore: no checkpoint for step {step} in "
         f"{self.directory} (have {sorted(self._mgr.all_steps())})"
       )
+    # LoRA vs full params, or another base: named before orbax reports a tree mismatch.
+    meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    problem = lora.check_checkpoint_meta(target.params, meta or {})
+    if problem:
+      raise CheckpointMismatchError(f"checkpoint {self.directory} step {step}: {problem}")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
     try:
       out = self._mgr.restore(
@@ -144,9 +149,6 @@ class Checkpointer:
         f"{detail[:400]}{'...' if len(detail) > 400 else ''}"
       ) from e
     arrays = out["state"]
-    problem = lora.check_checkpoint_meta(target.params, out["meta"])
-    if problem:
-      raise CheckpointMismatchError(f"checkpoint {self.directory} step {step}: {problem}")
     state = target.replace(
       params=lora.restored_params(target.params, arrays["params"]),
       opt_state=arrays["opt_state"],
