@@ -232,16 +232,15 @@ def _map_targets(base, lora, cfg: LoraConfig, fn):
   return {**base, "layers": layers}
 
 
+def _add_delta(scale: float):
+  return lambda w, a, b: (w.astype(jnp.float32) + delta(a, b, scale)).astype(w.dtype)
+
+
 def merge(params: LoraParams) -> dict[str, Any]:
   """The plain param tree with every adapted kernel ``W + (alpha/r) a @ b`` (sum in float32,
   stored in W's dtype). Pure, jittable; untouched leaves are the base's own arrays."""
   cfg = params.config
-  return _map_targets(
-    params.base,
-    params.lora,
-    cfg,
-    lambda w, a, b: (w.astype(jnp.float32) + delta(a, b, cfg.scale)).astype(w.dtype),
-  )
+  return _map_targets(params.base, params.lora, cfg, _add_delta(cfg.scale))
 
 
 def unmerge(merged: dict[str, Any], lora: dict[str, Any], cfg: LoraConfig) -> dict[str, Any]:
@@ -254,7 +253,14 @@ def unmerge(merged: dict[str, Any], lora: dict[str, Any], cfg: LoraConfig) -> di
   )
 
 
+# Module-level jits: the config is static pytree data, so one compile per config and shape
+# (a jit built per call would recompile on every sampler update / push).
 _merge_jit = jax.jit(merge)
+_merge_copy_jit = jax.jit(
+  lambda p: _map_targets(
+    jax.tree.map(jnp.copy, p.base), p.lora, p.config, _add_delta(p.config.scale)
+  )
+)
 
 
 def merged(params) -> Any:
@@ -267,16 +273,7 @@ def merged_copy(params) -> Any:
   """Like `merged`, but every leaf is a fresh array (survives a donating learner step)."""
   if not is_lora(params):
     return jax.tree.map(jnp.copy, params)
-  cfg = params.config
-  copy = jax.jit(
-    lambda p: _map_targets(
-      jax.tree.map(jnp.copy, p.base),
-      p.lora,
-      cfg,
-      lambda w, a, b: (w.astype(jnp.float32) + delta(a, b, cfg.scale)).astype(w.dtype),
-    )
-  )
-  return copy(params)
+  return _merge_copy_jit(params)
 
 
 def _dropout_key(cfg: LoraConfig, input_ids: jax.Array) -> jax.Array:

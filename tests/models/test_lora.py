@@ -183,6 +183,20 @@ def test_checkpoint_holds_adapters_and_base_pointer(tmp_path):
       ck.restore(TrainState.create(other, tx2, 0))
 
 
+def test_merged_copy_is_fresh_and_compiles_once_per_config():
+  p, q = _params(seed=0), _params(seed=3)
+  a = lora.merged_copy(p)
+  n = lora._merge_copy_jit._cache_size()
+  b = lora.merged_copy(q)  # new values, same config and shapes: no recompile
+  assert lora._merge_copy_jit._cache_size() == n
+  for x, y in zip(jax.tree.leaves(b), jax.tree.leaves(lora.merge(q))):  # (jit vs eager: last bit)
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8)
+  # Fresh buffers: deleting the source (a donating step) leaves the copy intact.
+  norm = p.base["norm"]["scale"]
+  norm.delete()
+  assert not a["norm"]["scale"].is_deleted()
+
+
 def test_sampler_decodes_with_the_merged_weights():
   from rstar_jax.rollout.jax_sampler import JaxSampler
   from rstar_jax.rollout.types import GenerateRequest, SamplingParams
