@@ -176,7 +176,14 @@ def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   from rstar_jax.models import qwen3
 
   w = str(tmp_path / "run")
-  _launch(f"--workdir={w}", "--config=configs/demo.py:lora_smoke")
+  # The smoke SFT model solves nothing: keep zero-variance groups and add an entropy term so
+  # the two RL steps really update the adapters.
+  _launch(
+    f"--workdir={w}",
+    "--config=configs/demo.py:lora_smoke",
+    "--config.rl.drop_zero_variance=False",
+    "--config.rl.entropy_coef=0.01",
+  )
   summary = json.load(open(os.path.join(w, "summary.json")))
   assert summary["rl_steps"] == 2
   ck = os.path.join(w, "rl", "ckpt")
