@@ -111,8 +111,30 @@ class ModelConfig(_Section):
   tokenizer_dir: str = field(
     "", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one)."
   )
+  lora_rank: int = field(
+    0, int_range(0), "LoRA rank r; 0 = full fine-tuning (rstar_jax/models/lora.py)."
+  )
+  lora_alpha: float = field(
+    16.0, num_range(0, lo_open=True), "LoRA scale numerator: the branch is x @ a @ b * alpha / r."
+  )
+  lora_dropout: float = field(
+    0.0, num_range(0, 1, hi_open=True), "LoRA dropout on the branch input (training only)."
+  )
+  lora_targets: tuple = field(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    STR_TUPLE,
+    "Linear layers that get adapters (q/k/v/o_proj, gate/up/down_proj).",
+  )
+  lora_dtype: str = field(
+    "float32", one_of(DTYPES), "Adapter dtype (the base keeps param_dtype, e.g. bf16 base)."
+  )
 
   def _cross(self):
+    from rstar_jax.models.lora import ALL_TARGETS
+
+    bad = [t for t in self.lora_targets if t not in ALL_TARGETS]
+    if bad or (self.lora_rank and not self.lora_targets):
+      return [("model.lora_targets", f"expected names from {list(ALL_TARGETS)}, got {bad or []}")]
     if self.num_attention_heads % self.num_key_value_heads:
       return [
         (
@@ -123,6 +145,23 @@ class ModelConfig(_Section):
         )
       ]
     return []
+
+  def lora_config(self, base: str = "", seed: int = 0):
+    """The `lora.LoraConfig` (``base``: pointer to the frozen base), or None when
+    ``lora_rank`` is 0."""
+    if not self.lora_rank:
+      return None
+    from rstar_jax.models.lora import LoraConfig
+
+    return LoraConfig(
+      rank=self.lora_rank,
+      alpha=self.lora_alpha,
+      dropout=self.lora_dropout,
+      targets=self.lora_targets,
+      dtype=self.lora_dtype,
+      base=base or self.hf_dir,
+      seed=seed,
+    )
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
@@ -381,6 +420,13 @@ class RolloutConfig(_Section):
     False,
     IS_BOOL,
     "Push only the HF tensors whose bytes changed since the last push (verl delta sync).",
+  )
+  lora_push: str = field(
+    "merged",
+    one_of(("merged", "adapters")),
+    "LoRA runs (model.lora_rank > 0): push the merged weights through weight_transport, or "
+    "'adapters' (SGLang: base once, then PEFT adapters via /load_lora_adapter; servers need "
+    "--enable-lora).",
   )
   colocated: bool = field(
     False,

@@ -60,6 +60,7 @@ from rstar_jax.learner import optim
 from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
+from rstar_jax.models import lora
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
@@ -252,6 +253,13 @@ def _accumulate(loss_fn, params, batch: Batch, num_micro: int, micro_sharding):
   Gradients are accumulated in float32 (bf16 sums over many micro-batches lose mass) and cast
   back to each param's dtype so the optimizer state keeps its dtypes.
   """
+  split = lora.split_trainable(params)
+  if split is not None:  # LoRA: differentiate the adapters only; the frozen base gets zeros
+    trainable, rebuild, full_grads = split
+    g, sums = _accumulate(
+      lambda t, mb: loss_fn(rebuild(t), mb), trainable, batch, num_micro, micro_sharding
+    )
+    return full_grads(g), sums
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if num_micro == 1:
     return grad_fn(params, batch)
@@ -501,8 +509,15 @@ def state_shardings_for(
   """TrainState of shardings: optimizer-state copies of the params follow the params; the
   rest (counts, rng, step) is replicated."""
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  # A masked optimizer (LoRA: none for the frozen base) holds MaskedNode placeholders.
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
   opt_shardings = optax.tree_map_params(
-    tx, lambda _, s: s, abstract_opt, params_shardings, transform_non_params=lambda _: replicated
+    tx,
+    lambda v, s: v if masked(v) else s,
+    abstract_opt,
+    params_shardings,
+    transform_non_params=lambda _: replicated,
+    is_leaf=masked,
   )
   return TrainState(
     step=replicated, params=params_shardings, opt_state=opt_shardings, rng=replicated, tx=tx

@@ -54,8 +54,11 @@ def _system_prompt(run: RunConfig) -> str:
 
 def _derived(run: RunConfig, mode: str) -> RunConfig:
   """The SFT / RL config of the library loops, taken from the demo config."""
-  if mode == "sft":
-    return dataclasses.replace(run, mode="sft", optim=run.sft_optim or run.optim, stages=())
+  if mode == "sft":  # full fine-tuning: LoRA (model.lora_rank) applies to the RL phase
+    model = dataclasses.replace(run.model, lora_rank=0)
+    return dataclasses.replace(
+      run, mode="sft", model=model, optim=run.sft_optim or run.optim, stages=()
+    )
   return dataclasses.replace(run, mode=mode)
 
 
@@ -208,7 +211,9 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
     return qwen3.load_hf_params(hf, model_config)
   rcfg = _derived(cfg, "rl")
   os.makedirs(rdir, exist_ok=True)
-  learner = runtime.build_learner(rcfg, params=sft_params)
+  learner = runtime.build_learner(
+    rcfg, params=sft_params, base_ref=os.path.abspath(os.path.join(workdir, "sft", "hf"))
+  )
   runtime.check_vocab(tokenizer, learner.model_config)
   total = sum(s.steps for s in rcfg.stages)
   _say(

@@ -23,6 +23,7 @@ import numpy as np
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
+from rstar_jax.models import lora
 from rstar_jax.pipelines import rl_metrics
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
@@ -162,7 +163,7 @@ def run_eval(
     learner = runtime.build_learner_for_restore(run)
     with Checkpointer(checkpoint_dir) as ck:
       learner.state, _ = ck.restore(learner.state)
-    params = learner.state.params
+    params = lora.merged(learner.state.params)  # LoRA: the merged weights
   elif params is None:
     params = runtime.initial_params(run, model_config)
   runtime.check_vocab(tokenizer, model_config)

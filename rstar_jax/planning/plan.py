@@ -40,7 +40,7 @@ from rstar_jax.learner import optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import qwen3
+from rstar_jax.models import lora, qwen3
 
 GIB = 1024**3
 
@@ -273,11 +273,22 @@ def compile_step(
   step_config: steps.StepConfig,
   param_dtype,
   packed: bool = False,
+  lora_cfg: lora.LoraConfig | None = None,
 ) -> dict[str, Any]:
   """Lowers and compiles the project's jitted step for ``shape`` (``packed``: with packed-row
-  inputs); returns the raw analyses."""
-  js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
-  state = _with_shardings(abstract_state(model_config, tx, param_dtype), js.state_shardings)
+  inputs; ``lora_cfg``: a LoRA policy, as `runtime.build_learner` builds it: frozen base,
+  adapter-only optimizer); returns the raw analyses."""
+  if lora_cfg is None:
+    js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
+    abstract = abstract_state(model_config, tx, param_dtype)
+  else:
+    abstract_params = lora.abstract_params(model_config, lora_cfg, param_dtype)
+    tx = lora.optimizer(tx, abstract_params)
+    js = lora.make_jitted_steps(
+      model_config, lora_cfg, mesh, tx=tx, config=step_config, param_dtype=param_dtype
+    )
+    abstract = jax.eval_shape(lambda p: TrainState.create(p, tx, 0), abstract_params)
+  state = _with_shardings(abstract, js.state_shardings)
   batch = abstract_batch(shape, js, packed)
   t0 = time.perf_counter()
   # The very jit objects the learner runs (`JittedSteps.jitted`), lowered under its mesh and
@@ -350,10 +361,11 @@ def plan_step(
   step_config: steps.StepConfig,
   param_dtype,
   hw: Hardware,
+  lora_cfg: lora.LoraConfig | None = None,
 ) -> dict[str, Any]:
   """Compiles one step and derives the fit, FLOPs and implied step time."""
   packed = hw.packed_fill is not None and (shape.kind == "sft" or step_config.agg == "token-mean")
-  r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed)
+  r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed, lora_cfg)
   n = mesh.devices.size
   usable = hw.hbm_gib * GIB * hw.mem_fraction
   fl = step_flops(model_config, shape)
@@ -398,17 +410,38 @@ def make_plan(cfg: RunConfig, mesh, hw: Hardware, shapes: list[StepShape]) -> di
   """The whole plan: per step kind, and a top-level summary (the worst step decides ``fits``).
 
   ``cfg`` supplies the model (see `model_config_for_plan`), param dtype, optimizer and loss
-  settings; ``mesh`` is a mesh over fake (or real) devices.
+  settings; ``mesh`` is a mesh over fake (or real) devices. With ``model.lora_rank > 0`` the
+  steps are planned for the LoRA policy and, for comparison, for full fine-tuning of the same
+  config: ``lora`` gives both peaks per step and the bytes LoRA saves per device.
   """
   mc = model_config_for_plan(cfg)
   oc = cfg.optim.learner_config(total_steps=1000)
   tx = optim.make_optimizer(oc)
-  results = {}
+  lora_cfg = cfg.model.lora_config(base="plan")
+  results, full = {}, {}
   for shape in shapes:
     sc = cfg.step_config(oc, num_micro_batches=shape.num_micro_batches)
-    results[shape.kind] = plan_step(shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw)
+    results[shape.kind] = plan_step(
+      shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw, lora_cfg=lora_cfg
+    )
+    if lora_cfg is not None:
+      full[shape.kind] = plan_step(shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw)
   worst = max(results.values(), key=lambda r: r["per_device_bytes"])
+  lora_summary = None
+  if lora_cfg is not None:
+    lora_summary = {
+      "rank": lora_cfg.rank,
+      "targets": list(lora_cfg.targets),
+      "adapter_params": lora.adapter_param_count(mc, lora_cfg),
+      "full_finetune_per_device_bytes": {k: r["per_device_bytes"] for k, r in full.items()},
+      "full_finetune_state_bytes": {k: r["state_bytes"] for k, r in full.items()},
+      "full_finetune_fits": {k: r["fits"] for k, r in full.items()},
+      "saved_bytes": {
+        k: full[k]["per_device_bytes"] - r["per_device_bytes"] for k, r in results.items()
+      },
+    }
   return {
+    "lora": lora_summary,
     "model": dataclasses.asdict(mc),
     "param_count": param_count(mc),
     "param_dtype": cfg.model.param_dtype,
@@ -520,6 +553,17 @@ def format_table(plan: dict[str, Any]) -> str:
         f"rows, {pk['micro_batches']} micro-batches, "
         f"{pk['flops_per_step'] / 1e15:.1f} PFLOP/step, "
         f"{pk['implied_step_s']:.1f} s @ MFU"
+      )
+  lo = plan.get("lora")
+  if lo:
+    for kind, r in plan["steps"].items():
+      lines.append(
+        f"{kind} LoRA r={lo['rank']} ({lo['adapter_params'] / 1e6:.1f} M adapter params): "
+        f"peak {r['per_device_bytes'] / GIB:.2f} GiB vs full fine-tuning "
+        f"{lo['full_finetune_per_device_bytes'][kind] / GIB:.2f} GiB "
+        f"(state {r['state_bytes'] / GIB:.2f} vs "
+        f"{lo['full_finetune_state_bytes'][kind] / GIB:.2f} GiB): saves "
+        f"{lo['saved_bytes'][kind] / GIB:.2f} GiB per device"
       )
   lines.append(
     f"fits: {str(plan['fits']).lower()} (per-device peak "
