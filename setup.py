@@ -56,6 +56,7 @@ setup(
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",
+      "peft==0.21.2",
     ],
     "ray": ["ray>=2.50"],
   },

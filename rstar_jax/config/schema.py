@@ -111,8 +111,30 @@ class ModelConfig(_Section):
   tokenizer_dir: str = field(
     "", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one)."
   )
+  lora_rank: int = field(
+    0, int_range(0), "LoRA rank r; 0 = full fine-tuning (rstar_jax/models/lora.py)."
+  )
+  lora_alpha: float = field(
+    16.0, num_range(0, lo_open=True), "LoRA scale numerator: the branch is x @ a @ b * alpha / r."
+  )
+  lora_dropout: float = field(
+    0.0, num_range(0, 1, hi_open=True), "LoRA dropout on the branch input (training only)."
+  )
+  lora_targets: tuple = field(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    STR_TUPLE,
+    "Linear layers that get adapters (q/k/v/o_proj, gate/up/down_proj).",
+  )
+  lora_dtype: str = field(
+    "float32", one_of(DTYPES), "Adapter dtype (the base keeps param_dtype, e.g. bf16 base)."
+  )
 
   def _cross(self):
+    from rstar_jax.models.lora import ALL_TARGETS
+
+    bad = [t for t in self.lora_targets if t not in ALL_TARGETS]
+    if bad or (self.lora_rank and not self.lora_targets):
+      return [("model.lora_targets", f"expected names from {list(ALL_TARGETS)}, got {bad or []}")]
     if self.num_attention_heads % self.num_key_value_heads:
       return [
         (
@@ -123,6 +145,23 @@ class ModelConfig(_Section):
         )
       ]
     return []
+
+  def lora_config(self, base: str = "", seed: int = 0):
+    """The `lora.LoraConfig` (``base``: pointer to the frozen base), or None when
+    ``lora_rank`` is 0."""
+    if not self.lora_rank:
+      return None
+    from rstar_jax.models.lora import LoraConfig
+
+    return LoraConfig(
+      rank=self.lora_rank,
+      alpha=self.lora_alpha,
+      dropout=self.lora_dropout,
+      targets=self.lora_targets,
+      dtype=self.lora_dtype,
+      base=base or self.hf_dir,
+      seed=seed,
+    )
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
@@ -382,6 +421,13 @@ class RolloutConfig(_Section):
     IS_BOOL,
     "Push only the HF tensors whose bytes changed since the last push (verl delta sync).",
   )
+  lora_push: str = field(
+    "merged",
+    one_of(("merged", "adapters")),
+    "LoRA runs (model.lora_rank > 0): push the merged weights through weight_transport, or "
+    "'adapters' (SGLang: base once, then PEFT adapters via /load_lora_adapter; servers need "
+    "--enable-lora).",
+  )
   colocated: bool = field(
     False,
     IS_BOOL,
@@ -465,6 +511,12 @@ class ToolConfig(_Section):
     one_of(("project", "released")),
     "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).",
   )
+  inject_failure_rate: float = field(
+    0.0,
+    num_range(0, 1),
+    "Share of calls that fail transiently without running (a noisy environment, rstar_jax.tools.noise; 0 = off).",
+  )
+  inject_seed: int = field(0, int_range(0), "Seeds which calls inject_failure_rate fails.")
 
   def _cross(self):
     if self.backend == "http" and not self.urls:
@@ -540,7 +592,9 @@ class SyntheticDataConfig(_Section):
   seed: int = field(0, int_range(0), "Generator seed.")
   n_train: int = field(24, int_range(1), "Training problems.")
   n_eval: int = field(8, int_range(0), "Held-out problems.")
-  families: tuple[str, ...] = field((), STR_TUPLE, "Task families (empty = all).")
+  families: tuple[str, ...] = field(
+    (), STR_TUPLE, "Task families (empty = synthetic_tasks.DEFAULT_FAMILIES)."
+  )
   difficulty: Any = field(
     "",
     None,
@@ -649,6 +703,16 @@ class ColdStartConfig(_Section):
   )
   max_calls: int = field(
     0, int_range(0), "Scripted solver: calls per trajectory at most (0 = no cap)."
+  )
+  explore_fail_prob: float = field(
+    0.0,
+    num_range(0, 1),
+    "Scripted solver: probability that the exploratory call fails and is left unfixed (an error that does not change the answer).",
+  )
+  style: str = field(
+    "mixed",
+    one_of(("mixed", "dense", "sparse")),
+    "Scripted solver: 'mixed' (each step by its probability), 'dense' (exploration + solve, >= 2 calls) or 'sparse' (the answer in the reasoning, one late verification call).",
   )
   require_all_calls_ok: bool = field(
     True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER)."

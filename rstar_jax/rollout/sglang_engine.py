@@ -8,7 +8,12 @@ holds it (`POST /abort_request {rid}`, sent to the worker directly since sglang-
 forward aborts). Weight push: through one of the transports of
 `rstar_jax.rollout.weight_transfer` (disk: staged safetensors + `/update_weights_from_disk`;
 tensor: `/update_weights_from_tensor`; distributed: a broadcast group), then
-`GET /get_weight_version` on every server to confirm. Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
+`GET /get_weight_version` on every server to confirm. A LoRA policy pushed as adapters
+(`lora.LoraParams`, ``rollout.lora_push=adapters``) sends its frozen base once through the
+transport and then only PEFT adapters: `POST /load_lora_adapter {lora_name, lora_path, pinned}`
+(then `/update_weight_version`), `/generate` selects the newest with `lora_path` = its name, and
+`POST /unload_lora_adapter {lora_name}` drops adapters older than ``keep_versions`` (servers
+started with `--enable-lora --max-lora-rank R --lora-target-modules ...`). Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
 also pins each trajectory to one server across turns for prefix-cache reuse.
 
 Starting a real server (its own venv: sglang pins its own torch/transformers; GPU only)::
@@ -180,6 +185,7 @@ class SGLangEngine:
     self.weight_delta = bool(weight_delta)
     self.colocated = bool(colocated)
     self._last_pushed = None
+    self._lora_names: list[str] = []  # adapters loaded on the servers, oldest first
     self.last_push = None
     self.push_history: list = []
     self.retries = 0
@@ -327,6 +333,8 @@ class SGLangEngine:
       "sampling_params": sampling_to_sglang(req.sampling),
       "return_logprob": True,
     }
+    if self._lora_names:  # SGLang resolves lora_path against the names of loaded adapters
+      body["lora_path"] = self._lora_names[-1]
     if req.rid is not None:
       body["rid"] = req.rid
       self._inflight[req.rid] = url
@@ -400,29 +408,47 @@ class SGLangEngine:
     Ends with ``/get_weight_version`` == version on every server. On any failure the engine
     stays on its previous version, the next delta push resends everything, and the error
     names the transport and the failing call.
+
+    A `lora.LoraParams` is pushed as adapters: its base like plain params (always as a delta:
+    the base is frozen, so after the first push nothing of it is sent), then the adapters in
+    PEFT format through ``/load_lora_adapter`` under the name ``rstar_jax_v<version>``, which
+    the following ``/generate`` requests name in ``lora_path``.
     """
     import time
 
+    from rstar_jax.models import lora
     from rstar_jax.models import qwen3_hf_layout as layout
     from rstar_jax.rollout.weight_transfer import base, source
 
     version = self._version + 1 if version is None else int(version)
+    adapters = params if lora.is_lora(params) else None
+    if adapters is not None:
+      params = adapters.base
     base.check_params(config, params)
     t0 = time.perf_counter()
     table = layout.hf_table(config)
-    prev = self._last_pushed if self.weight_delta else None
+    delta = self.weight_delta or adapters is not None
+    prev = self._last_pushed if delta else None
     tensors = await asyncio.to_thread(source.changed_tensors, params, prev, table)
+    n_adapter = 2 * config.num_hidden_layers * len(adapters.config.targets) if adapters else 0
     stats = base.PushStats(
-      self.transport.name, version, tensors_sent=len(tensors), tensors_total=len(table)
+      self.transport.name,
+      version,
+      tensors_sent=len(tensors) + n_adapter,
+      tensors_total=len(table) + n_adapter,
     )
     released = False
+    lora_name = None
     try:
       if self.colocated:
         await self._all("/release_memory_occupation", {"tags": ["kv_cache"]})
         released = True
       if tensors:
         stats.bytes = await self.transport.push(self, config, params, tensors, version)
-      else:
+      if adapters is not None:
+        lora_name = f"rstar_jax_v{version}"
+        stats.bytes += await self._load_adapter(adapters, lora_name)
+      if adapters is not None or not tensors:
         await self._all(
           "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}
         )
@@ -435,6 +461,8 @@ class SGLangEngine:
           raise SGLangError(f"{u}: weight version after update is {v!r}, expected {version}")
     except Exception as e:
       self._last_pushed = None
+      if lora_name is not None:
+        await self._unload_adapters([lora_name], quiet=True)
       raise SGLangError(
         f"weight push to version {version} via {self.transport.name!r} "
         f"failed; engine stays on version {self._version}: "
@@ -448,10 +476,55 @@ class SGLangEngine:
           log.error("resume_memory_occupation after a push failed: %s", e)
     stats.seconds = time.perf_counter() - t0
     self._version = version
-    self._last_pushed = params if self.weight_delta else None
+    self._last_pushed = params if delta else None
+    if lora_name is not None:
+      self._lora_names.append(lora_name)
+      # Requests in flight keep the adapter they started with (SGLang's unload waits for
+      # them), so the previous ones stay loaded for a while.
+      old, self._lora_names = (
+        self._lora_names[: -self.keep_versions],
+        self._lora_names[-self.keep_versions :],
+      )
+      await self._unload_adapters(old, quiet=True)
     self.last_push = stats
     self.push_history.append(stats)
     return stats.metrics()
+
+  async def _load_adapter(self, params, name: str) -> int:
+    """Writes the adapters as a PEFT directory under ``staging_dir`` and loads it on every
+    server as ``name``; returns the bytes written."""
+    import shutil
+
+    from rstar_jax.models import lora
+    from rstar_jax.rollout.weight_transfer.base import PushError
+
+    path = os.path.abspath(os.path.join(self.staging_dir, name))
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    await asyncio.to_thread(lora.save_peft, path, params)
+    nbytes = sum(e.stat().st_size for e in os.scandir(path))
+    body = {"lora_name": name, "lora_path": path, "pinned": False}
+    replies = await asyncio.gather(
+      *[self._request("POST", u, "/load_lora_adapter", body) for u in self.urls],
+      return_exceptions=True,
+    )
+    for u, rep in zip(self.urls, replies):
+      if isinstance(rep, BaseException) or not (isinstance(rep, dict) and rep.get("success")):
+        raise PushError(f"{u}/load_lora_adapter({name}, {path}): {rep}")
+    return nbytes
+
+  async def _unload_adapters(self, names: Sequence[str], quiet: bool = False) -> None:
+    import shutil
+
+    for name in names:
+      for u in self.urls:
+        try:
+          await self._request("POST", u, "/unload_lora_adapter", {"lora_name": name})
+        except SGLangError as e:
+          if not quiet:
+            raise
+          log.warning("unloading LoRA adapter %s on %s failed: %s", name, u, e)
+      shutil.rmtree(os.path.join(self.staging_dir, name), ignore_errors=True)
 
   async def _all(self, path: str, body: dict) -> list:
     """POST to every server; raises SGLangError unless each reply is a success."""

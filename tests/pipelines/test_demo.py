@@ -155,3 +155,50 @@ def test_demo_smoke_run_artifacts_and_resume(tmp_path):
 
   state = json.load(open(os.path.join(w, "demo_state.json")))
   assert state["last_phase"] == "report"
+
+
+def test_demo_lora_variant_keeps_sft_full_and_trains_adapters_in_rl():
+  from rstar_jax.pipelines import demo_record
+
+  run = from_config_dict(demo_config.get_config("lora"))
+  sft, rl = demo._derived(run, "sft"), demo._derived(run, "rl")
+  assert sft.model.lora_rank == 0 and rl.model.lora_rank == 16
+  assert rl.model.lora_config(base="b").targets == tuple(run.model.lora_targets)
+  # LoRA settings are not part of the SFT phase's record: a LoRA run can reuse a full SFT.
+  assert not [f for f in demo_record._SFT if f.startswith("model.lora")]
+  assert "model.hidden_size" in demo_record._SFT
+
+
+@pytest.mark.slow
+def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
+  import orbax.checkpoint as ocp
+
+  from rstar_jax.models import qwen3
+
+  w = str(tmp_path / "run")
+  # The smoke SFT model solves nothing: keep zero-variance groups and add an entropy term so
+  # the two RL steps really update the adapters.
+  _launch(
+    f"--workdir={w}",
+    "--config=configs/demo.py:lora_smoke",
+    "--config.rl.drop_zero_variance=False",
+    "--config.rl.entropy_coef=0.01",
+  )
+  summary = json.load(open(os.path.join(w, "summary.json")))
+  assert summary["rl_steps"] == 2
+  ck = os.path.join(w, "rl", "ckpt")
+  step = max(int(d) for d in os.listdir(ck) if d.isdigit())
+  meta = json.load(open(os.path.join(ck, str(step), "meta", "metadata")))
+  assert meta["lora"]["rank"] == 16 and meta["lora"]["base"].endswith(os.path.join("sft", "hf"))
+  saved = ocp.StandardCheckpointer().metadata(os.path.join(ck, str(step), "state"))
+  tree = getattr(getattr(saved, "item_metadata", saved), "tree", saved)
+  assert set(tree["params"]) == {"lora"}  # adapters only on disk
+  cfg = qwen3.Qwen3Config.from_hf(os.path.join(w, "sft", "hf"))
+  sft_p = qwen3.load_hf_params(os.path.join(w, "sft", "hf"), cfg)
+  rl_p = qwen3.load_hf_params(os.path.join(w, "rl", "hf"), cfg)
+  q_sft = np.asarray(sft_p["layers"]["self_attn"]["q_proj"]["kernel"])
+  q_rl = np.asarray(rl_p["layers"]["self_attn"]["q_proj"]["kernel"])
+  assert np.abs(q_rl - q_sft).max() > 0  # RL moved the merged weights
+  np.testing.assert_array_equal(  # non-adapted weights are the SFT model's
+    np.asarray(rl_p["embed_tokens"]["embedding"]), np.asarray(sft_p["embed_tokens"]["embedding"])
+  )

@@ -181,12 +181,12 @@ def test_sessions_live_in_the_namespace_of_their_token(runner, server):
 def test_fleet_http_client_carries_the_token(runner, server, token_file, monkeypatch):
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
-  from rstar_jax.distributed import fleet
+  from rstar_jax.pipelines import wiring
 
   monkeypatch.setenv(TOKEN_ENV, TOKEN_B)
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.tool.backend, cfg.tool.urls = "http", [f"http://127.0.0.1:{server.port}"]
-  pool = fleet.build_tool_pool(from_config_dict(cfg).tool)
+  pool = wiring.tool_pool(from_config_dict(cfg).tool)
 
   async def go():
     await pool.start()
