@@ -968,7 +968,8 @@ class Template:
     self._end(call)
     # RLIMIT_CPU: the kernel's own CPU account tells a CPU timeout from any other ending (a
     # namespace's PID 1 ignores the soft limit's SIGXCPU and dies at the hard one).
-    cpu_out = signaled and usage.ru_utime + usage.ru_stime >= call["cpu_s"]
+    # (within a tick: the kernel checks the limit on its timer, the account may read a bit less)
+    cpu_out = signaled and usage.ru_utime + usage.ru_stime >= call["cpu_s"] - 0.5
     mem_out = rc != 0 and self._memory_grew(usage.ru_maxrss * 1024)
     status_s = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
     if signaled and status_s == "error":
