@@ -56,7 +56,15 @@ setup(
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",
+      # the optional extras below, so their tests run in CI
+      "pyarrow>=15",
+      "datasets>=3",
+      "wandb>=0.18",
     ],
     "ray": ["ray>=2.50"],
+    # data.format parquet / hf_dataset (rstar_jax.data.formats)
+    "data": ["pyarrow>=15", "datasets>=3"],
+    # log.wandb (rstar_jax.pipelines.metrics_log)
+    "wandb": ["wandb>=0.18"],
   },
 )

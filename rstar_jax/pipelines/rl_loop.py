@@ -48,7 +48,7 @@ import numpy as np
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.iterator import EpochIterator
-from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
@@ -56,7 +56,7 @@ from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
-from rstar_jax.pipelines import eval_protocols, rl_metrics
+from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics
 from rstar_jax.pipelines import stages as stages_lib
 from rstar_jax.pipelines.agent_runner import (
   AgentRunner,
@@ -246,7 +246,9 @@ class RLLoop:
     self.runner = runner
     self.weight_transfer = weight_transfer
     self.workdir = os.fspath(workdir)
-    self.problems = list(problems) if problems is not None else load_problems(run.data.train_path)
+    if problems is None:  # dataset hook (issue 32): JSONL / parquet / datasets dir
+      problems = data_sources.train_problems(run)
+    self.problems = list(problems)
     # A runner without prompt rendering (a test double) has no prompt to measure or refuse.
     prompt_length = getattr(runner, "prompt_length", None)
     self.problems, self.filter_counts = data_filters.filter_problems(
