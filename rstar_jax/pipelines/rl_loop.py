@@ -56,7 +56,7 @@ from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
-from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics
+from rstar_jax.pipelines import data_sources, eval_protocols, metrics_log, rl_metrics
 from rstar_jax.pipelines import stages as stages_lib
 from rstar_jax.pipelines.agent_runner import (
   AgentRunner,
@@ -378,7 +378,10 @@ class RLLoop:
     step's metrics."""
     resumed = self.restore_if_any()
     self.writer = MetricsWriter(
-      self.workdir, "metrics", resume_step=self.pos.rl_step if resumed else None
+      self.workdir,
+      "metrics",
+      resume_step=self.pos.rl_step if resumed else None,
+      **metrics_log.sink_options(self.config, self.workdir, "rl"),  # W&B hook (issue 32)
     )
     if self.iterator is None:
       self._make_iterator(None)
@@ -521,6 +524,9 @@ class RLLoop:
     t_start = time.monotonic()
     ro = await self.rollout(stage)
     scores = await self.score(ro)
+    metrics_log.log_rollout_samples(  # sample-rollout hook (issue 32)
+      self.writer, self.config.log, self.pos.rl_step + 1, ro.problems, ro.groups, scores.rewards
+    )
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)
     metrics = self.selection_metrics(ro, scores, sel)
