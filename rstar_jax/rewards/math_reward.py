@@ -255,12 +255,17 @@ class _Worker:
     line = self._proc.stdout.readline()
     return json.loads(line) if line else None
 
-  def verify(self, pred: str, gold: str, timeout_s: float, kind: str = "answer") -> bool | None:
+  def verify(
+    self, pred: str, gold: str, timeout_s: float, kind: str = "answer", root: str | None = None
+  ) -> bool | None:
     """True/False, or None on timeout or crash (the process is then killed)."""
     if self._proc is None or self._proc.poll() is not None:
       self._start()
+    req = {"pred": pred, "gold": gold, "kind": kind}
+    if root:
+      req["root"] = root
     try:
-      self._proc.stdin.write(json.dumps({"pred": pred, "gold": gold, "kind": kind}) + "\n")
+      self._proc.stdin.write(json.dumps(req) + "\n")
       self._proc.stdin.flush()
       reply = self._read(timeout_s)
     except (BrokenPipeError, OSError, ValueError):
@@ -311,15 +316,23 @@ class Verifier:
       self._idle.put(w)
 
   def verify(
-    self, pred: str, gold: str, timeout_s: float | None = None, *, kind: str = "answer"
+    self,
+    pred: str,
+    gold: str,
+    timeout_s: float | None = None,
+    *,
+    kind: str = "answer",
+    root: str | None = None,
   ) -> bool:
     """kind "answer": ``pred`` is an answer body; "text": a whole response searched by
     math-verify (`verify_worker.verify_text`); "module:qualname": a registered verifier
-    (`rewards.registry`), whose exceptions score False and are counted in ``num_errors``."""
+    (`rewards.registry`), whose exceptions score False and are counted in ``num_errors``;
+    ``root`` is the folder its module imports from (a worker started before the module was
+    importable, e.g. before a chdir, still finds it)."""
     w = self._idle.get()
     try:
       w.last_error = ""
-      ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s, kind)
+      ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s, kind, root)
       err = w.last_error
     finally:
       self._idle.put(w)

@@ -35,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,19 @@ from rstar_jax.rewards import math_reward
 VERIFIER, REWARD = "verifier", "reward"
 _TABLES: dict[str, dict[str, Callable]] = {VERIFIER: {}, REWARD: {}}
 _TARGETS: dict[str, str] = {}  # verifier name -> "module:qualname" the worker imports
+_ROOTS: dict[str, str | None] = {}  # verifier name -> the folder its module imports from
+
+
+def _import_root(module: str) -> str | None:
+  """The sys.path folder ``module`` was imported from (``/x`` for ``a.b`` in ``/x/a/b.py``)."""
+  path = getattr(sys.modules.get(module), "__file__", None)
+  if not path:
+    return None
+  levels = module.count(".") + (os.path.basename(path) == "__init__.py")
+  root = os.path.dirname(os.path.abspath(path))
+  for _ in range(levels):
+    root = os.path.dirname(root)
+  return root
 
 
 def _key(fn: Callable) -> tuple:
@@ -75,6 +90,7 @@ def register_verifier(name: str, *, override: bool = False) -> Callable[[Callabl
       )
     _register(VERIFIER, name, fn, override)
     _TARGETS[name] = f"{module}:{qualname}"
+    _ROOTS[name] = _import_root(module)
     return fn
 
   return deco
@@ -133,7 +149,8 @@ class RewardContext:
     if pred is None or not pred.strip() or len(pred) > math_reward.MAX_ANSWER_CHARS:
       return False
     pool = self.pool or math_reward.default_verifier()
-    return pool.verify(pred, gold, self.timeout_s, kind=verifier_target(self.verifier))
+    target = verifier_target(self.verifier)
+    return pool.verify(pred, gold, self.timeout_s, kind=target, root=_ROOTS.get(self.verifier))
 
 
 # ----------------------------------------------------------------------------- built-ins

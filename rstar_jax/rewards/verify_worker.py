@@ -74,13 +74,16 @@ def verify_text(response: str, gold: str) -> bool:
 _KINDS = {"answer": verify_strings, "text": verify_text}
 
 
-def resolve(target: str):
-  """The function a kind names: a built-in kind, or ``"module:qualname"`` imported."""
+def resolve(target: str, root: str | None = None):
+  """The function a kind names: a built-in kind, or ``"module:qualname"`` imported (from
+  ``root`` first when given: the folder the parent imported the module from)."""
   if target in _KINDS:
     return _KINDS[target]
   module, sep, qualname = target.partition(":")
   if not sep or not module or not qualname:
     raise ValueError(f"verifier target: expected 'module:qualname', got {target!r}")
+  if root and root not in sys.path:
+    sys.path.insert(0, root)
   obj = importlib.import_module(module)
   for part in qualname.split("."):
     obj = getattr(obj, part)
@@ -106,7 +109,7 @@ def _serve() -> None:
     req = json.loads(line)
     kind = req.get("kind", "answer")
     try:
-      fn = fns[kind] if kind in fns else fns.setdefault(kind, resolve(kind))
+      fn = fns[kind] if kind in fns else fns.setdefault(kind, resolve(kind, req.get("root")))
     except Exception as e:
       reply = {"ok": False, "error": f"cannot load verifier {kind!r}: {type(e).__name__}: {e}"}
     else:
