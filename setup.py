@@ -59,12 +59,12 @@ setup(
       # the optional extras below, so their tests run in CI
       "pyarrow>=15",
       "datasets>=3",
-      "wandb>=0.18",
+      "wandb>=0.19.10",
     ],
     "ray": ["ray>=2.50"],
     # data.format parquet / hf_dataset (rstar_jax.data.formats)
     "data": ["pyarrow>=15", "datasets>=3"],
-    # log.wandb (rstar_jax.pipelines.metrics_log)
-    "wandb": ["wandb>=0.18"],
+    # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))
+    "wandb": ["wandb>=0.19.10"],
   },
 )
