@@ -4,9 +4,6 @@ with the column mapping and one-line errors naming file, row and column."""
 import json
 import os
 
-import datasets
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from configs import rstar2_tiny_cpu
@@ -14,6 +11,13 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.data import formats
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.pipelines import data_sources
+
+# optional extra rstar_jax[data] (installed by the test extra, so CI runs these)
+datasets = pytest.importorskip(
+  "datasets", reason="datasets is not installed: pip install rstar_jax[data]"
+)
+pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed: pip install rstar_jax[data]")
+pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed")
 
 PROBLEMS = [
   {"prompt": "Compute 2 + 3.", "solution": 5, "source": "a"},
