@@ -669,9 +669,9 @@ class LogConfig(_Section):
   )
   wandb_run_name: str = field("", IS_STR, "W&B run name ('' = the workdir's name).")
   samples_every: int = field(
-    0,
+    10,
     int_range(0),
-    "RL steps between sample-rollout records (prompt, response, tool turns, reward) to every sink; 0 = none.",
+    "RL steps between sample-rollout records (prompt, response, tool turns, reward) to every sink (<workdir>/metrics_samples.jsonl, TensorBoard text, W&B table); 0 = none.",
   )
   samples_per_step: int = field(4, int_range(1), "Rollouts logged per sample record.")
   sample_max_chars: int = field(

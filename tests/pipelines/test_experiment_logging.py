@@ -118,7 +118,10 @@ def test_rollout_samples_spread_over_prompts_and_cut_long_text():
 
 def test_samples_due_follows_samples_every():
   run = from_config_dict(rstar2_tiny_cpu.get_config("rl"))
-  assert run.log.samples_every == 0 and not metrics_log.samples_due(run.log, 5)
+  # on by default (issue 29 row 14: training never logged sample rollouts)
+  assert run.log.samples_every == 10 and metrics_log.samples_due(run.log, 20)
+  assert not metrics_log.samples_due(run.log, 5)
+  assert not metrics_log.samples_due(type(run.log)(samples_every=0), 10)
   log3 = type(run.log)(samples_every=3)
   assert [s for s in range(1, 10) if metrics_log.samples_due(log3, s)] == [3, 6, 9]
 

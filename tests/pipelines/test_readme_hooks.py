@@ -101,4 +101,4 @@ def test_readme_parquet_set_from_the_launcher_command(user_folder):
 def test_readme_wandb_and_samples_flags():
   run = launcher_config(readme_command(r"--config\.log\.wandb=True"))
   assert run.log.wandb and run.log.wandb_mode == "offline"
-  assert run.log.wandb_project == "my_project" and run.log.samples_every == 10
+  assert run.log.wandb_project == "my_project" and run.log.samples_every == 5
