@@ -665,7 +665,7 @@ class LogConfig(_Section):
   wandb_mode: str = field(
     "offline",
     one_of(("offline", "online", "disabled")),
-    "W&B mode: 'offline' writes under <workdir>/wandb with no network (sync later with `wandb sync`).",
+    "W&B mode: 'offline' writes under <workdir>/wandb with no network (sync later with `wandb sync`); 'online' streams to the W&B server; 'disabled' = no W&B run.",
   )
   wandb_run_name: str = field("", IS_STR, "W&B run name ('' = the workdir's name).")
   samples_every: int = field(
@@ -677,6 +677,27 @@ class LogConfig(_Section):
   sample_max_chars: int = field(
     4000, int_range(100), "Prompt / response / tool text longer than this is cut in the middle."
   )
+
+  def _cross(self):
+    # at config time, not when the RL phase opens its writer hours later
+    if self.wandb and self.wandb_mode != "disabled" and not _importable("wandb"):
+      return [
+        (
+          "log.wandb",
+          "expected the wandb package to be installed (pip install 'rstar_jax[wandb]'), "
+          "got True with wandb missing",
+        )
+      ]
+    return []
+
+
+def _importable(module: str) -> bool:
+  import importlib.util
+
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError, AttributeError):  # sys.modules[module] is None or broken
+    return False
 
 
 @_section

@@ -82,7 +82,7 @@ def sink_options(run, workdir: str | os.PathLike, name: str) -> dict[str, Any]:
   whole run config as the W&B run's config, so runs compare by hyperparameter)."""
   lc = run.log
   wandb = None
-  if lc.wandb:
+  if lc.wandb and lc.wandb_mode != "disabled":  # W&B's own off switch: no run, no package
     base = lc.wandb_run_name or os.path.basename(os.path.abspath(os.fspath(workdir)))
     wandb = {
       "project": lc.wandb_project,

@@ -10,11 +10,12 @@ import os
 import re
 import struct
 import sys
+import time
 
 import pytest
 
 from configs import rstar2_tiny_cpu
-from rstar_jax.config import from_config_dict
+from rstar_jax.config import ConfigError, from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.problems import Problem
 from rstar_jax.errors import UserError
@@ -73,9 +74,16 @@ def wandb_run_ids(directory):
   ]
 
 
-def wandb_log_bytes(run_dir):
-  (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
-  return open(path, "rb").read()
+def wandb_log_has(run_dir, *needles: bytes, timeout_s: float = 60.0) -> bool:
+  """Whether the offline run's record file holds every needle. W&B's service process writes
+  the file after ``finish()`` returns (about a second here), so this waits for it."""
+  deadline = time.monotonic() + timeout_s
+  while True:
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    blob = open(path, "rb").read()
+    if all(n in blob for n in needles) or time.monotonic() > deadline:
+      return all(n in blob for n in needles)
+    time.sleep(0.2)
 
 
 def traj(text, calls):
@@ -152,10 +160,17 @@ def test_samples_reach_jsonl_and_tensorboard_and_resume_drops_later_ones(tmp_pat
 
 
 def test_wandb_without_the_package_is_a_one_line_error(tmp_path, monkeypatch):
-  monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.log.wandb = True
+  cfg.log.wandb_mode = "disabled"  # W&B's own off switch: the config does not need the package
   run = from_config_dict(cfg)
+  monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+  cfg.log.wandb_mode = "offline"
+  with pytest.raises(
+    ConfigError, match=r"^config.log.wandb: expected the wandb package .*missing$"
+  ):
+    from_config_dict(cfg)
+  # a writer built past the config check says the same in one line
   with pytest.raises(UserError, match=r"^config.log.wandb: True needs the wandb package.*\)$"):
     MetricsWriter(tmp_path, **metrics_log.sink_options(run, tmp_path, "rl"))
 
@@ -176,8 +191,7 @@ def test_wandb_offline_run_holds_metrics_samples_and_config_and_resumes(tmp_path
   (run_dir,) = wandb_run_dirs(tmp_path)
   run_id = open(tmp_path / "wandb" / "metrics.run_id").read().strip()
   assert run_dir.endswith("-" + run_id)
-  blob = wandb_log_bytes(run_dir)
-  assert b"reward_mean_probe" in blob and b"exp7-rl" in blob and b"group_size" in blob
+  assert wandb_log_has(run_dir, b"reward_mean_probe", b"exp7-rl", b"group_size")
   (table,) = glob.glob(os.path.join(run_dir, "files", "media", "table", "samples_*.table.json"))
   t = json.load(open(table))
   assert t["columns"][:4] == ["index", "reward", "prompt", "response"]
@@ -265,7 +279,7 @@ def test_rl_loop_logs_samples_to_every_sink_and_its_keys_are_documented(
   )
   if HAVE_WANDB:
     (run_dir,) = wandb_run_dirs(workdir)
-    assert b"reward_mean" in wandb_log_bytes(run_dir)
+    assert wandb_log_has(run_dir, b"reward_mean", b"kept_reward_mean")
     assert len(glob.glob(os.path.join(run_dir, "files", "media", "table", "*.json"))) == 2
 
 
