@@ -160,19 +160,20 @@ def test_samples_reach_jsonl_and_tensorboard_and_resume_drops_later_ones(tmp_pat
 
 
 def test_wandb_without_the_package_is_a_one_line_error(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.log.wandb = True
-  cfg.log.wandb_mode = "disabled"  # W&B's own off switch: the config does not need the package
+  cfg.log.wandb_mode = "disabled"  # W&B's own off switch: no run, so no package needed
   run = from_config_dict(cfg)
-  monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+  assert metrics_log.sink_options(run, tmp_path, "rl")["wandb"] is None
   cfg.log.wandb_mode = "offline"
   with pytest.raises(
     ConfigError, match=r"^config.log.wandb: expected the wandb package .*missing$"
   ):
     from_config_dict(cfg)
-  # a writer built past the config check says the same in one line
+  # a writer asked for W&B past the config check says the same in one line
   with pytest.raises(UserError, match=r"^config.log.wandb: True needs the wandb package.*\)$"):
-    MetricsWriter(tmp_path, **metrics_log.sink_options(run, tmp_path, "rl"))
+    MetricsWriter(tmp_path, wandb={"project": "p", "name": "n-rl", "mode": "offline"})
 
 
 @needs_wandb
