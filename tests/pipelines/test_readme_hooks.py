@@ -85,6 +85,7 @@ def test_readme_custom_verifier_from_the_launcher_command(user_folder, monkeypat
     # math-verify alone: 2025 != 25; the user's verifier (mod 1000): equal
     assert asyncio.run(score("<answer>\\boxed{2025}</answer>", "25")) == 1.0
     assert asyncio.run(score("<answer>\\boxed{2026}</answer>", "25")) == 0.0
+    assert asyncio.run(score("<answer>\\boxed{\\frac{1}{2}}</answer>", "25")) == 0.0
     assert pool.num_errors == 0 and pool.num_timeouts == 0
 
 
