@@ -85,4 +85,6 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
         recent_steps=135,
       ),
     ]
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c

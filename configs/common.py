@@ -5,7 +5,7 @@ and ``--config.rl.group_size=8`` keep working). Launchers convert a whole recipe
 `rstar_jax.config.from_config_dict`, which rejects unknown keys ("did you mean ...").
 
 Sections: model, mesh, optim, rl, rollout, tool, train, eval, data, stages (a list of stage
-dicts), and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
+dicts), reward, log, and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
 section's dataclass; nothing here changes. Where each recipe value comes from (paper,
 released code) and the test that checks it: docs/fidelity.md.
 """
@@ -105,3 +105,14 @@ def stage(name: str, steps: int, response_budget: int, max_turns: int, **overrid
     name=name, steps=steps, response_budget=response_budget, max_turns=max_turns, **overrides
   )
   return d
+
+
+def reward_config(**overrides) -> ml_collections.ConfigDict:
+  """``reward``: registry names (`rstar_jax.rewards.registry`) and the user modules to import
+  (``imports`` a comma-separated string here, so ``--config.reward.imports=a,b`` parses)."""
+  return section(schema.RewardConfig, **{"imports": "", **overrides})
+
+
+def log_config(**overrides) -> ml_collections.ConfigDict:
+  """``log``: W&B and sample-rollout logging besides metrics.jsonl + TensorBoard."""
+  return section(schema.LogConfig, **overrides)

@@ -127,6 +127,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     _lora(c)
   if variant == "smoke" or variant.endswith("_smoke"):
     _smoke(c)
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c
 
 

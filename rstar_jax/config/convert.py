@@ -162,9 +162,10 @@ def _stages(values, problems: Problems):
 def _check_paths(run: schema.RunConfig) -> None:
   out = []
   d = run.data
-  if run.mode == "rl" and d.train_path and not os.path.isfile(d.train_path):
+  # a local HF `datasets` directory is a data source too (data.format)
+  if run.mode == "rl" and d.train_path and not os.path.exists(d.train_path):
     out.append(("data.train_path", f"expected an existing file, got {d.train_path!r} (not found)"))
-  if run.mode == "sft" and d.sft_path and not os.path.isfile(d.sft_path):
+  if run.mode == "sft" and d.sft_path and not os.path.exists(d.sft_path):
     out.append(("data.sft_path", f"expected an existing file, got {d.sft_path!r} (not found)"))
   if run.mode == "eval" and not (run.eval.path == "" and d.synthetic is not None):
     if not os.path.isfile(run.eval.path):

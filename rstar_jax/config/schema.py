@@ -37,6 +37,7 @@ from rstar_jax.config.checks import (
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
 STAGE_DATA = ("full", "hard", "recent")
+DATA_FORMATS = ("auto", "jsonl", "parquet", "hf_dataset")  # == rstar_jax.data.formats.FORMATS
 ATTENTIONS = ("xla", "blockwise", "fused")  # == rstar_jax.models.attention.IMPLEMENTATIONS
 LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # "seq-mean" is the verl spelling of "seq-mean-token-mean".
@@ -607,8 +608,27 @@ class DataConfig(_Section):
   """Problem and trajectory files (or synthetic tasks when the paths are empty)."""
 
   SECTION: ClassVar[str] = "data"
-  train_path: str = field("", IS_STR, "RL problems JSONL.")
-  sft_path: str = field("", IS_STR, "SFT chat-trajectory JSONL.")
+  train_path: str = field(
+    "", IS_STR, "RL problems: a JSONL or parquet file, or a local HF `datasets` directory."
+  )
+  sft_path: str = field(
+    "", IS_STR, "SFT chats: a JSONL or parquet file, or a local HF `datasets` directory."
+  )
+  format: str = field(
+    "auto",
+    one_of(DATA_FORMATS),
+    "Format of train_path / sft_path: 'auto' (by suffix; a directory = hf_dataset), 'jsonl', 'parquet' or 'hf_dataset' (`datasets.save_to_disk` output; nothing is downloaded).",
+  )
+  question_field: str = field(
+    "", IS_STR, "Column holding the question ('' = 'problem', alias 'question')."
+  )
+  answer_field: str = field("", IS_STR, "Column holding the gold answer ('' = 'answer').")
+  messages_field: str = field("", IS_STR, "SFT column holding the chat ('' = 'messages').")
+  split: str = field(
+    "",
+    IS_STR,
+    "hf_dataset: the split of a DatasetDict directory ('' = its only split, or 'train').",
+  )
   synthetic: SyntheticDataConfig | None = field(
     None, None, "Synthetic tasks used when a path is empty (None = off)."
   )
@@ -620,6 +640,118 @@ class DataConfig(_Section):
     IS_BOOL,
     "RL set: drop (and count) problems whose prompt exceeds rollout.max_prompt_tokens instead of failing mid-run (released verl: filter_overlong_prompts).",
   )
+
+
+MODULE_NAMES = Check(
+  "a list of module names (or one comma-separated string)",
+  lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
+  lambda v: (
+    tuple(x.strip() for x in v.split(",") if x.strip())
+    if isinstance(v, str)
+    else (tuple(v) if isinstance(v, list) else v)
+  ),
+)
+
+
+@_section
+class RewardConfig(_Section):
+  """Outcome reward and verifier by registry name (`rstar_jax.rewards.registry`)."""
+
+  SECTION: ClassVar[str] = "reward"
+  name: str = field(
+    "math",
+    IS_STR,
+    "Registered reward: 'math' (answer per rl.answer_mode, judged by reward.verifier), 'released' (the released rStar2-Agent reward), or one a module of reward.imports registers.",
+  )
+  verifier: str = field(
+    "math_verify",
+    IS_STR,
+    "Registered verifier fn(pred, gold) -> bool, run out of process with reward.timeout_s: 'math_verify', 'math_verify_text' or a user's.",
+  )
+  timeout_s: float = field(
+    5.0, num_range(0, lo_open=True), "Bound on each verifier call (a timeout scores 0)."
+  )
+  imports: tuple[str, ...] = field(
+    (),
+    MODULE_NAMES,
+    "Modules imported before the reward registry is read (a user's module registering rewards / verifiers).",
+  )
+
+  def _cross(self):
+    from rstar_jax.config.imports import import_user_modules
+    from rstar_jax.rewards import registry
+
+    try:
+      import_user_modules(self.imports, field="reward.imports")
+    except ImportError as e:
+      return [("reward.imports", str(e).split(": ", 1)[1])]
+    out = []
+    for kind, value in (("reward", self.name), ("verifier", self.verifier)):
+      known = registry.names(kind)
+      if value not in known:
+        fld = "name" if kind == "reward" else "verifier"
+        out.append(
+          (f"reward.{fld}", f"expected a registered {kind}, one of {known}, got {value!r}")
+        )
+    if not out and self.name == "released" and self.verifier != "math_verify":
+      out.append(
+        (
+          "reward.verifier",
+          "the 'released' reward judges with math-verify itself; expected 'math_verify' "
+          f"(a custom verifier goes with reward.name='math'), got {self.verifier!r}",
+        )
+      )
+    return out
+
+
+@_section
+class LogConfig(_Section):
+  """Experiment logging besides metrics.jsonl + TensorBoard (docs/metrics.md)."""
+
+  SECTION: ClassVar[str] = "log"
+  tensorboard: bool = field(
+    True, IS_BOOL, "TensorBoard scalars (and sample text) under <workdir>/tb."
+  )
+  wandb: bool = field(
+    False, IS_BOOL, "Also log to Weights & Biases (pip install rstar_jax[wandb])."
+  )
+  wandb_project: str = field("rstar_jax", IS_STR, "W&B project.")
+  wandb_mode: str = field(
+    "offline",
+    one_of(("offline", "online", "disabled")),
+    "W&B mode: 'offline' writes under <workdir>/wandb with no network (sync later with `wandb sync`); 'online' streams to the W&B server; 'disabled' = no W&B run.",
+  )
+  wandb_run_name: str = field("", IS_STR, "W&B run name ('' = the workdir's name).")
+  samples_every: int = field(
+    10,
+    int_range(0),
+    "RL steps between sample-rollout records (prompt, response, tool turns, reward) to every sink (<workdir>/metrics_samples.jsonl, TensorBoard text, W&B table); 0 = none.",
+  )
+  samples_per_step: int = field(4, int_range(1), "Rollouts logged per sample record.")
+  sample_max_chars: int = field(
+    4000, int_range(100), "Prompt / response / tool text longer than this is cut in the middle."
+  )
+
+  def _cross(self):
+    # at config time, not when the RL phase opens its writer hours later
+    if self.wandb and self.wandb_mode != "disabled" and not _importable("wandb"):
+      return [
+        (
+          "log.wandb",
+          "expected the wandb package to be installed (pip install 'rstar_jax[wandb]'), "
+          "got True with wandb missing",
+        )
+      ]
+    return []
+
+
+def _importable(module: str) -> bool:
+  import importlib.util
+
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError, AttributeError):  # sys.modules[module] is None or broken
+    return False
 
 
 @_section
@@ -778,6 +910,8 @@ SECTIONS: dict[str, type] = {
   "coldstart": ColdStartConfig,
   "demo": DemoConfig,
   "plan": PlanConfig,
+  "reward": RewardConfig,
+  "log": LogConfig,
 }
 
 
@@ -801,6 +935,8 @@ class RunConfig:
   coldstart: ColdStartConfig | None = None  # present = ASTER selection of config-read SFT chats
   demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
   plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+  log: LogConfig = dataclasses.field(default_factory=LogConfig)
 
   def __post_init__(self):
     object.__setattr__(self, "stages", tuple(self.stages))

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from rstar_jax.config import RunConfig, StageConfig
@@ -28,6 +28,7 @@ from rstar_jax.data.problems import Problem
 from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.pipelines import wiring
 from rstar_jax.rewards import math_reward
+from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.tools import noise as tool_noise
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class AgentRunner:
     show_tool_time: tool responses carry the "execution time" line.
     chat_format: `chat_format.FORMATS` name of the prompt / tool-turn layout.
     tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
+    reward_fn: ``async (response_text, gold) -> float`` (`rewards.registry.from_config`);
+      None = `math_reward.score_async` with ``answer_mode``.
   """
 
   def __init__(
@@ -92,6 +95,7 @@ class AgentRunner:
     show_tool_time: bool = True,
     chat_format: str = "rstar2",
     tool_truncation: str = "project",
+    reward_fn: Callable[[str, str], Awaitable[float]] | None = None,
   ):
     self.engine = engine
     self.pool = pool
@@ -104,6 +108,7 @@ class AgentRunner:
     self.verify_timeout_s = verify_timeout_s
     self.chat_format = chat_format
     self.tool_truncation = tool_truncation
+    self.reward_fn = reward_fn  # reward registry hook (issue 32)
     from rstar_jax.tokenization import chat_format as chat_lib
 
     self._chat = chat_lib
@@ -131,6 +136,8 @@ class AgentRunner:
       show_tool_time=t.show_time,
       chat_format=r.chat_format,
       tool_truncation=t.truncation,
+      verify_timeout_s=run.reward.timeout_s,
+      reward_fn=reward_registry.from_config(run),  # reward registry hook (issue 32)
     )
 
   def prompt_length(self, problem: Problem) -> int:
@@ -197,6 +204,12 @@ class AgentRunner:
     """Binary outcome rewards (1.0 correct, 0.0 otherwise), one per trajectory."""
     if len(trajectories) != len(answers):
       raise ValueError(f"rewards: {len(trajectories)} trajectories but {len(answers)} answers")
+    if self.reward_fn is not None:  # reward registry hook (issue 32)
+      return list(
+        await asyncio.gather(
+          *(self.reward_fn(t.response_text, a) for t, a in zip(trajectories, answers))
+        )
+      )
     return list(
       await asyncio.gather(
         *(

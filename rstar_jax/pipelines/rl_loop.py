@@ -30,7 +30,7 @@ import numpy as np
 
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.iterator import EpochIterator
-from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
@@ -40,8 +40,10 @@ from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
 from rstar_jax.pipelines import (
   agent_runner,
+  data_sources,
   eval_protocols,
   loop_state,
+  metrics_log,
   rl_metrics,
   step_data,
   wiring,
@@ -90,8 +92,8 @@ class RLLoop:
     self.runner = runner
     self.weight_transfer = weight_transfer
     self.workdir = os.fspath(workdir)
-    if problems is None:
-      problems = load_problems(run.data.train_path)
+    if problems is None:  # dataset hook (issue 32): JSONL / parquet / datasets dir
+      problems = data_sources.train_problems(run)
     self.problems, self.filter_counts = wiring.training_set(run, problems, runner)
     self.eval_problems = list(eval_problems) if eval_problems else []
     self.stages = list(run.stages)
@@ -156,7 +158,10 @@ class RLLoop:
     step's metrics."""
     resumed = self.restore_if_any()
     self.writer = MetricsWriter(
-      self.workdir, "metrics", resume_step=self.pos.rl_step if resumed else None
+      self.workdir,
+      "metrics",
+      resume_step=self.pos.rl_step if resumed else None,
+      **metrics_log.sink_options(self.config, self.workdir, "rl"),  # W&B hook (issue 32)
     )
     if self.iterator is None:
       self._make_iterator(None)
@@ -259,6 +264,9 @@ class RLLoop:
     t_start = time.monotonic()
     ro = await self.rollout(stage)
     scores = await self.score(ro)
+    metrics_log.log_rollout_samples(  # sample-rollout hook (issue 32)
+      self.writer, self.config.log, self.pos.rl_step + 1, ro.problems, ro.groups, scores.rewards
+    )
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)
     metrics = self.selection_metrics(ro, scores, sel)

@@ -33,7 +33,7 @@ from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket, pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.pipelines import runtime
+from rstar_jax.pipelines import metrics_log, runtime
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,12 @@ def run_sft(
     it = EpochIterator.from_state(list(range(len(seqs))), meta["data"])
     resumed_step = int(meta["step"])
     log.info("SFT resumed at step %d (epoch %d, index %d)", resumed_step, it.epoch, it.index)
-  writer = MetricsWriter(workdir, "sft_metrics", resume_step=resumed_step)
+  writer = MetricsWriter(
+    workdir,
+    "sft_metrics",
+    resume_step=resumed_step,
+    **metrics_log.sink_options(run, workdir, "sft"),  # W&B hook (issue 32)
+  )
   step = int(jax.device_get(learner.state.step))
   every = run.train.checkpoint_every
   prog = Progress("sft", total, every_s=s.log_every_s)

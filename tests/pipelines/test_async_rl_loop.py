@@ -92,7 +92,9 @@ def _run(cfg, workdir, problems, tok, max_steps):
 
 
 @pytest.mark.slow
-def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path):
+def test_async_loop_resumes_mid_overlap_with_exact_data_position(
+  setup, tmp_path, metrics_doc_check
+):
   problems, tok = setup
   cfg = _config(1)
   cfg.rl.tis_cap = 2.0  # the off-policy loss reads the sampler's log-probs: the batch has them
@@ -121,6 +123,7 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path
   assert collections.Counter(seen2[: len(want)]) == want
 
   recs = read_jsonl_metrics(tmp_path / "metrics.jsonl")
+  metrics_doc_check(recs)  # the async/ keys are in docs/metrics.md
   assert [r["step"] for r in recs] == [1, 2, 3]
   assert [r["optimizer_step"] for r in recs] == [1, 2, 3]
   for r in recs:

@@ -306,7 +306,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   loop.ckpt.close()
 
 
-def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
+def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path, metrics_doc_check):
   """The same loop with rollout.engine="sglang" against the mock SGLang HTTP server: rollouts
   over HTTP, and the weight push stages an HF directory the server loads (version 1)."""
   from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
@@ -347,6 +347,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   assert last["optimizer_step"] == 1 and last["weight_version"] == 1
   assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]  # packed
   assert len(server.weight_updates) == 1 and str(server.weight_version) == "1"
+  assert "push/bytes" in metrics_doc_check(read_jsonl_metrics(tmp_path / "metrics.jsonl"))
 
 
 def test_resume_after_steps_without_update(setup, tmp_path):
