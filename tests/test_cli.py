@@ -329,3 +329,37 @@ def test_strict_protocol_conflict_is_one_line_at_start(tmp_path):
     config="configs/rstar2_qwen3_14b.py:eval",
   )
   _one_line_error(proc, "config.eval.k: expected 16 (eval.protocol='released'", "eval.k")
+
+
+def test_policy_loss_registered_by_an_imported_module(tmp_path):
+  """Issue 29 row 10: the README's --config.rl.policy_loss=positive_only failed from a launcher
+  ("expected one of ['grpo_roc']"); --config.imports names the module that registers it."""
+  (tmp_path / "my_losses.py").write_text(
+    "import jax.numpy as jnp\n"
+    "from rstar_jax.rl import losses, registry\n\n\n"
+    '@registry.register("policy_loss", "positive_only")\n'
+    "def positive_only(logp, old_logp, adv, loss_mask, **kw):\n"
+    "  return losses.policy_loss(logp, old_logp, jnp.maximum(adv, 0.0), loss_mask, **kw)\n"
+  )
+  env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}", JAX_PLATFORMS="cpu")
+
+  def launch(*args):
+    return subprocess.run(
+      [sys.executable, "-m", "launchers.train", "--config=configs/rstar2_tiny_cpu.py", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
+
+  proc = launch("--config.rl.policy_loss=positive_only", "--describe_config")
+  _one_line_error(proc, "config.rl.policy_loss: expected one of", "policy_loss")
+  proc = launch(
+    "--config.imports=my_losses", "--config.rl.policy_loss=positive_only", "--describe_config"
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "imports = ['my_losses']" in proc.stdout
+  assert 'rl.policy_loss = "positive_only" *' in proc.stdout
+  proc = launch("--config.imports=my_lossez", "--describe_config")
+  _one_line_error(proc, "cannot import module 'my_lossez'", "my_lossez")

@@ -49,6 +49,7 @@ from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
+from rstar_jax.errors import UserError
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
@@ -70,6 +71,10 @@ from rstar_jax.rewards import quality
 from rstar_jax.rl import selection as selection_lib
 
 log = logging.getLogger(__name__)
+
+
+class EmptyTrainingSet(UserError, ValueError):
+  """No training problem is left after the filters: the launcher prints one line."""
 
 
 class WeightTransfer(Protocol):
@@ -260,8 +265,10 @@ class RLLoop:
     if self.filter_counts["filter_kept"] < self.filter_counts["filter_total"]:
       log.info("training set filters: %s", self.filter_counts)
     if not self.problems:
-      raise ValueError(
-        f"RL loop: the training problem set is empty (filters: {self.filter_counts})"
+      raise EmptyTrainingSet(
+        f"RL loop: the training problem set is empty (filters: {self.filter_counts}); "
+        "check data.train_path, or raise rollout.max_prompt_tokens when "
+        "filter_dropped_overlong counts them all"
       )
     self.eval_problems = list(eval_problems) if eval_problems else []
     self.stages = list(run.stages)
