@@ -77,3 +77,47 @@ def test_launcher_interrupt_is_one_line_naming_the_step(tmp_path, caplog):
   assert [r.getMessage() for r in caplog.records] == [
     "interrupted; rerun the same command to resume"
   ]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
+  """A real SIGINT to `launchers.train` after its first step: exit 130, the line naming the
+  step, and no traceback (before: two chained tracebacks)."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  w = tmp_path / "rl"
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "launchers.train",
+      "--config=configs/rstar2_tiny_cpu.py",
+      f"--workdir={w}",
+      "--config.mesh.num_devices=1",
+    ],
+    cwd=repo,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    deadline = time.monotonic() + 400
+    while not (w / "metrics.jsonl").is_file() or not (w / "metrics.jsonl").read_text():
+      assert proc.poll() is None, proc.communicate()[1][-3000:]
+      assert time.monotonic() < deadline, "no RL step logged"
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  lines = [ln for ln in err.splitlines() if "interrupted at step" in ln]
+  assert len(lines) == 1 and "rerun the same command to resume" in lines[0], err[-3000:]
