@@ -49,8 +49,8 @@ from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem, load_problems
-from rstar_jax.errors import UserError
 from rstar_jax.distributed import hostdata, primary
+from rstar_jax.errors import UserError
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
