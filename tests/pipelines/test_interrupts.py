@@ -15,7 +15,8 @@ from rstar_jax.pipelines import data_sources, sft_loop
 from rstar_jax.pipelines.metrics_log import Progress
 
 
-def test_sft_checkpoints_on_interrupt_and_resumes_there(tmp_path, monkeypatch):
+def _interrupted_sft(tmp_path, monkeypatch):
+  """An SFT run of 3 steps (6 items, batch 2, no periodic checkpoint) Ctrl-C'd after step 2."""
   cfg = rstar2_tiny_cpu.get_config("sft")
   cfg.data.synthetic.n_train = 6
   cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.max_seq_len = 1, 2, 1024
@@ -39,6 +40,12 @@ def test_sft_checkpoints_on_interrupt_and_resumes_there(tmp_path, monkeypatch):
   monkeypatch.setattr(sft_loop, "Progress", CtrlCAtStep2)
   with pytest.raises(KeyboardInterrupt):
     sft_loop.run_sft(run, str(w), tokenizer=tok, examples=examples, export=False)
+  monkeypatch.setattr(sft_loop, "Progress", Progress)
+  return run, tok, examples, w
+
+
+def test_sft_checkpoints_on_interrupt(tmp_path, monkeypatch):
+  _, _, _, w = _interrupted_sft(tmp_path, monkeypatch)
   with Checkpointer(str(w / "ckpt")) as ck:
     assert ck.all_steps() == [2]
   assert cli.interrupted_line(str(w), "sft_metrics") == (
@@ -46,8 +53,12 @@ def test_sft_checkpoints_on_interrupt_and_resumes_there(tmp_path, monkeypatch):
   )
   meta = json.loads((w / "ckpt" / "2" / "meta" / "metadata").read_text())
   assert meta["phase"] == "sft" and meta["data"]["index"] == 4  # 2 batches of 2 consumed
-  # The rerun continues from that checkpoint: step 3 (the last) is the only step it trains.
-  monkeypatch.setattr(sft_loop, "Progress", Progress)
+
+
+@pytest.mark.slow
+def test_sft_rerun_after_interrupt_continues_from_its_checkpoint(tmp_path, monkeypatch):
+  run, tok, examples, w = _interrupted_sft(tmp_path, monkeypatch)
+  # Step 3 (the last) is the only step the rerun trains.
   out = sft_loop.run_sft(run, str(w), tokenizer=tok, examples=examples, export=False)
   assert out["steps"] == 3
   steps = [json.loads(x)["step"] for x in (w / "sft_metrics.jsonl").read_text().splitlines()]
