@@ -35,8 +35,10 @@ from rstar_jax.config import schema
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  """variant "" = the demo; "smoke" = a toy-sized run of every phase with real RL updates (~1-2 minutes)."""
-  common.check_variant(variant, "configs/demo.py", ("", "smoke"))
+  """variant "" = the demo; "smoke" = a toy-sized run of every phase with real RL updates
+  (~1-2 minutes); "noisy" / "sparse" / "dense" = the claims benchmark's environments
+  (`CLAIM_VARIANTS`), and "<claim>_smoke" the same at toy size (`_claim_smoke`)."""
+  common.check_variant(variant, "configs/demo.py", VARIANTS)
   c = ml_collections.ConfigDict()
   c.mode = "rl"
   c.model = common.model_config(
@@ -117,8 +119,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     number_tokens=1000,
     curve_eval_problems=48,
   )
+  claim = variant.split("_")[0]
+  if claim in CLAIM_VARIANTS:
+    CLAIM_VARIANTS[claim](c)
   if variant == "smoke":
     _smoke(c)
+  elif variant.endswith("_smoke"):
+    _claim_smoke(c)
   return c
 
 
@@ -152,3 +159,75 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.rollout.max_batch = 32
   c.rollout.max_len = 192
   c.demo.curve_eval_problems = 3
+
+
+def _claim_smoke(c: ml_collections.ConfigDict) -> None:
+  """The claims benchmark's toy size (benchmarks/claims.py --smoke): the claim's own problems
+  and cold start at the smallest size that runs every phase. Its groups may all be all-wrong
+  (no update); `_smoke` is the toy run that trains."""
+  c.data.synthetic.n_train = 32
+  c.data.synthetic.n_eval = 6
+  c.eval.max_problems = 6
+  c.model.hidden_size, c.model.intermediate_size = 32, 64
+  c.model.num_hidden_layers, c.model.head_dim = 1, 8
+  c.sft.epochs, c.sft.batch_size = 1.0, 8
+  c.rl.group_size, c.rl.min_pos, c.rl.min_neg = 2, 1, 1
+  c.train.batch_prompts = 2
+  c.train.eval_every = 1
+  c.train.checkpoint_every = 1
+  c.stages = [common.stage("demo", steps=2, response_budget=48, max_turns=3)]
+  c.rollout.response_budget = c.eval.response_budget = 48
+  c.rollout.max_batch = 8
+  c.rollout.max_prompt_tokens = 96
+  c.demo.curve_eval_problems = 3
+
+
+# ---------------------------------------------------------------- claims benchmark (issue 30)
+# benchmarks/claims.py runs these next to each other; each changes only what its claim needs.
+
+
+def _noisy(c: ml_collections.ConfigDict) -> None:
+  """rStar2-Agent's claim needs positives that carry tool errors. Every cold-start chat explores
+  first, and half of those explorations fail (they print names they never defined) and are not
+  fixed; with the broken-then-fixed solves, ~1/3 of the cold start's calls fail while every chat
+  still ends right. Problems, held-out split and reward are the demo's. Injected transient
+  failures (tool.inject_failure_rate) stay off unless asked for (benchmarks/claims.py
+  --tool_failure_rate)."""
+  c.coldstart.explore_prob = 1.0
+  c.coldstart.explore_fail_prob = 0.5
+  c.coldstart.bug_prob = 0.3
+  c.coldstart.max_calls = 3
+
+
+# ASTER's claim needs tasks a policy can also answer without the tool ("in the head", less
+# reliably): the demo's families plus two such (rstar_jax.data.synthetic_tasks).
+_ASTER_FAMILIES = [
+  "mulmod",
+  "powmod",
+  "ncr_mod",
+  "power_sum",
+  "count_primes",
+  "add",
+  "mul_last_digit",
+]
+
+
+def _dense(c: ml_collections.ConfigDict) -> None:
+  """Interaction-dense cold start: every chat explores, then solves (or breaks and fixes)."""
+  c.data.synthetic.families = list(_ASTER_FAMILIES)
+  c.coldstart.style = "dense"
+  c.coldstart.min_tool_calls = 2
+  c.coldstart.max_calls = 0
+
+
+def _sparse(c: ml_collections.ConfigDict) -> None:
+  """Interaction-sparse cold start on the same problems: the answer worked out in the
+  reasoning, then one verification call."""
+  c.data.synthetic.families = list(_ASTER_FAMILIES)
+  c.coldstart.style = "sparse"
+  c.coldstart.min_tool_calls = 1
+  c.coldstart.max_calls = 1
+
+
+CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse}
+VARIANTS = ("", "smoke") + tuple(CLAIM_VARIANTS) + tuple(f"{v}_smoke" for v in CLAIM_VARIANTS)

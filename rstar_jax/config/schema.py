@@ -470,6 +470,12 @@ class ToolConfig(_Section):
     one_of(("project", "released")),
     "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).",
   )
+  inject_failure_rate: float = field(
+    0.0,
+    num_range(0, 1),
+    "Share of calls that fail transiently without running (a noisy environment, rstar_jax.tools.noise; 0 = off).",
+  )
+  inject_seed: int = field(0, int_range(0), "Seeds which calls inject_failure_rate fails.")
 
   def _cross(self):
     if self.backend == "http" and not self.urls:
@@ -550,7 +556,9 @@ class SyntheticDataConfig(_Section):
   seed: int = field(0, int_range(0), "Generator seed.")
   n_train: int = field(24, int_range(1), "Training problems.")
   n_eval: int = field(8, int_range(0), "Held-out problems.")
-  families: tuple[str, ...] = field((), STR_TUPLE, "Task families (empty = all).")
+  families: tuple[str, ...] = field(
+    (), STR_TUPLE, "Task families (empty = synthetic_tasks.DEFAULT_FAMILIES)."
+  )
   difficulty: Any = field(
     "",
     None,
@@ -659,6 +667,16 @@ class ColdStartConfig(_Section):
   )
   max_calls: int = field(
     0, int_range(0), "Scripted solver: calls per trajectory at most (0 = no cap)."
+  )
+  explore_fail_prob: float = field(
+    0.0,
+    num_range(0, 1),
+    "Scripted solver: probability that the exploratory call fails and is left unfixed (an error that does not change the answer).",
+  )
+  style: str = field(
+    "mixed",
+    one_of(("mixed", "dense", "sparse")),
+    "Scripted solver: 'mixed' (each step by its probability), 'dense' (exploration + solve, >= 2 calls) or 'sparse' (the answer in the reasoning, one late verification call).",
   )
   require_all_calls_ok: bool = field(
     True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER)."

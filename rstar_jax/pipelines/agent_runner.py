@@ -27,6 +27,7 @@ from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.rewards import math_reward
+from rstar_jax.tools import noise as tool_noise
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class AgentRunner:
     return await agent_loop.run_trajectory(
       self.engine,
       self.tokenizer,
-      self.pool,
+      tool_noise.for_trajectory(self.pool, seed),  # issue 30: per-trajectory injected failures
       problem.problem,
       cfg,
       prompt_ids=self.prompt_ids(problem),
@@ -280,7 +281,7 @@ async def open_runner(
 
   if engine is None:
     engine = build_engine(run, model_config, params, tokenizer)
-  pool = fleet.build_tool_pool(run.tool)  # tool.backend: "local" | "http" | "ray"
+  pool = tool_noise.wrap(fleet.build_tool_pool(run.tool), run.tool)  # backend; injected failures
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):  # remote servers: wait until they answer

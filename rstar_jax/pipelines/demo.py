@@ -94,6 +94,8 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
   csc = coldstart.ColdStartConfig(
     explore_prob=cs.explore_prob,
     bug_prob=cs.bug_prob,
+    explore_fail_prob=cs.explore_fail_prob,
+    style=cs.style,
     min_tool_calls=cs.min_tool_calls,
     max_trajectories=cs.max_trajectories,
     max_calls=cs.max_calls,
