@@ -29,6 +29,7 @@ Every launcher using `run` also gets:
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import os
@@ -194,19 +195,11 @@ def apply_list_overrides(cfg, lists: Sequence[tuple[str, list[str]]]) -> None:
     if key not in node:
       if path != "imports":
         raise UserError(f"config.{path}: unknown field")
-      with node.unlocked() if hasattr(node, "unlocked") else _nothing():
+      with node.unlocked() if hasattr(node, "unlocked") else contextlib.nullcontext():
         node[key] = list(values)
       continue
     old = node[key]
     node[key] = ",".join(values) if isinstance(old, str) else type(old or [])(values)
-
-
-class _nothing:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *a):
-    return False
 
 
 def describe_lines(cfg) -> list[str]:
