@@ -71,5 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "checkpoint_dir", "out_dir"])
-  cli.run(main)
+  cli.run(main, required=["config", "checkpoint_dir", "out_dir"])

@@ -409,6 +409,11 @@ class RolloutConfig(_Section):
   sglang_urls: tuple[str, ...] = field(
     ("http://127.0.0.1:30000",), STR_TUPLE, "Every SGLang worker (the weight push must reach each)."
   )
+  server_timeout_s: float = field(
+    600.0,
+    num_range(0, lo_open=True),
+    "engine 'sglang': seconds to wait for every server's /health at start (progress logged every few seconds; an unresolvable host fails at once).",
+  )
   staging_dir: str = field(
     "/dev/shm/rstar_jax_weights", IS_STR, "Weight push target (tmpfs or shared FS)."
   )
@@ -578,7 +583,12 @@ class EvalConfig(_Section):
   protocol: str = field(
     "",
     one_of(("", "released", "paper_avg_at_k")),
-    "Named protocol overriding k / sampling / turns / budget ('' = the fields above; `pipelines.eval_protocols`): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+    "Named protocol filling k / sampling / turns / budget where they are left at their defaults ('' = the fields above; `pipelines.eval_protocols`; each replaced field is logged): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+  )
+  protocol_strict: bool = field(
+    False,
+    IS_BOOL,
+    "With eval.protocol: a k / sampling / turns / budget field set to a non-default value is an error instead of a kept override.",
   )
   csv_path: str = field(
     "", IS_STR, "Per-problem CSV (num correct, avg@k, pass@k); '' = next to the JSON report."
@@ -920,6 +930,9 @@ class RunConfig:
   """A whole run: every section, the RL stages and the mode ("rl" | "sft" | "eval")."""
 
   mode: str = "rl"
+  # Modules imported before the config is checked (`convert.import_modules`), so the losses,
+  # advantages or rewards they register can be named by the fields below.
+  imports: tuple[str, ...] = ()
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)

@@ -276,6 +276,7 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
     weight_transport=r.weight_transport,
     weight_delta=r.weight_delta,
     colocated=r.colocated,
+    server_timeout_s=r.server_timeout_s,
   )
 
 

@@ -17,6 +17,7 @@ import jax
 from rstar_jax.config import RunConfig, ToolConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
+from rstar_jax.errors import UserError
 from rstar_jax.pipelines import data_sources, runtime
 from rstar_jax.rollout.async_source import AsyncSource
 from rstar_jax.rollout.sources import GroupSource, SyncSource
@@ -85,6 +86,10 @@ def group_source(run: RunConfig, runner, *, on_start=None) -> GroupSource:
   )
 
 
+class EmptyTrainingSet(UserError, ValueError):
+  """No training problem is left after the filters: the launcher prints one line."""
+
+
 def training_set(
   run: RunConfig, problems: Sequence[Problem], runner
 ) -> tuple[list[Problem], dict[str, int]]:
@@ -103,7 +108,11 @@ def training_set(
   if counts["filter_kept"] < counts["filter_total"]:
     log.info("training set filters: %s", counts)
   if not kept:
-    raise ValueError(f"RL loop: the training problem set is empty (filters: {counts})")
+    raise EmptyTrainingSet(
+      f"RL loop: the training problem set is empty (filters: {counts}); check "
+      "data.train_path, or raise rollout.max_prompt_tokens when filter_dropped_overlong "
+      "counts them all"
+    )
   return kept, counts
 
 

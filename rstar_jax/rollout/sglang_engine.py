@@ -37,9 +37,13 @@ import collections
 import contextlib
 import logging
 import os
+import socket
+import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+from rstar_jax.errors import UserError
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 
@@ -48,6 +52,11 @@ log = logging.getLogger(__name__)
 
 class SGLangError(RuntimeError):
   """A server answered with an error that retries did not fix (names url, path, status)."""
+
+
+class ServersUnavailable(SGLangError, UserError):
+  """The servers did not come up (unresolvable host, timeout, Ctrl-C while waiting): one line
+  naming the URLs; a `UserError`, so launchers print it without a traceback."""
 
 
 class _Retryable(Exception):
@@ -91,6 +100,23 @@ def sampling_to_sglang(sp) -> dict:
   return out
 
 
+def check_resolvable(urls: Sequence[str]) -> None:
+  """Raises `ServersUnavailable` for the first URL whose host name does not resolve (a typo in
+  ``rollout.sglang_urls`` fails at once instead of after the health timeout)."""
+  for u in urls:
+    parsed = urllib.parse.urlsplit(u)
+    host = parsed.hostname
+    if not host:
+      raise ServersUnavailable(f"SGLang URL {u!r}: expected http://host:port")
+    try:
+      socket.getaddrinfo(host, parsed.port or 80, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+      raise ServersUnavailable(
+        f"SGLang URL {u}: cannot resolve host {host!r} ({e.strerror or e}); "
+        "check rollout.sglang_urls"
+      ) from None
+
+
 def parse_generate_response(body: dict, default_version: int) -> GenerateResult:
   """SGLang /generate JSON (one request) -> GenerateResult."""
   if not isinstance(body, dict) or "output_ids" not in body:
@@ -128,6 +154,7 @@ class SGLangEngine:
   transport_options: its keyword arguments (bucket_bytes, timeout_s, backend, ...).
   weight_delta: push only the HF tensors whose bytes changed since the last push.
   colocated: servers share the learner's accelerators (release/resume KV memory per push).
+  server_timeout_s: how long `wait_healthy` waits for every server (``rollout.server_timeout_s``).
   """
 
   def __init__(
@@ -149,6 +176,7 @@ class SGLangEngine:
     weight_delta: bool = False,
     colocated: bool = False,
     transport_options: dict | None = None,
+    server_timeout_s: float = 600.0,
   ):
     if isinstance(urls, str):
       urls = [urls]
@@ -161,6 +189,7 @@ class SGLangEngine:
       "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights"
     )
     self.request_timeout_s = request_timeout_s
+    self.server_timeout_s = float(server_timeout_s)
     self.admin_timeout_s = admin_timeout_s
     self.max_retries = max_retries
     self.backoff_s = backoff_s
@@ -385,18 +414,48 @@ class SGLangEngine:
 
     return dict(zip(self.urls, await asyncio.gather(*[one(u) for u in self.urls])))
 
-  async def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while True:
-      h = await self.health()
-      if all(h.values()):
-        return
-      if loop.time() > end:
-        raise SGLangError(
-          f"servers not healthy after {timeout_s}s: {[u for u, ok in h.items() if not ok]}"
-        )
-      await asyncio.sleep(poll_s)
+  async def wait_healthy(
+    self, timeout_s: float | None = None, poll_s: float = 2.0, log_every_s: float = 5.0
+  ) -> None:
+    """Returns when every server answers ``/health``; else `ServersUnavailable` naming the
+    URLs: at once for a host name that does not resolve, after ``timeout_s`` (default
+    ``server_timeout_s``) for servers that do not answer, and on Ctrl-C. Logs which servers
+    it still waits for every ``log_every_s`` seconds."""
+    timeout_s = self.server_timeout_s if timeout_s is None else float(timeout_s)
+    await asyncio.to_thread(check_resolvable, self.urls)
+    t0 = time.monotonic()
+    next_log = t0 + log_every_s
+    down: list[str] = list(self.urls)
+    try:
+      while True:
+        h = await self.health()
+        down = [u for u, ok in h.items() if not ok]
+        if not down:
+          if time.monotonic() - t0 >= log_every_s:
+            log.info("all %d SGLang servers healthy", len(self.urls))
+          return
+        now = time.monotonic()
+        if now - t0 >= timeout_s:
+          raise ServersUnavailable(
+            f"SGLang server(s) not healthy after {timeout_s:g}s (rollout.server_timeout_s): "
+            f"{', '.join(down)}"
+          )
+        if now >= next_log:
+          log.info(
+            "waiting for %d of %d SGLang servers (%.0fs of %gs): %s",
+            len(down),
+            len(self.urls),
+            now - t0,
+            timeout_s,
+            ", ".join(down),
+          )
+          next_log = now + log_every_s
+        await asyncio.sleep(max(0.0, min(poll_s, t0 + timeout_s - now)))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+      raise ServersUnavailable(
+        f"interrupted after {time.monotonic() - t0:.0f}s while waiting for SGLang server(s): "
+        f"{', '.join(down)}"
+      ) from None
 
   async def update_weights(self, config, params, version: int | None = None) -> dict:
     """Pushes ``params`` through the configured transport; returns the push metrics.
