@@ -258,9 +258,7 @@ async def run_trajectory(
         if any(raised for _, raised in outcomes):
           finish = "tool_error"
           break
-        tool_ids = chat_format.format_tool_turn_ids(
-          tokenizer, fmt, [r.output_text for r in records]
-        )
+        tool_ids = chat_format.tool_turn_ids(tokenizer, fmt, [r.output_text for r in records])
         if len(b.ids) + len(tool_ids) >= config.response_budget:
           finish = "tool_overflow"
           break

@@ -41,7 +41,7 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(setup):
   assert "This is the problem" in text_masked and "Tool call success" in text_masked
   assert "Tool call success" not in text_trained and "<|im_start|>" not in text_trained
   # The prompt equals the one the agent loop samples from.
-  prompt = chat_format.build_prompt_ids(tok, examples[0].messages[0]["content"])
+  prompt = chat_format.prompt_ids(tok, "rstar2", examples[0].messages[0]["content"])
   assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
 
 
