@@ -71,6 +71,8 @@ class AgentRunner:
     show_tool_time: tool responses carry the "execution time" line.
     chat_format: `chat_format.FORMATS` name of the prompt / tool-turn layout.
     tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
+    stop_token_ids: ids that end an assistant turn (() = <|im_end|>; `from_config` adds the
+      checkpoint's generation_config EOS ids).
   """
 
   def __init__(
@@ -90,6 +92,7 @@ class AgentRunner:
     show_tool_time: bool = True,
     chat_format: str = "rstar2",
     tool_truncation: str = "project",
+    stop_token_ids: Sequence[int] = (),
   ):
     self.engine = engine
     self.pool = pool
@@ -102,6 +105,7 @@ class AgentRunner:
     self.verify_timeout_s = verify_timeout_s
     self.chat_format = chat_format
     self.tool_truncation = tool_truncation
+    self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     from rstar_jax.tokenization import chat_format as chat_lib
 
     self._chat = chat_lib
@@ -114,6 +118,8 @@ class AgentRunner:
   @classmethod
   def from_config(cls, run: RunConfig, engine, pool, tokenizer) -> AgentRunner:
     """The runner a run config describes (tool, rollout and reward settings)."""
+    from rstar_jax.tokenization import chat_format as chat_lib
+
     t, r = run.tool, run.rollout
     return cls(
       engine,
@@ -129,6 +135,7 @@ class AgentRunner:
       show_tool_time=t.show_time,
       chat_format=r.chat_format,
       tool_truncation=t.truncation,
+      stop_token_ids=chat_lib.stop_token_ids(tokenizer, run.model.hf_dir),
     )
 
   def prompt_length(self, problem: Problem) -> int:
@@ -174,6 +181,7 @@ class AgentRunner:
       seed=int(seed),
       chat_format=self.chat_format,
       tool_truncation=self.tool_truncation,
+      stop_token_ids=self.stop_token_ids,
     )
     return await agent_loop.run_trajectory(
       self.engine,
