@@ -712,31 +712,3 @@ def chat_template(
     )
   t.append("{%- endif -%}")
   return "".join(t)
-
-
-# ------------------------------------------------------------------------------- deprecated
-# Thin aliases of the one API above, kept while other branches still call them.
-
-
-def build_prompt_text(
-  question: str, system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True
-) -> str:
-  """Deprecated: `prompt_text("rstar2", question, system_prompt, with_tools)`."""
-  return prompt_text(RSTAR2, question, system_prompt, with_tools)
-
-
-def build_prompt_ids(
-  tokenizer, question: str, system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True
-) -> list[int]:
-  """Deprecated: `prompt_ids(tokenizer, "rstar2", question, system_prompt, with_tools)`."""
-  return prompt_ids(tokenizer, RSTAR2, question, system_prompt, with_tools)
-
-
-def format_tool_turn_text(fmt: str | ChatFormat, texts: str | Sequence[str]) -> str:
-  """Deprecated: `tool_turn_text(fmt, texts)`."""
-  return tool_turn_text(fmt, texts)
-
-
-def format_tool_turn_ids(tokenizer, fmt: str | ChatFormat, texts: str | Sequence[str]) -> list[int]:
-  """Deprecated: `tool_turn_ids(tokenizer, fmt, texts)`."""
-  return tool_turn_ids(tokenizer, fmt, texts)

@@ -63,14 +63,6 @@ def test_released_tool_turn_has_no_leading_newline(tokenizer):
   assert tokenizer.decode(ids, skip_special_tokens=False).startswith("<|im_start|>user\n")
 
 
-def test_deprecated_aliases_render_the_default_format():
-  assert cf.build_prompt_text("Q") == cf.prompt_text(cf.RSTAR2, "Q")
-  assert cf.build_prompt_text("Q", "S", False) == cf.prompt_text("rstar2", "Q", "S", False)
-  assert cf.format_tool_turn_text("rstar2_released", "x") == cf.tool_turn_text(
-    cf.RSTAR2_RELEASED, "x"
-  )
-
-
 def test_qwen3_thinking_code_interpreter():
   text = cf.prompt_text("qwen3_thinking", "Find 2+2.")
   assert text.startswith("<|im_start|>system\n# Tools\n\n")
