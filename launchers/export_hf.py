@@ -2,7 +2,9 @@
 
   python -m launchers.export_hf --config=configs/rstar2_tiny_cpu.py \
       --checkpoint_dir=/tmp/rl/ckpt --tokenizer_dir=/tmp/rl/tokenizer --out_dir=/tmp/rl/hf
-The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`.
+The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`; its
+tokenizer's chat template renders the prompts the run trained on, and generation_config.json
+stops on the run's stop ids.
 """
 
 import os
@@ -26,6 +28,12 @@ _TOK = flags.DEFINE_string(
   "Tokenizer to copy (default: the config's, else <checkpoint_dir>/../tokenizer).",
 )
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_DTYPE = flags.DEFINE_string(
+  "dtype",
+  "",
+  "Tensor dtype: float32, bfloat16 or float16 (default: the source's, bfloat16 when the run "
+  "started from a bf16 checkpoint or keeps bf16 params).",
+)
 
 
 def main(argv):
@@ -52,7 +60,7 @@ def main(argv):
       "--config.model.hf_dir / --config.model.tokenizer_dir"
     )
   step = runtime.export_checkpoint(
-    run, _CKPT.value, _OUT.value, tokenizer_path=tok, step=_STEP.value
+    run, _CKPT.value, _OUT.value, tokenizer_path=tok, step=_STEP.value, dtype=_DTYPE.value
   )
   print(f"exported step {step} to {_OUT.value}")
 
