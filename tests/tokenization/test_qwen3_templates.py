@@ -73,6 +73,11 @@ def test_prompt_matches_qwen3_template(tok, fmt, ref):
   # No tools and no system text: Qwen3 writes no system turn at all.
   assert cf.prompt_ids(tok, fmt, Q, with_tools=False) == _ids(tok, ref, bare, **gen)
   assert cf.prompt_ids(tok, fmt, Q, SYSTEM, with_tools=False) == _ids(tok, ref, with_sys, **gen)
+  # The exported template's generation prompt, thinking switched off too (hybrid template).
+  ours = cf.chat_template(fmt)
+  assert _ids(tok, ours, bare, **gen) == _ids(tok, ref, bare, tools=[SCHEMA], **gen)
+  off = {"enable_thinking": False, **gen}
+  assert _ids(tok, ours, bare, **off) == _ids(tok, ref, bare, tools=[SCHEMA], **off)
 
 
 @pytest.mark.parametrize("fmt,ref", [("qwen3_thinking", QWEN3_THINKING), ("qwen3", QWEN3_HYBRID)])
