@@ -182,3 +182,32 @@ def test_source_dtype(source, tmp_path):
   legacy.mkdir()
   (legacy / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
   assert hf_export._hf_dtype(str(legacy)) == "float16"
+
+
+def test_launcher_bad_dtype_is_one_line(tmp_path):
+  import subprocess
+
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launchers.export_hf",
+      "--config=configs/rstar2_tiny_cpu.py",
+      f"--checkpoint_dir={ckpt}",
+      f"--tokenizer_dir={ckpt}",
+      f"--out_dir={tmp_path}/out",
+      "--dtype=fp8",
+    ],
+    cwd=repo,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "export_hf --dtype: expected one of ['float32', 'bfloat16', 'float16'], got 'fp8'" in (
+    proc.stderr
+  )
