@@ -62,13 +62,16 @@ def build_tool_pool(tool):
     )
   if backend == "http":
     from rstar_jax.tools.client import CodePoolClient
+    from rstar_jax.tools.service_token import client_token
 
     urls = list(tool.urls)
     if not urls:
       raise ValueError(
         "tool.urls: expected at least one code-pool service URL for tool.backend='http', got ()"
       )
-    return CodePoolClient(urls[jax.process_index() % len(urls)])
+    # The service's shared secret comes from this process's $RSTAR_CODE_POOL_TOKEN_FILE or
+    # $RSTAR_CODE_POOL_TOKEN (rstar_jax/tools/README.md); a bad token file fails here, at build.
+    return CodePoolClient(urls[jax.process_index() % len(urls)], token=client_token())
   if backend == "ray":
     import ray
 
