@@ -49,10 +49,14 @@ setup(
     "matplotlib>=3.8",
   ],
   extras_require={
+    # Loading an export in transformers (AutoModelForCausalLM needs torch; apply_chat_template
+    # needs jinja2). torch 2.13.0 is the CPU wheel the project machines hold locally.
+    "hf": ["torch==2.13.0", "jinja2>=3.1"],
     "test": [
       "pytest>=8",
       "pytest-timeout>=2.3",
       "torch==2.13.0",
+      "jinja2>=3.1",
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",

@@ -99,7 +99,7 @@ async def barrier_loop(engine, tok, pool, problems, n, cfg: AgentLoopConfig):
       live.append(
         {
           "tid": f"b-p{pi}-s{si}",
-          "prompt": cf.build_prompt_ids(tok, q),
+          "prompt": cf.prompt_ids(tok, "rstar2", q),
           "resp": [],
           "turns": 0,
           "done": False,
@@ -131,7 +131,7 @@ async def barrier_loop(engine, tok, pool, problems, n, cfg: AgentLoopConfig):
       *[asyncio.gather(*[pool.execute(c.code, c.stdin) for c in cs]) for _, cs in jobs]
     )
     for (t, _), rs in zip(jobs, outs):
-      t["resp"] += cf.tool_turn_ids(tok, [r.stdout for r in rs])
+      t["resp"] += cf.tool_turn_ids(tok, "rstar2", [r.stdout for r in rs])
   return live
 
 

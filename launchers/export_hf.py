@@ -2,9 +2,10 @@
 
   python -m launchers.export_hf --config=configs/rstar2_tiny_cpu.py \
       --checkpoint_dir=/tmp/rl/ckpt --tokenizer_dir=/tmp/rl/tokenizer --out_dir=/tmp/rl/hf
-The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`. A LoRA
-run (model.lora_rank > 0) writes the merged model, or with --adapters_only PEFT adapters
-(`peft.PeftModel.from_pretrained(base_model, out_dir)`).
+The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`; its
+tokenizer's chat template renders the prompts the run trained on, and generation_config.json
+stops on the run's stop ids. A LoRA run (model.lora_rank > 0) writes the merged model, or with
+--adapters_only PEFT adapters (`peft.PeftModel.from_pretrained(base_model, out_dir)`).
 """
 
 import os
@@ -33,6 +34,12 @@ _ADAPTERS = flags.DEFINE_bool(
   False,
   "LoRA runs: write PEFT-format adapters (adapter_config.json + adapter_model.safetensors) "
   "instead of the merged model.",
+)
+_DTYPE = flags.DEFINE_string(
+  "dtype",
+  "",
+  "Tensor dtype: float32, bfloat16 or float16 (default: the source's, bfloat16 when the run "
+  "started from a bf16 checkpoint or keeps bf16 params).",
 )
 
 
@@ -66,6 +73,7 @@ def main(argv):
     tokenizer_path=tok,
     step=_STEP.value,
     adapters_only=_ADAPTERS.value,
+    dtype=_DTYPE.value,
   )
   print(f"exported step {step} to {_OUT.value}")
 

@@ -468,8 +468,8 @@ class RolloutConfig(_Section):
   )
   chat_format: str = field(
     "rstar2",
-    one_of(("rstar2", "rstar2_released", "qwen3_thinking")),
-    "Prompt / tool-turn layout (`tokenization.chat_format.FORMATS`): 'rstar2' (project), 'rstar2_released' (released tool name, descriptions and turn joining), 'qwen3_thinking' (ASTER: Qwen3 thinking template, `code_interpreter` tool).",
+    one_of(("rstar2", "rstar2_released", "qwen3_thinking", "qwen3")),
+    "Prompt / tool-turn layout (`tokenization.chat_format.FORMATS`): 'rstar2' (project), 'rstar2_released' (released tool name, descriptions and turn joining), 'qwen3_thinking' (ASTER: Qwen3 thinking template, `code_interpreter` tool), 'qwen3' (Qwen3 hybrid template, thinking on).",
   )
 
   def _cross(self):

@@ -35,17 +35,19 @@ class _GatherOnRead:
     return x if dtype is None else x.astype(dtype)
 
 
-def save_hf_multihost(out_dir: str | os.PathLike, model_config, params: Any) -> None:
-  """`qwen3.save_hf` for params sharded over processes (module docstring); the plain call with
-  one process."""
+def save_hf_multihost(
+  out_dir: str | os.PathLike, model_config, params: Any, dtype: str | None = None
+) -> None:
+  """`qwen3.save_hf` (tensors cast to ``dtype``, None = the params') for params sharded over
+  processes (module docstring); the plain call with one process."""
   from rstar_jax.models import qwen3
 
   if jax.process_count() == 1:
-    qwen3.save_hf(os.fspath(out_dir), model_config, params)
+    qwen3.save_hf(os.fspath(out_dir), model_config, params, dtype=dtype)
     return
   wrapped = jax.tree.map(_GatherOnRead, params)
   if jax.process_index() == 0:
-    qwen3.save_hf(os.fspath(out_dir), model_config, wrapped)
+    qwen3.save_hf(os.fspath(out_dir), model_config, wrapped, dtype=dtype)
   else:
     for path, shape in _read_order(model_config):
       leaf = _get(wrapped, path)

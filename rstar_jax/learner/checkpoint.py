@@ -200,8 +200,9 @@ def _close_manager(mgr: ocp.CheckpointManager) -> None:
   mgr.close()
 
 
-def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
-  """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``).
+def export_hf(out_dir: str | os.PathLike, model_config, params, dtype: str | None = None) -> None:
+  """Writes ``params`` as a Hugging Face model directory (transformers ``from_pretrained``),
+  tensors cast to ``dtype`` ("float32" / "bfloat16" / "float16"; None = the params' dtype).
 
   Sharded params are fine: ``qwen3.save_hf`` gathers one safetensors shard at a time. With
   several JAX processes every process must call this; tensors are gathered one at a time and
@@ -209,4 +210,6 @@ def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
   """
   from rstar_jax.distributed.export import save_hf_multihost
 
-  save_hf_multihost(os.fspath(out_dir), model_config, lora.merged(params))  # LoRA: merged
+  save_hf_multihost(
+    os.fspath(out_dir), model_config, lora.merged(params), dtype=dtype
+  )  # LoRA: merged

@@ -25,6 +25,7 @@ from rstar_jax.models import qwen3_hf_layout as hf_layout
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
 
 INDEX_FILE = "model.safetensors.index.json"
+SAVE_DTYPES = ("float32", "bfloat16", "float16")  # what `save_hf` writes (transformers' names)
 SINGLE_FILE = "model.safetensors"
 
 
@@ -166,14 +167,18 @@ def save_hf(
   config: Qwen3Config,
   params: dict[str, Any],
   max_shard_size_bytes: int = 5 * 2**30,
+  dtype: str | None = None,
 ) -> None:
   """Writes an HF directory: config.json, generation-free safetensors shard(s), index.
 
-  Tensors keep the params' dtype (float32 or bfloat16). A single ``model.safetensors`` is
-  written when everything fits in ``max_shard_size_bytes``; otherwise
-  ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``. One shard's worth of
-  tensors is held on the host at a time.
+  Tensors keep the params' dtype (float32, bfloat16 or float16), or are cast to ``dtype``
+  (one of `SAVE_DTYPES`) one at a time on the host, so a bf16 export of f32 params never
+  holds a second copy of the model. A single ``model.safetensors`` is written when everything
+  fits in ``max_shard_size_bytes``; otherwise ``model-0000i-of-0000n.safetensors`` +
+  ``model.safetensors.index.json``. One shard's worth of tensors is held on the host at a time.
   """
+  if dtype is not None and dtype not in SAVE_DTYPES:
+    raise ValueError(f"save_hf: dtype must be one of {SAVE_DTYPES}, got {dtype!r}")
   out_dir = os.fspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   shapes = param_shapes(config)
@@ -190,7 +195,7 @@ def save_hf(
       )
     dtypes.add(jnp.dtype(arr.dtype).name)
   for t in hf_layout.hf_table(config):
-    item = jnp.dtype(_get(params, t.path).dtype).itemsize
+    item = jnp.dtype(dtype or _get(params, t.path).dtype).itemsize
     plan.append((t, int(np.prod(t.shape)) * item))
   # Group in order into shards under the cap (a tensor bigger than the cap gets its own).
   shards: list[list] = [[]]
@@ -209,6 +214,8 @@ def save_hf(
     for t, _ in entries:
       arr = _get(params, t.path)
       x = np.asarray(jax.device_get(arr[t.layer] if t.layer is not None else arr))
+      if dtype is not None:
+        x = x.astype(jnp.dtype(dtype))
       tensors[t.name] = np.ascontiguousarray(x.T if t.transpose else x)
       weight_map[t.name] = fname
     save_file(tensors, os.path.join(out_dir, fname), metadata={"format": "pt"})
@@ -222,6 +229,8 @@ def save_hf(
     stale = os.path.join(out_dir, INDEX_FILE)
     if os.path.exists(stale):
       os.remove(stale)
-  dtype_name = "bfloat16" if dtypes == {"bfloat16"} else "float32"
+  dtype_name = dtype or (
+    dtypes.pop() if len(dtypes) == 1 and dtypes <= {"bfloat16", "float16"} else "float32"
+  )
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config.to_hf_dict(dtype_name), f, indent=2)

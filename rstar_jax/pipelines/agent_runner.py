@@ -76,6 +76,8 @@ class AgentRunner:
     tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
     reward_fn: ``async (response_text, gold) -> float`` (`rewards.registry.from_config`);
       None = `math_reward.score_async` with ``answer_mode``.
+    stop_token_ids: ids that end an assistant turn (() = <|im_end|>; `from_config` adds the
+      checkpoint's generation_config EOS ids).
   """
 
   def __init__(
@@ -96,6 +98,7 @@ class AgentRunner:
     chat_format: str = "rstar2",
     tool_truncation: str = "project",
     reward_fn: Callable[[str, str], Awaitable[float]] | None = None,
+    stop_token_ids: Sequence[int] = (),
   ):
     self.engine = engine
     self.pool = pool
@@ -109,6 +112,7 @@ class AgentRunner:
     self.chat_format = chat_format
     self.tool_truncation = tool_truncation
     self.reward_fn = reward_fn  # reward registry hook (issue 32)
+    self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
     from rstar_jax.tokenization import chat_format as chat_lib
 
     self._chat = chat_lib
@@ -121,6 +125,8 @@ class AgentRunner:
   @classmethod
   def from_config(cls, run: RunConfig, engine, pool, tokenizer) -> AgentRunner:
     """The runner a run config describes (tool, rollout and reward settings)."""
+    from rstar_jax.tokenization import chat_format as chat_lib
+
     t, r = run.tool, run.rollout
     return cls(
       engine,
@@ -138,6 +144,7 @@ class AgentRunner:
       tool_truncation=t.truncation,
       verify_timeout_s=run.reward.timeout_s,
       reward_fn=reward_registry.from_config(run),  # reward registry hook (issue 32)
+      stop_token_ids=chat_lib.stop_token_ids(tokenizer, run.model.hf_dir),
     )
 
   def prompt_length(self, problem: Problem) -> int:
@@ -183,6 +190,7 @@ class AgentRunner:
       seed=int(seed),
       chat_format=self.chat_format,
       tool_truncation=self.tool_truncation,
+      stop_token_ids=self.stop_token_ids,
     )
     return await agent_loop.run_trajectory(
       self.engine,

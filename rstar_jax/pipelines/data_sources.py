@@ -128,13 +128,13 @@ def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] =
   """Texts a from-scratch tokenizer is trained on: prompts, chats, digits and code idioms."""
   from rstar_jax.tokenization import chat_format
 
-  texts = [chat_format.build_prompt_text(p.problem) for p in problems[:2000]]
+  texts = [chat_format.prompt_text("rstar2", p.problem) for p in problems[:2000]]
   texts += [p.solution_code for p in problems[:2000] if p.solution_code]
   for c in chats[:2000]:
     texts += [_content(m) for m in c.messages]
   texts += [
     " ".join(str(i) for i in range(1000)),
-    chat_format.tool_turn_text("Tool call success\nstdout: 0\nexecution time: 0.01s"),
+    chat_format.tool_turn_text("rstar2", "Tool call success\nstdout: 0\nexecution time: 0.01s"),
   ]
   return texts
 

@@ -127,8 +127,8 @@ def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
     return bpe.load_tokenizer(out)
   sp, wt = _system_prompt(cfg), cfg.rollout.with_tools
   texts = coldstart.chat_texts(chats)
-  texts += [chat_format.build_prompt_text(p.problem, sp, wt) for p in train[:2000]]
-  texts += [chat_format.tool_turn_text("Tool call success\nstdout: 0")] * 100
+  texts += [chat_format.prompt_text("rstar2", p.problem, sp, wt) for p in train[:2000]]
+  texts += [chat_format.tool_turn_text("rstar2", "Tool call success\nstdout: 0")] * 100
   added = domain.domain_tokens() if cfg.demo.domain_tokens else []
   # Whole-number tokens: copying a number (question -> code, tool output -> answer) is then
   # copying one token, which a ~1M-parameter model learns from a few hundred SFT steps

@@ -179,14 +179,19 @@ def export_checkpoint(
   tokenizer_path: str = "",
   step: int | None = None,
   adapters_only: bool = False,
+  dtype: str | None = None,
 ) -> int:
   """Writes the params of an orbax checkpoint (latest, or ``step``) as an HF directory, with
-  the tokenizer from ``tokenizer_path`` (default: the config's). Returns the exported step.
+  the tokenizer from ``tokenizer_path`` (default: the config's) carrying the run's chat
+  template, and generation_config.json with the run's stop ids (`hf_export`). Tensors are
+  ``dtype`` (None = the source's: `hf_export.source_dtype`). Returns the exported step.
 
   A LoRA run (``model.lora_rank > 0``) exports the merged model, or with ``adapters_only``
   the adapters in PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``)."""
   from rstar_jax.learner.checkpoint import Checkpointer, export_hf
+  from rstar_jax.pipelines import hf_export
 
+  dtype = hf_export.export_dtype(run, dtype)
   learner = build_learner_for_restore(run)
   if adapters_only and not lora.is_lora(learner.state.params):
     raise ValueError("export_hf --adapters_only: the run has no adapters (model.lora_rank is 0)")
@@ -198,12 +203,12 @@ def export_checkpoint(
     if is_primary():
       lora.save_peft(out_dir, learner.state.params)
     return int(meta["step"])
-  export_hf(out_dir, learner.model_config, learner.state.params)
+  export_hf(out_dir, learner.model_config, learner.state.params, dtype=dtype)
   tok_path = tokenizer_path or run.tokenizer_dir()
   from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer
 
   if tok_path and is_primary():
-    load_tokenizer(tok_path).save_pretrained(out_dir)
+    hf_export.write_tokenizer_and_generation_config(out_dir, run, load_tokenizer(tok_path))
   return int(meta["step"])
 
 

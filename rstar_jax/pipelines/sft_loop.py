@@ -224,20 +224,29 @@ def run_sft(
   }
   if export and step >= total:
     hf_dir = os.path.join(workdir, "hf")
-    export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer)
+    export_with_tokenizer(hf_dir, learner.model_config, learner.state.params, tokenizer, run)
     out["hf_dir"] = hf_dir
   out["learner"] = learner
   out["tokenizer"] = tokenizer
   return out
 
 
-def export_with_tokenizer(out_dir: str, model_config, params, tokenizer) -> None:
-  """HF model directory + the tokenizer files (so the directory is self-contained)."""
+def export_with_tokenizer(
+  out_dir: str, model_config, params, tokenizer, run: RunConfig | None = None
+) -> None:
+  """HF model directory + the tokenizer files (so the directory is self-contained); with the
+  ``run``, its chat template and generation_config.json with its stop ids (`hf_export`), so an
+  RL run from this directory stops on the same ids (the source's EOS ids carry over)."""
   export_hf(out_dir, model_config, params)
   from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer
 
   if tokenizer is not None and hasattr(tokenizer, "save_pretrained") and is_primary():
-    tokenizer.save_pretrained(out_dir)
+    if run is None:
+      tokenizer.save_pretrained(out_dir)
+    else:
+      from rstar_jax.pipelines import hf_export
+
+      hf_export.write_tokenizer_and_generation_config(out_dir, run, tokenizer)
 
 
 def _with_warmup(run: RunConfig, warm: int, total: int) -> RunConfig:

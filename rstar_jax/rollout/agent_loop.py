@@ -64,6 +64,8 @@ class AgentLoopConfig:
   chat_format: `rstar_jax.tokenization.chat_format` format name ("rstar2",
       "rstar2_released", "qwen3_thinking"): prompt, tool name and tool-turn joining.
   stateful_tool: pass a per-trajectory session_id to the pool (ASTER); False = stateless.
+  stop_token_ids: ids that end an assistant turn (`chat_format.stop_token_ids`: <|im_end|>
+      and the checkpoint's generation_config EOS ids); () = the tokenizer's <|im_end|> alone.
   seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
   max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
   """
@@ -80,6 +82,7 @@ class AgentLoopConfig:
   tool_truncation: str = "project"
   chat_format: str = "rstar2"
   stateful_tool: bool = False
+  stop_token_ids: tuple[int, ...] = ()
   seed: int | None = None
   max_concurrent: int = 0
 
@@ -193,7 +196,7 @@ async def run_trajectory(
   prompt = (
     list(prompt_ids) if prompt_ids is not None else chat_format.prompt_ids(tokenizer, fmt, question)
   )
-  stop_id = chat_format.stop_token_id(tokenizer)
+  stop_ids = tuple(config.stop_token_ids) or (chat_format.stop_token_id(tokenizer),)
   tid = trajectory_id or f"traj{next(_TRAJ_COUNTER)}-p{problem_index}-s{sample_index}"
   session_id = tid if config.stateful_tool else None
   lease_fn = getattr(engine, "trajectory_lease", None)
@@ -218,7 +221,7 @@ async def run_trajectory(
           temperature=config.temperature,
           top_p=config.top_p,
           top_k=config.top_k,
-          stop_token_ids=(stop_id,),
+          stop_token_ids=stop_ids,
           seed=_turn_seed(config.seed, problem_index, sample_index, turns),
         )
         req = GenerateRequest(prompt + b.ids, sp, rid=f"{tid}:{turns}")
@@ -258,9 +261,7 @@ async def run_trajectory(
         if any(raised for _, raised in outcomes):
           finish = "tool_error"
           break
-        tool_ids = chat_format.format_tool_turn_ids(
-          tokenizer, fmt, [r.output_text for r in records]
-        )
+        tool_ids = chat_format.tool_turn_ids(tokenizer, fmt, [r.output_text for r in records])
         if len(b.ids) + len(tool_ids) >= config.response_budget:
           finish = "tool_overflow"
           break

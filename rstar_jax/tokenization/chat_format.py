@@ -1,31 +1,42 @@
 """rStar2-Agent / ASTER prompt and turn rendering, token-in/token-out.
 
-Prompt  = <|im_start|>system\\n{SYSTEM_PROMPT}\\n\\n{Hermes tool block}<|im_end|>\\n
-          <|im_start|>user\\n{USER_PREFIX}{question}<|im_end|>\\n
-          <|im_start|>assistant\\n<reason>
+Prompt  = <|im_start|>system\\n{system prompt}\\n\\n{Hermes tool block}<|im_end|>\\n
+          <|im_start|>user\\n{user prefix}{question}<|im_end|>\\n
+          {generation prompt}                       (rstar2: <|im_start|>assistant\\n<reason>)
 The model writes an assistant turn and ends it with <|im_end|> (a stop token). A tool turn is
-appended as the ids of the fixed template TOOL_TURN (loss mask 0); the leading "\\n" is ChatML's
+appended as the ids of a fixed template (loss mask 0); rstar2's leading "\\n" is ChatML's
 newline after <|im_end|>. Several calls in one turn give one user turn with one
 <tool_response> block per call (consecutive tool messages merge). Generated ids are never
 decoded and re-encoded: the agent loop decodes only to parse tool calls.
 
-`render_chat_ids` renders a whole trajectory (messages) for SFT with the same pieces, so a
-trajectory written by the agent loop and the same conversation rendered for SFT agree token
-for token (as long as the model's ids are the canonical encoding of its text).
+One API, every function taking the format first (a `FORMATS` name or a `ChatFormat`):
+  prompt_text / prompt_ids        the prompt of one question, ending with the prefill
+  tool_turn_text / tool_turn_ids  the tool turn appended after an assistant <|im_end|>
+  render_chat_ids                 a whole chat (messages) for SFT, with its loss mask
+  chat_template                   the Jinja template that renders the same text (exports)
+  stop_token_ids                  <|im_end|> plus the checkpoint's generation_config EOS ids
+A trajectory written by the agent loop and the same conversation rendered for SFT agree token
+for token (as long as the model's ids are the canonical encoding of its text), and
+`apply_chat_template` with `chat_template(fmt)` gives the same text.
 
-Formats (`ChatFormat`, looked up by name with `get_format`; every function takes ``fmt``):
+Formats:
   "rstar2"           this project's default: tool `execute_python_code_with_standard_io`,
-                     shortened descriptions, tool turn led by ChatML's "\\n".
+                     shortened descriptions, tool turn led by ChatML's "\\n", `<reason>` prefill.
   "rstar2_released"  the released rStar2-Agent code (microsoft/rStar,
                      rstar2_agent/config/rstar2_agent_trainer.yaml custom_chat_template and
                      tool_config/python_tool_config.yaml): tool `python_code_with_standard_io`
                      with the released descriptions; the tool turn is appended right after the
                      assistant's <|im_end|> with no newline (verl's agent loop renders the tool
                      messages with the template and strips the system prefix).
-  "qwen3_thinking"   ASTER: the Qwen3 thinking template (no system text, bare user turn, the
-                     generation prompt opens <think>) with a stateful `code_interpreter` tool
-                     that takes only `code`.
-See docs/fidelity.md.
+  "qwen3_thinking"   ASTER: the Qwen3 thinking template (Qwen3-*-Thinking-2507: no system text
+                     unless given, bare user turn, the generation prompt opens <think>, an
+                     assistant turn is <think>\\n{reasoning}\\n</think>\\n\\n{content}) with a
+                     stateful `code_interpreter` tool that takes only `code`.
+  "qwen3"            the Qwen3 hybrid template in thinking mode (Qwen3-8B/14B/32B): the
+                     generation prompt is a bare <|im_start|>assistant\\n and the model opens
+                     <think> itself; same tool as "qwen3_thinking".
+The Qwen3 formats are checked token for token against the Qwen3 templates in
+tests/tokenization/test_qwen3_templates.py. See docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -83,77 +94,31 @@ USER_PREFIX = (
   "\\boxed{} tag.\nThis is the problem:\n"
 )
 GENERATION_PROMPT = "<|im_start|>assistant\n<reason>"
-TOOL_TURN_HEAD = "\n<|im_start|>user\n"
 TOOL_RESPONSE_BLOCK = "<tool_response>\n{text}\n</tool_response>"
-TOOL_TURN_TAIL = "<|im_end|>\n" + GENERATION_PROMPT
 IM_END = "<|im_end|>"
+_ASSISTANT_HEAD = "<|im_start|>assistant\n"
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-def system_text(system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True) -> str:
-  return system_prompt + ("\n\n" + TOOLS_BLOCK if with_tools else "")
-
-
-def build_prompt_text(
-  question: str, system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True
-) -> str:
-  """The rendered prompt string, ending with the `<|im_start|>assistant\\n<reason>` prefill."""
-  if not isinstance(question, str):
-    raise TypeError(f"build_prompt_text: question must be str, got {type(question).__name__}")
-  return (
-    f"<|im_start|>system\n{system_text(system_prompt, with_tools)}<|im_end|>\n"
-    f"<|im_start|>user\n{USER_PREFIX}{question}<|im_end|>\n{GENERATION_PROMPT}"
-  )
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-  return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
-
-
-def build_prompt_ids(
-  tokenizer, question: str, system_prompt: str = SYSTEM_PROMPT, with_tools: bool = True
-) -> list[int]:
-  """Prompt token ids [P] for one question (system + tools + user prefix + prefill)."""
-  return _encode(tokenizer, build_prompt_text(question, system_prompt, with_tools))
-
-
-def tool_turn_text(texts: str | Sequence[str]) -> str:
-  """The tool (user) turn for one or several tool-response bodies, ending in the prefill."""
-  texts = [texts] if isinstance(texts, str) else list(texts)
-  if not texts:
-    raise ValueError("tool_turn_text: no tool response texts")
-  blocks = "\n".join(TOOL_RESPONSE_BLOCK.format(text=t) for t in texts)
-  return TOOL_TURN_HEAD + blocks + TOOL_TURN_TAIL
-
-
-def tool_turn_ids(tokenizer, texts: str | Sequence[str]) -> list[int]:
-  """Ids of the tool turn appended after an assistant `<|im_end|>` (all loss mask 0)."""
-  return _encode(tokenizer, tool_turn_text(texts))
-
-
-def stop_token_id(tokenizer) -> int:
-  """The id of `<|im_end|>`, which ends every assistant turn."""
-  tid = tokenizer.convert_tokens_to_ids(IM_END)
-  if tid is None or tid == getattr(tokenizer, "unk_token_id", -1):
-    raise ValueError(f"tokenizer has no {IM_END} token")
-  return int(tid)
-
-
 # ------------------------------------------------------------------------------- formats
+
+_TOOLS_HEAD = (
+  "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_TAIL = (
+  "\n</tools>\n\n"
+  "For each function call, return a json object with function name and arguments "
+  "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+  '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+THINKING = ("", "qwen3", "qwen3_thinking")
 
 
 def _tools_block(schema: Mapping[str, Any]) -> str:
-  """The Hermes tool block of the Qwen / rStar2 templates for one tool."""
-  return (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-    + json.dumps(schema, ensure_ascii=False)
-    + "\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-  )
+  """The Hermes tool block of the Qwen / rStar2 templates for one tool (HF's `tojson`)."""
+  return _TOOLS_HEAD + "\n" + json.dumps(schema, ensure_ascii=False) + _TOOLS_TAIL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,12 +128,18 @@ class ChatFormat:
   Attributes:
       name: registry name (`get_format`).
       tool_schema: the OpenAI-style function schema shown in the system turn.
-      system_prompt: text before the tool block ("" = the tool block alone).
+      system_prompt: text before the tool block ("" = the tool block alone; with no tool
+          block either, no system turn at all, as Qwen3's template).
       user_prefix: text put before the question in the user turn.
       generation_prompt: the assistant prefill ending the prompt and every tool turn.
       tool_turn_lead: text between the assistant's <|im_end|> and the tool turn's
           <|im_start|> ("\\n" = ChatML; "" = the released rStar2 loop).
       call_fields: argument names `format_tool_call` writes (("code", "input") or ("code",)).
+      thinking: how an assistant turn holds its reasoning. "" = inline in the content after
+          the prefill (rStar2's <reason>; a separate `reasoning_content` is refused);
+          "qwen3_thinking" = always <think>\\n{r}\\n</think>\\n\\n{content} (Qwen3 thinking
+          template); "qwen3" = the same, but a non-final turn without reasoning is its bare
+          content (Qwen3 hybrid template).
   """
 
   name: str
@@ -178,6 +149,11 @@ class ChatFormat:
   generation_prompt: str
   tool_turn_lead: str = "\n"
   call_fields: tuple = ("code", "input")
+  thinking: str = ""
+
+  def __post_init__(self):
+    if self.thinking not in THINKING:
+      raise ValueError(f"ChatFormat.thinking: expected one of {THINKING}, got {self.thinking!r}")
 
   @property
   def tool_name(self) -> str:
@@ -186,6 +162,11 @@ class ChatFormat:
   @property
   def tools_block(self) -> str:
     return _tools_block(self.tool_schema)
+
+  @property
+  def prefill(self) -> str:
+    """What the generation prompt puts after `<|im_start|>assistant\\n` ("<reason>", ...)."""
+    return self.generation_prompt[len(_ASSISTANT_HEAD) :]
 
 
 _RELEASED_SCHEMA = {
@@ -257,8 +238,18 @@ QWEN3_THINKING = ChatFormat(
   "",
   "<|im_start|>assistant\n<think>\n",
   call_fields=("code",),
+  thinking="qwen3_thinking",
 )
-FORMATS = {f.name: f for f in (RSTAR2, RSTAR2_RELEASED, QWEN3_THINKING)}
+QWEN3 = ChatFormat(
+  "qwen3",
+  _CODE_INTERPRETER_SCHEMA,
+  "",
+  "",
+  "<|im_start|>assistant\n",
+  call_fields=("code",),
+  thinking="qwen3",
+)
+FORMATS = {f.name: f for f in (RSTAR2, RSTAR2_RELEASED, QWEN3_THINKING, QWEN3)}
 
 
 def get_format(fmt: str | ChatFormat) -> ChatFormat:
@@ -270,23 +261,35 @@ def get_format(fmt: str | ChatFormat) -> ChatFormat:
   return FORMATS[fmt]
 
 
+# ------------------------------------------------------------------------------- prompts
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+  return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def _system_turn(f: ChatFormat, system_prompt: str | None, with_tools: bool) -> str:
+  sp = f.system_prompt if system_prompt is None else system_prompt
+  tools = f.tools_block if with_tools else ""
+  system = sp + ("\n\n" if sp and tools else "") + tools
+  return f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+
+
 def prompt_text(
   fmt: str | ChatFormat, question: str, system_prompt: str | None = None, with_tools: bool = True
 ) -> str:
   """The rendered prompt of ``question`` in format ``fmt`` (ends with its prefill).
 
   ``system_prompt`` replaces the format's system text (None = the format's); ``with_tools``
-  False leaves the tool block out. For "rstar2" this equals `build_prompt_text`.
+  False leaves the tool block out. An empty system text with no tool block renders no system
+  turn (Qwen3's template).
   """
   f = get_format(fmt)
   if not isinstance(question, str):
     raise TypeError(f"prompt_text: question must be str, got {type(question).__name__}")
-  sp = f.system_prompt if system_prompt is None else system_prompt
-  tools = f.tools_block if with_tools else ""
-  system = sp + ("\n\n" if sp and tools else "") + tools
   return (
-    f"<|im_start|>system\n{system}<|im_end|>\n"
-    f"<|im_start|>user\n{f.user_prefix}{question}<|im_end|>\n{f.generation_prompt}"
+    _system_turn(f, system_prompt, with_tools)
+    + f"<|im_start|>user\n{f.user_prefix}{question}<|im_end|>\n{f.generation_prompt}"
   )
 
 
@@ -297,21 +300,69 @@ def prompt_ids(
   system_prompt: str | None = None,
   with_tools: bool = True,
 ) -> list[int]:
+  """Prompt token ids [P] of ``question`` (`prompt_text`)."""
   return _encode(tokenizer, prompt_text(fmt, question, system_prompt, with_tools))
 
 
-def format_tool_turn_text(fmt: str | ChatFormat, texts: str | Sequence[str]) -> str:
-  """The tool turn of ``fmt`` for one or several tool-response bodies."""
+def tool_turn_text(fmt: str | ChatFormat, texts: str | Sequence[str]) -> str:
+  """The tool turn of ``fmt`` for one or several tool-response bodies, ending in the prefill."""
   f = get_format(fmt)
   texts = [texts] if isinstance(texts, str) else list(texts)
   if not texts:
-    raise ValueError("format_tool_turn_text: no tool response texts")
+    raise ValueError("tool_turn_text: no tool response texts")
   blocks = "\n".join(TOOL_RESPONSE_BLOCK.format(text=t) for t in texts)
   return f.tool_turn_lead + "<|im_start|>user\n" + blocks + "<|im_end|>\n" + f.generation_prompt
 
 
-def format_tool_turn_ids(tokenizer, fmt: str | ChatFormat, texts: str | Sequence[str]) -> list[int]:
-  return _encode(tokenizer, format_tool_turn_text(fmt, texts))
+def tool_turn_ids(tokenizer, fmt: str | ChatFormat, texts: str | Sequence[str]) -> list[int]:
+  """Ids of the tool turn appended after an assistant `<|im_end|>` (all loss mask 0)."""
+  return _encode(tokenizer, tool_turn_text(fmt, texts))
+
+
+def stop_token_id(tokenizer) -> int:
+  """The id of `<|im_end|>`, which ends every assistant turn."""
+  tid = tokenizer.convert_tokens_to_ids(IM_END)
+  if tid is None or tid == getattr(tokenizer, "unk_token_id", -1):
+    raise ValueError(f"tokenizer has no {IM_END} token")
+  return int(tid)
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def generation_config_eos_ids(model_dir: str) -> tuple[int, ...]:
+  """The ``eos_token_id`` ids of ``model_dir``/generation_config.json (an int or a list);
+  () when the directory or the file is absent. A malformed file is a one-line ValueError."""
+  import os
+
+  path = os.path.join(model_dir, GENERATION_CONFIG) if model_dir else ""
+  if not path or not os.path.isfile(path):
+    return ()
+  try:
+    with open(path) as fh:
+      eos = json.load(fh).get("eos_token_id")
+  except (OSError, ValueError, AttributeError) as e:
+    raise ValueError(f"{path}: not a JSON object ({e})") from None
+  eos = [] if eos is None else [eos] if isinstance(eos, int) else eos
+  if not isinstance(eos, list) or not all(isinstance(t, int) and t >= 0 for t in eos):
+    raise ValueError(f"{path}: eos_token_id: expected an id or a list of ids, got {eos!r}")
+  return tuple(eos)
+
+
+def stop_token_ids(tokenizer, model_dir: str = "") -> tuple[int, ...]:
+  """The ids that end an assistant turn: `<|im_end|>` first, then every EOS id of the
+  checkpoint's generation_config.json (``model_dir``; Qwen3 lists <|im_end|> and
+  <|endoftext|>), without repeats. What the agent loop stops on and what the export writes."""
+  out = [stop_token_id(tokenizer)]
+  vocab = len(tokenizer)
+  for t in generation_config_eos_ids(model_dir):
+    if t >= vocab:
+      raise ValueError(
+        f"{model_dir}/{GENERATION_CONFIG}: eos_token_id {t} is outside the tokenizer's {vocab} ids"
+      )
+    if t not in out:
+      out.append(t)
+  return tuple(out)
 
 
 # ------------------------------------------------------------------------------- tool calls
@@ -387,7 +438,7 @@ def format_tool_call(
   args = {"code": code, "input": stdin}
   return (
     "\n<tool_call>\n"
-    + json.dumps({"name": tool_name, "arguments": {k: args[k] for k in fields}})
+    + json.dumps({"name": tool_name, "arguments": {k: args[k] for k in fields}}, ensure_ascii=False)
     + "\n</tool_call>"
   )
 
@@ -412,61 +463,96 @@ class RenderedChat:
     return [0] * len(self.prompt_ids) + self.loss_mask
 
 
-def _assistant_text(msg: Mapping[str, Any], where: str, fmt: ChatFormat = None) -> str:
-  fmt = fmt or RSTAR2
+def _call_args(call: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], Any]:
+  """(function, parsed arguments) of one OpenAI-style tool call; the code must be there."""
+  fn = call.get("function", call)
+  args = fn.get("arguments", {})
+  parsed = json.loads(args) if isinstance(args, str) else args
+  if not isinstance(parsed, Mapping) or "code" not in parsed:
+    raise ValueError(f"{where}: arguments lack 'code'")
+  return fn, parsed
+
+
+def _qwen3_call(fn: Mapping[str, Any], tool_name: str) -> str:
+  """One call as Qwen3's template writes it (string arguments verbatim, else HF `tojson`)."""
+  args = fn.get("arguments", {})
+  args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+  return (
+    f'<tool_call>\n{{"name": "{fn.get("name", tool_name)}", "arguments": {args}}}\n</tool_call>'
+  )
+
+
+def _assistant_body(msg: Mapping[str, Any], where: str, f: ChatFormat, last: bool) -> str:
+  """The text of one assistant turn after `<|im_start|>assistant\\n`, up to its <|im_end|>."""
   content = msg.get("content") or ""
   if not isinstance(content, str):
     raise TypeError(f"{where}: content must be a string, got {type(content).__name__}")
-  prefill = fmt.generation_prompt[len("<|im_start|>assistant\n") :]
-  if prefill and content.startswith(prefill):  # the prefill already holds it (<reason>, ...)
-    content = content[len(prefill) :]
-  for j, call in enumerate(msg.get("tool_calls") or ()):
-    fn = call.get("function", call)
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-      args = json.loads(args)
-    if "code" not in args:
-      raise ValueError(f"{where}.tool_calls[{j}]: arguments lack 'code'")
-    content += format_tool_call(
-      args["code"], args.get("input", "") or "", fn.get("name", fmt.tool_name), fmt.call_fields
-    )
-  return content
+  reasoning = msg.get("reasoning_content")
+  if reasoning is not None and not isinstance(reasoning, str):
+    raise TypeError(f"{where}.reasoning_content: expected a string, got {type(reasoning).__name__}")
+  calls = list(msg.get("tool_calls") or ())
+  if not f.thinking:
+    if reasoning:
+      raise ValueError(
+        f"{where}.reasoning_content: format {f.name!r} keeps the reasoning inline in the "
+        f"content after {f.prefill!r}; merge it into 'content' or use a Qwen3 format"
+      )
+    if f.prefill and content.startswith(f.prefill):  # the prefill already holds it
+      content = content[len(f.prefill) :]
+    body = f.prefill + content
+    for j, call in enumerate(calls):
+      fn, args = _call_args(call, f"{where}.tool_calls[{j}]")
+      body += format_tool_call(
+        args["code"], args.get("input", "") or "", fn.get("name", f.tool_name), f.call_fields
+      )
+    return body
+  # Qwen3's templates, rule for rule: the reasoning is `reasoning_content`, else what precedes
+  # </think> in the content; the thinking block is written unless this is a hybrid-template
+  # turn that is neither the last nor has reasoning.
+  if reasoning is None:
+    reasoning = ""
+    if "</think>" in content:
+      reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+      content = content.split("</think>")[-1].lstrip("\n")
+  if f.thinking == "qwen3_thinking" or last or reasoning:
+    body = "<think>\n" + reasoning.strip("\n") + "\n</think>\n\n" + content.lstrip("\n")
+  else:
+    body = content
+  for j, call in enumerate(calls):
+    fn, _ = _call_args(call, f"{where}.tool_calls[{j}]")
+    body += ("\n" if content or j else "") + _qwen3_call(fn, f.tool_name)
+  return body
 
 
 def render_chat_ids(
   tokenizer,
   messages: Sequence[Mapping[str, Any]],
-  system_prompt: str = SYSTEM_PROMPT,
+  system_prompt: str | None = None,
   with_tools: bool = True,
   fmt: str | ChatFormat | None = None,
 ) -> RenderedChat:
   """Renders [system?] user (assistant tool+)* assistant into prompt/response ids + loss mask.
 
-  Assistant content may start with "<reason>" (dropped: the prefill has it) and may carry
-  OpenAI-style `tool_calls` (appended as <tool_call> blocks); `<|im_end|>` is appended to each
-  assistant turn with mask 1. Consecutive `tool` messages become one tool turn (mask 0) built
-  by `tool_turn_ids`, exactly as the agent loop appends them.
-
-  ``fmt`` (a `FORMATS` name or `ChatFormat`) renders in that format instead, as the agent loop
-  does with the same format (a system message then replaces the format's system text);
-  ``system_prompt`` applies to the default format only; ``with_tools`` to every format.
+  ``fmt`` (a `FORMATS` name or `ChatFormat`; None = "rstar2") is the layout, as the agent
+  loop renders it; a system message, else ``system_prompt`` (None = the format's), is the
+  system text; ``with_tools`` puts the format's tool block in. Assistant turns may carry
+  OpenAI-style `tool_calls` (written as <tool_call> blocks) and, in the Qwen3 formats,
+  `reasoning_content` (or <think>...</think> inline), rendered as Qwen3's templates do; an
+  rstar2 content may start with the "<reason>" prefill. `<|im_end|>` ends each assistant turn
+  with mask 1. Consecutive `tool` messages become one tool turn (mask 0) built by
+  `tool_turn_ids`, exactly as the agent loop appends them. The text equals
+  `apply_chat_template(messages)` with `chat_template(fmt)` minus the final newline.
   """
   msgs = list(messages)
-  f = None if fmt is None else get_format(fmt)
+  f = get_format("rstar2" if fmt is None else fmt)
   if msgs and msgs[0].get("role") == "system":
     system_prompt, msgs = msgs[0]["content"], msgs[1:]
-    if f is not None:
-      f = dataclasses.replace(f, system_prompt=system_prompt)
   if not msgs or msgs[0].get("role") != "user":
     raise ValueError(
       "render_chat_ids: messages must start with a user message "
       f"(after an optional system), got roles {[m.get('role') for m in messages]}"
     )
-  prompt = (
-    build_prompt_ids(tokenizer, msgs[0]["content"], system_prompt, with_tools)
-    if f is None
-    else prompt_ids(tokenizer, f, msgs[0]["content"], with_tools=with_tools)
-  )
+  prompt = prompt_ids(tokenizer, f, msgs[0]["content"], system_prompt, with_tools)
   im_end = stop_token_id(tokenizer)
   ids: list[int] = []
   mask: list[int] = []
@@ -478,7 +564,9 @@ def render_chat_ids(
     if role != expect and not (expect == "assistant" and role is None):
       raise ValueError(f"{where}: expected role {expect!r}, got {role!r}")
     if role == "assistant":
-      piece = _encode(tokenizer, _assistant_text(msgs[i], where, f)) + [im_end]
+      body = _assistant_body(msgs[i], where, f, last=i == len(msgs) - 1)
+      # The prompt / tool turn already holds the prefill; the model writes the rest.
+      piece = _encode(tokenizer, body[len(f.prefill) :]) + [im_end]
       ids += piece
       mask += [1] * len(piece)
       i += 1
@@ -488,9 +576,7 @@ def render_chat_ids(
       while i < len(msgs) and msgs[i].get("role") == "tool":
         texts.append(str(msgs[i].get("content", "")))
         i += 1
-      piece = (
-        tool_turn_ids(tokenizer, texts) if f is None else format_tool_turn_ids(tokenizer, f, texts)
-      )
+      piece = tool_turn_ids(tokenizer, f, texts)
       ids += piece
       mask += [0] * len(piece)
       expect = "assistant"
@@ -499,56 +585,130 @@ def render_chat_ids(
   return RenderedChat(prompt, ids, mask)
 
 
-def chat_template() -> str:
-  """A Jinja ChatML template equal to `build_prompt_text` / `render_chat_ids` text.
+# ------------------------------------------------------------------------------- Jinja template
 
+
+def _lit(s: str) -> str:
+  """A literal as a Jinja expression: immune to trim_blocks / lstrip_blocks."""
+  return "{{ " + json.dumps(s) + " }}"
+
+
+def chat_template(
+  fmt: str | ChatFormat = "rstar2", system_prompt: str | None = None, with_tools: bool = True
+) -> str:
+  """A Jinja chat template that renders format ``fmt`` as this module does.
+
+  With ``system_prompt`` / ``with_tools`` as the run used them,
   `apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)` gives
-  `build_prompt_text(q)`. Tool messages are wrapped in <tool_response> and merged.
+  `prompt_text(fmt, q, system_prompt, with_tools)`, and a whole chat gives `render_chat_ids`'
+  text plus the final newline. A `tools` argument replaces the trained tool block; a system
+  message replaces the system text. The Qwen3 formats follow Qwen3's templates (reasoning
+  written as <think> blocks only after the last user query, string tool arguments verbatim);
+  an rstar2 assistant message with `reasoning_content` is an error, as in `render_chat_ids`.
   """
-
-  def lit(s: str) -> str:  # every literal as an expression: immune to trim/lstrip_blocks
-    return "{{ " + json.dumps(s) + " }}"
-
-  return (
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set sys = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
-    "{%- else -%}{%- set sys = " + json.dumps(SYSTEM_PROMPT) + " -%}"
-    "{%- set rest = messages -%}{%- endif -%}"
-    + lit("<|im_start|>system\n")
-    + "{{ sys }}"
-    + lit("\n\n" + TOOLS_BLOCK + "<|im_end|>\n")
-    + "{%- for m in rest -%}"
-    "{%- if m['role'] == 'user' -%}"
-    + lit("<|im_start|>user\n" + USER_PREFIX)
-    + "{{ m['content'] }}"
-    + lit("<|im_end|>\n")
-    + "{%- elif m['role'] == 'assistant' -%}"
-    "{%- set c = m['content'] or '' -%}"
-    "{%- if c.startswith('<reason>') -%}{%- set c = c[8:] -%}{%- endif -%}"
-    + lit("<|im_start|>assistant\n<reason>")
-    + "{{ c }}"
-    "{%- for tc in m.get('tool_calls', []) or [] -%}"
-    "{%- set f = tc['function'] if tc['function'] is defined else tc -%}"
-    + lit('\n<tool_call>\n{"name": ')
-    + "{{ f['name'] | tojson }}"
-    + lit(', "arguments": ')
-    + "{{ f['arguments'] | tojson }}"
-    + lit("}\n</tool_call>")
-    + "{%- endfor -%}"
-    + lit("<|im_end|>\n")
-    + "{%- elif m['role'] == 'tool' -%}"
-    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}"
-    + lit("<|im_start|>user\n")
+  f = get_format(fmt)
+  sp = f.system_prompt if system_prompt is None else system_prompt
+  q = json.dumps
+  t = [
+    "{%- set sys = " + q(sp) + " -%}{%- set rest = messages -%}",
+    "{%- if messages and messages[0]['role'] == 'system' -%}",
+    "{%- set sys = messages[0]['content'] -%}{%- set rest = messages[1:] -%}{%- endif -%}",
+    "{%- if tools is defined and tools -%}",
+    "{%- set ns = namespace(tb=" + q(_TOOLS_HEAD) + ") -%}",
+    "{%- for tl in tools -%}{%- set ns.tb = ns.tb + '\\n' + (tl | tojson) -%}{%- endfor -%}",
+    "{%- set tb = ns.tb + " + q(_TOOLS_TAIL) + " -%}",
+    "{%- else -%}{%- set tb = " + q(f.tools_block if with_tools else "") + " -%}{%- endif -%}",
+    "{%- if sys and tb -%}{%- set sys = sys + '\\n\\n' + tb -%}",
+    "{%- elif tb -%}{%- set sys = tb -%}{%- endif -%}",
+    "{%- if sys -%}" + _lit("<|im_start|>system\n") + "{{ sys }}" + _lit("<|im_end|>\n"),
+    "{%- endif -%}",
+    # Qwen3: the index of the last real user query (tool responses sent as user text skipped).
+    "{%- set ns2 = namespace(last_query=rest | length - 1, multi=true) -%}",
+    "{%- for m in rest[::-1] -%}",
+    "{%- if ns2.multi and m['role'] == 'user' and m['content'] is string and not "
+    "(m['content'].startswith('<tool_response>') and m['content'].endswith('</tool_response>'))"
+    " -%}",
+    "{%- set ns2.multi = false -%}{%- set ns2.last_query = rest | length - 1 - loop.index0 -%}",
+    "{%- endif -%}{%- endfor -%}",
+    "{%- for m in rest -%}",
+    "{%- set content = m['content'] if m['content'] is string else '' -%}",
+    "{%- if m['role'] == 'user' -%}",
+    _lit("<|im_start|>user\n" + f.user_prefix) + "{{ content }}" + _lit("<|im_end|>\n"),
+    "{%- elif m['role'] == 'system' -%}",
+    _lit("<|im_start|>system\n") + "{{ content }}" + _lit("<|im_end|>\n"),
+    "{%- elif m['role'] == 'assistant' -%}",
+  ]
+  if f.thinking:
+    show = "true" if f.thinking == "qwen3_thinking" else "(loop.last or r)"
+    t += [
+      "{%- set r = '' -%}",
+      "{%- if m.reasoning_content is string -%}{%- set r = m.reasoning_content -%}",
+      "{%- elif '</think>' in content -%}",
+      "{%- set r = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+      ".lstrip('\\n') -%}",
+      "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}",
+      "{%- if loop.index0 > ns2.last_query and " + show + " -%}",
+      _lit("<|im_start|>assistant\n<think>\n")
+      + "{{ r.strip('\\n') }}"
+      + _lit("\n</think>\n\n")
+      + "{{ content.lstrip('\\n') }}",
+      "{%- else -%}" + _lit("<|im_start|>assistant\n") + "{{ content }}{%- endif -%}",
+      "{%- for tc in m.tool_calls or [] -%}",
+      "{%- if (loop.first and content) or not loop.first -%}" + _lit("\n") + "{%- endif -%}",
+      "{%- set fn = tc.function if tc.function is defined else tc -%}",
+      _lit('<tool_call>\n{"name": "') + "{{ fn.name }}" + _lit('", "arguments": '),
+      "{%- if fn.arguments is string -%}{{ fn.arguments }}",
+      "{%- else -%}{{ fn.arguments | tojson }}{%- endif -%}",
+      _lit("}\n</tool_call>"),
+      "{%- endfor -%}",
+    ]
+  else:
+    n = len(f.prefill)
+    t += [
+      "{%- if m.reasoning_content is string and m.reasoning_content -%}",
+      "{{ raise_exception("
+      + q(f"format {f.name!r} keeps the reasoning inline in the content after {f.prefill!r}")
+      + ") }}{%- endif -%}",
+      "{%- if content.startswith(" + q(f.prefill) + ") -%}",
+      "{%- set content = content[" + str(n) + ":] -%}{%- endif -%}",
+      _lit("<|im_start|>assistant\n" + f.prefill) + "{{ content }}",
+      "{%- for tc in m.tool_calls or [] -%}",
+      "{%- set fn = tc.function if tc.function is defined else tc -%}",
+      _lit('\n<tool_call>\n{"name": ')
+      + "{{ fn.name | tojson }}"
+      + _lit(', "arguments": ')
+      + "{{ fn.arguments | tojson }}"
+      + _lit("}\n</tool_call>"),
+      "{%- endfor -%}",
+    ]
+  t.append(_lit("<|im_end|>"))
+  if f.tool_turn_lead:
+    t.append(_lit("\n"))
+  else:  # the released loop appends the tool turn right after <|im_end|>
+    t.append(
+      "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' -%}"
+      + _lit("\n")
+      + "{%- endif -%}"
+    )
+  t += [
+    "{%- elif m['role'] == 'tool' -%}",
+    "{%- if loop.first or rest[loop.index0 - 1]['role'] != 'tool' -%}"
+    + _lit("<|im_start|>user\n")
     + "{%- else -%}"
-    + lit("\n")
-    + "{%- endif -%}"
-    + lit("<tool_response>\n")
-    + "{{ m['content'] }}"
-    + lit("\n</tool_response>")
-    + "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}"
-    + lit("<|im_end|>\n")
-    + "{%- endif -%}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}" + lit(GENERATION_PROMPT) + "{%- endif -%}"
-  )
+    + _lit("\n")
+    + "{%- endif -%}",
+    _lit("<tool_response>\n") + "{{ content }}" + _lit("\n</tool_response>"),
+    "{%- if loop.last or rest[loop.index0 + 1]['role'] != 'tool' -%}"
+    + _lit("<|im_end|>\n")
+    + "{%- endif -%}",
+    "{%- endif -%}{%- endfor -%}",
+    "{%- if add_generation_prompt -%}" + _lit(f.generation_prompt),
+  ]
+  if f.thinking == "qwen3":  # the hybrid template's non-thinking switch
+    t.append(
+      "{%- if enable_thinking is defined and enable_thinking is false -%}"
+      + _lit("<think>\n\n</think>\n\n")
+      + "{%- endif -%}"
+    )
+  t.append("{%- endif -%}")
+  return "".join(t)

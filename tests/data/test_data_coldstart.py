@@ -140,7 +140,7 @@ def test_masks_and_ids_match_the_agent_loop(built, tmp_path):
   ((ids, mask),) = coldstart.render_examples(tok, kept[:1], with_tools=False)
   ex = kept[0]
   assert ex.messages[0]["role"] == "user"  # no system message: the default prompt
-  prompt = chat_format.build_prompt_ids(tok, ex.messages[0]["content"], with_tools=False)
+  prompt = chat_format.prompt_ids(tok, "rstar2", ex.messages[0]["content"], with_tools=False)
   assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
   # rebuild the response the way the agent loop does: generated turns (mask 1) + tool turns
   # from the fixed template (mask 0)
@@ -156,7 +156,7 @@ def test_masks_and_ids_match_the_agent_loop(built, tmp_path):
       want_ids += piece
       want_mask += [1] * len(piece)
     else:
-      piece = chat_format.tool_turn_ids(tok, [m["content"]])
+      piece = chat_format.tool_turn_ids(tok, "rstar2", [m["content"]])
       want_ids += piece
       want_mask += [0] * len(piece)
   assert ids[len(prompt) :] == want_ids and mask[len(prompt) :] == want_mask

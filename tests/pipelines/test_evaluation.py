@@ -55,7 +55,7 @@ CODES = {
 
 @pytest.fixture(scope="module")
 def tokenizer():
-  corpus = [chat_format.build_prompt_text(p.problem) for p in PROBLEMS] + list(CODES.values())
+  corpus = [chat_format.prompt_text("rstar2", p.problem) for p in PROBLEMS] + list(CODES.values())
   return bpe.train_bpe_tokenizer(corpus, 600)
 
 

@@ -103,12 +103,21 @@ def test_launchers_sft_train_eval_export(tmp_path):
   import torch
   from transformers import AutoModelForCausalLM, AutoTokenizer
 
+  from rstar_jax.tokenization import chat_format
+
+  # The README's lines: the exported template renders the training prompt, and it generates.
   tok = AutoTokenizer.from_pretrained(f"{tmp_path}/export")
   model = AutoModelForCausalLM.from_pretrained(f"{tmp_path}/export")
-  ids = tok("Compute 3 * 4.", return_tensors="pt")["input_ids"]
+  chat = [{"role": "user", "content": "Compute 3 * 4."}]
+  inputs = tok.apply_chat_template(
+    chat, add_generation_prompt=True, return_tensors="pt", return_dict=True
+  )
+  prompt = inputs["input_ids"][0].tolist()
+  assert prompt == chat_format.prompt_ids(tok, cfg.rollout.chat_format, "Compute 3 * 4.")
   with torch.no_grad():
-    logits = model(ids).logits
-  assert logits.shape == (1, ids.shape[1], cfg.model.vocab_size)
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+  assert out.shape[1] > len(prompt) and out[0, : len(prompt)].tolist() == prompt
+  assert model.generation_config.eos_token_id == list(chat_format.stop_token_ids(tok, hf))
 
 
 def test_export_without_a_tokenizer_is_refused(tmp_path):

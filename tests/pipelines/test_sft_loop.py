@@ -1,13 +1,16 @@
 """SFT loop: loss only on assistant tokens, and an interrupted + resumed run ends bit-identical
 to a straight one (same batches in the same order, same optimizer state)."""
 
+import json
+import os
+
 import jax
 import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
-from rstar_jax.pipelines import data_sources, sft_loop
+from rstar_jax.pipelines import data_sources, hf_export, sft_loop
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.tokenization import chat_format
 
@@ -41,7 +44,7 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(setup):
   assert "This is the problem" in text_masked and "Tool call success" in text_masked
   assert "Tool call success" not in text_trained and "<|im_start|>" not in text_trained
   # The prompt equals the one the agent loop samples from.
-  prompt = chat_format.build_prompt_ids(tok, examples[0].messages[0]["content"])
+  prompt = chat_format.prompt_ids(tok, "rstar2", examples[0].messages[0]["content"])
   assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
 
 
@@ -57,6 +60,13 @@ def test_resume_is_bit_identical(setup, tmp_path):
   assert part["steps"] == 2
   resumed = sft_loop.run_sft(cfg, str(tmp_path / "b"), tokenizer=tok, examples=examples)
   assert resumed["steps"] == 3 and "hf_dir" in resumed
+  # The export carries the run's template and stop ids (an RL run from it stops the same way).
+  hf = resumed["hf_dir"]
+  gen = json.load(open(os.path.join(hf, "generation_config.json")))
+  assert gen["eos_token_id"] == list(chat_format.stop_token_ids(tok, cfg.model.hf_dir))
+  assert chat_format.stop_token_ids(tok, hf) == chat_format.stop_token_ids(tok, cfg.model.hf_dir)
+  with open(os.path.join(hf, "chat_template.jinja")) as f:
+    assert f.read() == hf_export.trained_chat_template(cfg)
   same = jax.tree.map(
     lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
     straight["learner"].state.params,

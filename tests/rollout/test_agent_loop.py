@@ -25,7 +25,7 @@ def test_single_turn_stop(tokenizer):
   assert t.response_ids == ids and t.loss_mask == [1] * len(ids)
   assert t.logprobs == [-0.5] * len(ids) and t.weight_versions == [3] * len(ids)
   assert (t.finish_reason, t.num_turns, t.tool_calls, t.num_answer_tags) == ("stop", 1, [], 1)
-  assert t.prompt_ids == cf.build_prompt_ids(tokenizer, "What is 2+2?")
+  assert t.prompt_ids == cf.prompt_ids(tokenizer, "rstar2", "What is 2+2?")
   assert t.response_text == FINAL + "<|im_end|>"
   assert eng.requests[0].sampling.max_new_tokens == 200
   assert eng.requests[0].sampling.stop_token_ids == (cf.stop_token_id(tokenizer),)
@@ -96,7 +96,7 @@ def test_max_turns_ends_on_assistant_turn(tokenizer):
 def test_budget_counts_tool_tokens_and_never_overflows(tokenizer):
   call = call_text("print(1+1)")
   turn_len = len(tokenizer.encode(call, add_special_tokens=False)) + 1
-  tool_len = len(cf.tool_turn_ids(tokenizer, "2"))
+  tool_len = len(cf.tool_turn_ids(tokenizer, "rstar2", "2"))
   render = lambda r, n: r.stdout.strip()  # noqa: E731
   # room for exactly: turn, tool turn, turn -> the second tool turn would overflow
   budget = 2 * turn_len + tool_len + 3

@@ -27,7 +27,7 @@ def test_agent_loop_with_jax_sampler(tokenizer):
     max_position_embeddings=4096,
   )
   params = qwen3.init_params(cfg, jax.random.PRNGKey(1))
-  prompt_len = len(cf.build_prompt_ids(tokenizer, "q0"))
+  prompt_len = len(cf.prompt_ids(tokenizer, "rstar2", "q0"))
   budget = 12
   engine = JaxSampler(
     cfg,

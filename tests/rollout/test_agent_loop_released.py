@@ -93,8 +93,11 @@ def test_config_rejects_unknown_options():
 @pytest.mark.parametrize("fmt", ["rstar2_released", "qwen3_thinking"])
 def test_sft_renderer_matches_agent_loop_per_format(tokenizer, fmt):
   f = cf.get_format(fmt)
-  call = "run." + cf.format_tool_call("print(2+2)", "", f.tool_name, f.call_fields)
-  eng = ScriptedEngine(tokenizer, lambda r, t: call if t == 0 else "so 4 \\boxed{4}")
+  # A Qwen3 thinking model closes the <think> its prefill opened; the chat carries that
+  # reasoning as reasoning_content (Qwen3's template).
+  think = "hmm\n</think>\n\n" if f.thinking else ""
+  call = think + "run." + cf.format_tool_call("print(2+2)", "", f.tool_name, f.call_fields)
+  eng = ScriptedEngine(tokenizer, lambda r, t: call if t == 0 else think + "so 4 \\boxed{4}")
   t = asyncio.run(
     run_trajectory(
       eng,
@@ -105,15 +108,17 @@ def test_sft_renderer_matches_agent_loop_per_format(tokenizer, fmt):
       render=lambda r, n: r.stdout.strip(),
     )
   )
+  reasoning = {"reasoning_content": "hmm"} if f.thinking else {}
   msgs = [
     {"role": "user", "content": "Q"},
     {
       "role": "assistant",
       "content": "run.",
       "tool_calls": [{"function": {"name": f.tool_name, "arguments": {"code": "print(2+2)"}}}],
+      **reasoning,
     },
     {"role": "tool", "content": "4"},
-    {"role": "assistant", "content": "so 4 \\boxed{4}"},
+    {"role": "assistant", "content": "so 4 \\boxed{4}", **reasoning},
   ]
   r = cf.render_chat_ids(tokenizer, msgs, fmt=fmt)
   assert (r.prompt_ids, r.response_ids, r.loss_mask) == (t.prompt_ids, t.response_ids, t.loss_mask)

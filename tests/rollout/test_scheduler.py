@@ -62,7 +62,7 @@ def test_agent_loop_over_mock_servers_respects_kv_capacity(tokenizer):
   trajectory stays on one server, and the capacity comes from /get_server_info."""
   from rstar_jax.tokenization import chat_format as cf
 
-  prompt_len = len(cf.build_prompt_ids(tokenizer, "q0"))
+  prompt_len = len(cf.prompt_ids(tokenizer, "rstar2", "q0"))
   budget = 64
   cap = 2 * (prompt_len + budget) + 10
   peak = {}

@@ -7,7 +7,7 @@ from rstar_jax.tokenization import chat_format as cf
 
 def test_prompt_layout(tokenizer):
   q = "Find 3+4."
-  text = cf.build_prompt_text(q)
+  text = cf.prompt_text("rstar2", q)
   assert text.startswith("<|im_start|>system\n" + cf.SYSTEM_PROMPT + "\n\n# Tools")
   assert '"name": "execute_python_code_with_standard_io"' in text
   assert text.endswith(
@@ -16,7 +16,7 @@ def test_prompt_layout(tokenizer):
     + q
     + "<|im_end|>\n<|im_start|>assistant\n<reason>"
   )
-  ids = cf.build_prompt_ids(tokenizer, q)
+  ids = cf.prompt_ids(tokenizer, "rstar2", q)
   assert tokenizer.decode(ids, skip_special_tokens=False) == text
   schema = json.loads(text.split("<tools>\n")[1].split("\n</tools>")[0])
   assert schema["function"]["parameters"]["required"] == ["code", "input"]
@@ -26,7 +26,7 @@ def test_chat_template_matches_renderer(tokenizer):
   q = "What is 2+2?"
   assert tokenizer.apply_chat_template(
     [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
-  ) == cf.build_prompt_text(q)
+  ) == cf.prompt_text("rstar2", q)
   msgs = [
     {"role": "user", "content": q},
     {
@@ -45,7 +45,7 @@ def test_chat_template_matches_renderer(tokenizer):
   assert tokenizer.decode(r.input_ids, skip_special_tokens=False) + "\n" == full
   # mask: 1 exactly on assistant-written text (+ its <|im_end|>), 0 on tool turns
   im_end = cf.stop_token_id(tokenizer)
-  tool_ids = cf.tool_turn_ids(tokenizer, ["Tool call success\nstdout: 4", "second"])
+  tool_ids = cf.tool_turn_ids(tokenizer, "rstar2", ["Tool call success\nstdout: 4", "second"])
   assert tool_ids[0:1] == tokenizer.encode("\n", add_special_tokens=False)
   k = r.response_ids.index(im_end) + 1
   assert r.loss_mask[:k] == [1] * k
@@ -57,16 +57,16 @@ def test_chat_template_matches_renderer(tokenizer):
 
 
 def test_tool_turn_template(tokenizer):
-  text = cf.tool_turn_text(["a", "b"])
+  text = cf.tool_turn_text("rstar2", ["a", "b"])
   assert text == (
     "\n<|im_start|>user\n<tool_response>\na\n</tool_response>\n<tool_response>"
     "\nb\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>"
   )
   assert tokenizer.decode(
-    cf.tool_turn_ids(tokenizer, "x"), skip_special_tokens=False
-  ) == cf.tool_turn_text("x")
+    cf.tool_turn_ids(tokenizer, "rstar2", "x"), skip_special_tokens=False
+  ) == cf.tool_turn_text("rstar2", "x")
   with pytest.raises(ValueError, match="no tool response"):
-    cf.tool_turn_text([])
+    cf.tool_turn_text("rstar2", [])
 
 
 def test_parse_tool_calls():

@@ -57,15 +57,10 @@ def test_released_prompt_character_for_character():
 
 
 def test_released_tool_turn_has_no_leading_newline(tokenizer):
-  assert cf.format_tool_turn_text("rstar2_released", ["A", "B"]) == RELEASED_TOOL_TURN
-  assert cf.format_tool_turn_text("rstar2", ["A", "B"]) == "\n" + RELEASED_TOOL_TURN
-  ids = cf.format_tool_turn_ids(tokenizer, "rstar2_released", "A")
+  assert cf.tool_turn_text("rstar2_released", ["A", "B"]) == RELEASED_TOOL_TURN
+  assert cf.tool_turn_text("rstar2", ["A", "B"]) == "\n" + RELEASED_TOOL_TURN
+  ids = cf.tool_turn_ids(tokenizer, "rstar2_released", "A")
   assert tokenizer.decode(ids, skip_special_tokens=False).startswith("<|im_start|>user\n")
-
-
-def test_default_format_is_unchanged():
-  assert cf.prompt_text("rstar2", "Q") == cf.build_prompt_text("Q")
-  assert cf.format_tool_turn_text(cf.RSTAR2, "x") == cf.tool_turn_text("x")
 
 
 def test_qwen3_thinking_code_interpreter():
@@ -78,7 +73,7 @@ def test_qwen3_thinking_code_interpreter():
   schema = json.loads(text.split("<tools>\n")[1].split("\n</tools>")[0])
   assert schema["function"]["name"] == "code_interpreter"
   assert schema["function"]["parameters"]["required"] == ["code"]
-  assert cf.format_tool_turn_text("qwen3_thinking", "4").endswith(
+  assert cf.tool_turn_text("qwen3_thinking", "4").endswith(
     "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
   )
   call = '<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "x = 2"}}\n</tool_call>'

@@ -41,7 +41,7 @@ def test_autotokenizer_loads_saved_dir(tmp_path):
   tok = make_tokenizer(str(tmp_path))
   assert os.path.isfile(tmp_path / "tokenizer.json")
   auto = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
-  text = chat_format.build_prompt_text("What is 7*6?")
+  text = chat_format.prompt_text("rstar2", "What is 7*6?")
   assert auto.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
   assert load_tokenizer(str(tmp_path)).encode(text, add_special_tokens=False) == auto.encode(
     text, add_special_tokens=False

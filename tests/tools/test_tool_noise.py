@@ -113,7 +113,7 @@ def test_the_policy_sees_injected_failures_through_the_runner():
   """The hook in `agent_runner`: a runner over a NoisyPool renders the transient failure into
   the trajectory (status error, message in the tool turn), seed by seed reproducibly."""
   prob = Problem(problem="Compute 6 * 7.", answer="42")
-  tok = bpe.train_bpe_tokenizer([chat_format.build_prompt_text(prob.problem), "print(42)"], 600)
+  tok = bpe.train_bpe_tokenizer([chat_format.prompt_text("rstar2", prob.problem), "print(42)"], 600)
   settings = agent_runner.RolloutSettings(response_budget=300, max_turns=3)
 
   async def run(rate, reverse=False):
@@ -146,12 +146,13 @@ def test_open_runner_wraps_the_pool_it_builds():
   cfg = demo_config.get_config("smoke")
   cfg.tool.num_workers = 1
   seen = {}
+  tok = bpe.train_bpe_tokenizer(["print(42)"], 600)  # from_config reads its stop ids
   for rate in (0.0, 0.2):
     cfg.tool.inject_failure_rate = rate
     run = from_config_dict(cfg)
 
     async def main(run, rate):
-      async with agent_runner.open_runner(run, None, None, None, engine=object()) as runner:
+      async with agent_runner.open_runner(run, None, None, tok, engine=object()) as runner:
         seen[rate] = runner.pool
 
     asyncio.run(main(run, rate))
