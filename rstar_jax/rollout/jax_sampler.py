@@ -368,6 +368,7 @@ class JaxSampler:
     self.compile_counts = collections.Counter()
     self.dispatch_counts = collections.Counter()
     self.prefill_tokens: collections.Counter[str] = collections.Counter()
+    self.evictions = 0  # kept trajectory prefixes dropped to make room
     self._set_model(config, params)
     self._check_fits()
     self._pool: paged_kv.PagedKV | None = None
@@ -661,6 +662,7 @@ class JaxSampler:
       if victim is None:
         return None
       self._free.extend(self._kept.pop(victim).pages)
+      self.evictions += 1
     taken, self._free = self._free[:n], self._free[n:]
     return taken
 
