@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+import rstar_jax
 from rstar_jax.models import qwen3
 from rstar_jax.rollout.jax_sampler import JaxSampler
 from rstar_jax.rollout.types import GenerateRequest, SamplingParams
@@ -31,7 +32,8 @@ CFG = qwen3.Qwen3Config(
 )
 # (temperature, top_k, top_p): one request per static sampling variant.
 VARIANT_SETTINGS = [(0.0, -1, 1.0), (1.0, -1, 1.0), (1.0, 5, 1.0), (0.9, -1, 0.9), (1.2, 5, 0.9)]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The child imports the same rstar_jax as this process (whichever checkout is on the path).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(rstar_jax.__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +221,84 @@ def test_kept_prefixes_are_evicted_when_admission_needs_room(params):
   assert got == ref
   assert eng.evictions > 0
   assert eng.free_pages == 128 // 16
+
+
+def _scripted_model(vocab, successor):
+  """A 1-layer Qwen3 whose next token is ``successor[current]`` by a logit margin of ~60
+  (one-hot-like embeddings read back by the LM head), so the agent loop sees tool calls;
+  the attention and MLP keep their random init, so the logprobs still depend on the cache."""
+  cfg = qwen3.Qwen3Config(
+    vocab_size=vocab,
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    tie_word_embeddings=False,
+  )
+  p = qwen3.init_params(cfg, jax.random.key(2))
+  emb = np.random.default_rng(0).normal(size=(vocab, 64)).astype(np.float32)
+  head = np.zeros((64, vocab), np.float32)
+  for a, b in successor.items():
+    head[:, b] += emb[a]
+  p["embed_tokens"]["embedding"] = jax.numpy.asarray(emb)
+  p["lm_head"]["kernel"] = jax.numpy.asarray(head)
+  return cfg, p
+
+
+def test_agent_loop_ten_turns_prefill_only_new_tokens_through_the_lease_hook(tokenizer):
+  """The real agent loop (``run_trajectory``) over 10 tool turns: under its
+  ``trajectory_lease`` hook each turn prefills only the appended tool-turn tokens, and the
+  trajectory equals one run by an engine without the hook (full re-prefill every turn)."""
+  from rollout_helpers import FakePool
+
+  from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_trajectory
+  from rstar_jax.tokenization import chat_format as cf
+
+  loop_cfg = AgentLoopConfig(max_turns=10, response_budget=1400, seed=0)
+  fmt = cf.get_format(loop_cfg.chat_format)
+  prompt = cf.prompt_ids(tokenizer, fmt, "q0")
+  tool_turn = cf.format_tool_turn_ids(tokenizer, fmt, ["x"])  # ends like the prompt
+  call_open, call_close = (
+    tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")
+  )
+  stop = cf.stop_token_id(tokenizer)
+  body = tokenizer.encode("{", add_special_tokens=False)[0]
+  # Each assistant turn is "<tool_call>{</tool_call><|im_end|>" (a call whose JSON does not
+  # parse: the loop answers it with a parse_error tool turn and goes on).
+  assert prompt[-1] == tool_turn[-1]
+  cfg, params = _scripted_model(
+    len(tokenizer), {prompt[-1]: call_open, call_open: body, body: call_close, call_close: stop}
+  )
+
+  class NoLease:  # the same engine without the hook
+    def __init__(self, eng):
+      self.generate = eng.generate
+
+  kw = dict(max_batch=1, max_len=2048, page_size=16, decode_chunk=4)
+  ref_engine = JaxSampler(cfg, params, **kw)
+  eng = JaxSampler(cfg, params, **kw)
+
+  async def run(engine):
+    return await run_trajectory(
+      engine, tokenizer, FakePool(), "q0", loop_cfg, trajectory_id="traj-0"
+    )
+
+  ref = asyncio.run(run(NoLease(ref_engine)))
+  got = asyncio.run(run(eng))
+  assert got.num_turns == 10 and got.finish_reason == "max_turns"
+  assert [c.status for c in got.tool_calls] == ["parse_error"] * 9
+  assert got.response_ids == ref.response_ids
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+  # Turn 1 prefills the prompt; each later turn its tool-turn tokens plus the previous turn's
+  # last sampled token (never fed back inside the turn that sampled it).
+  mask = np.asarray(got.loss_mask)
+  starts = np.flatnonzero(np.diff(np.concatenate([[1], mask])) == -1)  # tool turns begin
+  tool_lens = [int(np.argmax(mask[s:] == 1)) for s in starts]
+  assert len(tool_lens) == 9 and mask.sum() == 40
+  new_tokens = len(prompt) + sum(n + 1 for n in tool_lens)
+  turn_inputs = [len(prompt)] + [len(prompt) + s + n for s, n in zip(starts, tool_lens)]
+  assert eng.prefill_tokens["traj-0"] == new_tokens
+  assert sum(turn_inputs) > 5 * new_tokens  # what re-prefilling every turn costs
+  assert eng.free_pages == 2048 // 16
