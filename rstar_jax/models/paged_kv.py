@@ -76,13 +76,17 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
   Hkv = k.shape[2]
   k, v = k.astype(q.dtype), v.astype(q.dtype)
   if implementation == "fused":
-    impl = "cudnn" if attention_lib.fused_unavailable_reason(q.dtype) is None else "xla"
-    if impl == "xla":
-      msg = attention_lib.fused_unavailable_reason(q.dtype)
-      if msg not in _logged:
-        _logged.add(msg)
-        logging.getLogger(__name__).info("decode attention 'fused': %s; XLA path", msg)
-    o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation=impl)
+    reason = attention_lib.fused_unavailable_reason(q.dtype)
+    if reason is None:
+      try:
+        o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation="cudnn")
+        return o.reshape(B, T, Hq * Dh)
+      except (NotImplementedError, ValueError, RuntimeError) as e:  # raised while tracing
+        reason = f"cuDNN rejected the call: {type(e).__name__}: {e}"
+    if reason not in _logged:
+      _logged.add(reason)
+      logging.getLogger(__name__).info("decode attention 'fused': %s; XLA path", reason)
+    o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation="xla")
     return o.reshape(B, T, Hq * Dh)
   if implementation != "xla":
     raise ValueError(

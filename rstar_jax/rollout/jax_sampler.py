@@ -762,7 +762,6 @@ class JaxSampler:
       B = self.max_batch
       z = np.zeros(B, np.int32)
       self._state = (z, np.zeros(B, bool), z, z)
-    if os.environ.get("I31_DEBUG"): print("DISPATCH", variant, n, flush=True)
     self._pool, self._state, out_t, out_l = self._decode_fns[variant](
       self._params,
       self._pool,

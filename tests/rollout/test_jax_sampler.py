@@ -273,9 +273,7 @@ def test_stop_strings_use_the_tokenizer(sampler, model):
     _gen(no_tok, [GenerateRequest(prompt, SamplingParams(4, stop=("w1",)))])
 
 
-def test_no_recompilation_within_a_bucket_and_longer_requests_reuse_the_cache(
-  model, full_logprobs
-):
+def test_no_recompilation_within_a_bucket_and_longer_requests_reuse_the_cache(model, full_logprobs):
   config, params = model
   eng = JaxSampler(
     config,
