@@ -310,7 +310,13 @@ def section_decode(args) -> dict:
   guarded(
     "max_len",
     lambda: bench.max_len_scaling(
-      config, params, batch=8 if not args.smoke else 2, lens=lens, repeats=1, decode_chunk=32
+      config,
+      params,
+      batch=2 if args.smoke else 8,
+      lens=lens,
+      repeats=1,
+      decode_chunk=32,
+      **(dict(prompt_len=8, new=24) if args.smoke else {}),
     ),
   )
   guarded("prefill_10_turns", lambda: bench.conversation_prefill(config, params))

@@ -220,11 +220,12 @@ def throughput(
   return out
 
 
-def max_len_scaling(config, params, *, batch, lens, repeats, decode_chunk) -> dict:
-  """ms per generated token for 130-token rows with the engine built for each max_len."""
+def max_len_scaling(
+  config, params, *, batch, lens, repeats, decode_chunk, prompt_len=32, new=98
+) -> dict:
+  """ms per generated token for the same short rows with the engine built for each max_len."""
   import numpy as np
 
-  prompt_len, new = 32, 98
   prompts = np.random.default_rng(1).integers(1, config.vocab_size, (batch, prompt_len)).tolist()
   runners = [
     jax_runner(
@@ -370,7 +371,7 @@ def main(argv=None):
         config, params, batch=8, lens=lens, repeats=args.repeats, decode_chunk=args.decode_chunk
       )
       print(
-        f"max_len {lens[0]} vs {lens[-1]}, batch 8, 130-token rows: "
+        f"max_len {lens[0]} vs {lens[-1]}, batch 8, {m['row_tokens']}-token rows: "
         f"{m[f'max_len_{lens[0]}_ms_per_token']:.3f} vs {m[f'max_len_{lens[-1]}_ms_per_token']:.3f}"
         f" ms/token ({m['ratio']:.2f}x)"
       )
