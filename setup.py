@@ -56,7 +56,16 @@ setup(
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",
+      "peft==0.21.2",
+      # the optional extras below, so their tests run in CI
+      "pyarrow>=15",
+      "datasets>=3",
+      "wandb>=0.19.10",
     ],
     "ray": ["ray>=2.50"],
+    # data.format parquet / hf_dataset (rstar_jax.data.formats)
+    "data": ["pyarrow>=15", "datasets>=3"],
+    # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))
+    "wandb": ["wandb>=0.19.10"],
   },
 )

@@ -14,8 +14,8 @@ warmed-up) modules, with no sandbox:
                  child: the bound for any design that runs each call from the same warm state
                  (nothing one call computed is visible to the next), fork or no fork
 
-The two target figures (trivial at concurrency 8 against the fork limit, sympy at concurrency 8
-against `python -c`) are measured in alternating rounds (references, pool, references, ...)
+The target figures (issue 27: trivial at concurrency 8 >= 80% of its bare-fork ceiling, sympy
+at concurrency 8 >= 20x `python -c`; the older trivial-vs-fork-limit figure is printed too) are measured in alternating rounds (references, pool, references, ...)
 and the best of each kept: on a shared machine the load moves within a run, and rounds
 side by side keep a slow spell from landing on one side of a ratio only.
 """
@@ -124,6 +124,7 @@ async def target_rounds(pool, rounds, scale):
   the pool back to back."""
   best = {
     "fork": 0.0,
+    "bare_fork_trivial": 0.0,
     "bare_fork_sympy": 0.0,
     "sympy_alone": 0.0,
     "pool_trivial": 0.0,
@@ -137,6 +138,7 @@ async def target_rounds(pool, rounds, scale):
 
   for i in range(rounds):
     best["fork"] = max(best["fork"], fork_limit(2.0))
+    best["bare_fork_trivial"] = max(best["bare_fork_trivial"], fork_limit(2.0, TRIVIAL))
     best["pool_trivial"] = max(
       best["pool_trivial"], (await drive(lambda: call(TRIVIAL), int(800 * scale), 8))[0]
     )
@@ -147,7 +149,8 @@ async def target_rounds(pool, rounds, scale):
     )
     best["py_c"] = max(best["py_c"], (await drive(lambda: python_c(SYMPY), 8, 8))[0])
     print(
-      f"  round {i + 1}/{rounds}: fork limit {best['fork']:.0f}/s, pool trivial "
+      f"  round {i + 1}/{rounds}: fork limit {best['fork']:.0f}/s, bare fork+trivial "
+      f"{best['bare_fork_trivial']:.0f}/s, pool trivial "
       f"{best['pool_trivial']:.0f}/s, bare fork+sympy {best['bare_fork_sympy']:.0f}/s, sympy "
       f"alone {best['sympy_alone']:.0f}/s, pool sympy "
       f"{best['pool_sympy']:.0f}/s, python -c sympy {best['py_c']:.1f}/s (best so far)",
@@ -210,19 +213,22 @@ async def main(quick, json_path=None):
       f"{br[1]:7.1f} {br[2]:8.1f} | {pr[0] / br[0]:8.1f}x {pr[0] / flimit:8.0%}"
     )
   trivial = best["pool_trivial"] / best["fork"]
+  trivial_bare = best["pool_trivial"] / best["bare_fork_trivial"]
   sympy = best["pool_sympy"] / best["py_c"]
   ceiling = best["bare_fork_sympy"] / best["py_c"]
   targets = {
     "trivial_c8_vs_fork_limit": trivial,
+    "trivial_c8_vs_bare_fork": trivial_bare,
     "sympy_c8_vs_python_c": sympy,
     "bare_fork_sympy_vs_python_c": ceiling,
     "sympy_c8_vs_bare_fork": best["pool_sympy"] / best["bare_fork_sympy"],
     "sympy_alone_vs_python_c": best["sympy_alone"] / best["py_c"],
   }
   print(
-    f"\ntargets (best of rounds, level {level}): trivial@8 = {trivial:.0%} of the fork limit "
-    f"(>= 50%: {'met' if trivial >= 0.5 else 'MISSED'}); sympy@8 = {sympy:.1f}x python -c "
-    f"(>= 50x: {'met' if sympy >= 50 else 'MISSED'}); the bare-fork ceiling for that snippet is "
+    f"\ntargets (best of rounds, level {level}): trivial@8 = {trivial_bare:.0%} of its bare-fork "
+    f"ceiling (>= 80%: {'met' if trivial_bare >= 0.8 else 'MISSED'}; {trivial:.0%} of the fork "
+    f"limit); sympy@8 = {sympy:.1f}x python -c "
+    f"(>= 20x: {'met' if sympy >= 20 else 'MISSED'}); the bare-fork ceiling for that snippet is "
     f"{ceiling:.1f}x python -c, and the pool reaches {targets['sympy_c8_vs_bare_fork']:.0%} of it; "
     f"the snippet alone (no fork, no sandbox counted) runs at "
     f"{targets['sympy_alone_vs_python_c']:.1f}x python -c"

@@ -10,6 +10,9 @@ last stage-1 steps' rollouts, evaluation at T = 1, top-p 1.
 
 Usage: --config=configs/aster_qwen3_4b.py        (RL)
        --config=configs/aster_qwen3_4b.py:sft    (cold-start SFT on dense trajectories)
+       --config=configs/aster_qwen3_4b.py:debug --config.model.hf_dir=DIR
+           (one RL step on one CPU against a local transformers-built checkpoint; :sft_debug
+           and :eval_debug likewise; `configs.common.debug_overlay` lists what changes)
 """
 
 import ml_collections
@@ -17,8 +20,13 @@ import ml_collections
 from configs import common
 
 
-def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
-  common.check_variant(mode, "configs/aster_qwen3_4b.py")
+def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
+  mode, debug = common.recipe_variant(variant, "configs/aster_qwen3_4b.py")
+  c = _recipe(mode)
+  return common.debug_overlay(c) if debug else c
+
+
+def _recipe(mode: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = common.model_config(hf_dir="/checkpoints/Qwen3-4B-Thinking-2507")
@@ -85,4 +93,6 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
         recent_steps=135,
       ),
     ]
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c

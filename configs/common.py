@@ -5,7 +5,7 @@ and ``--config.rl.group_size=8`` keep working). Launchers convert a whole recipe
 `rstar_jax.config.from_config_dict`, which rejects unknown keys ("did you mean ...").
 
 Sections: model, mesh, optim, rl, rollout, tool, train, eval, data, stages (a list of stage
-dicts), and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
+dicts), reward, log, and optionally sft, sft_optim, coldstart, demo, plan. A new setting is one line in the
 section's dataclass; nothing here changes. Where each recipe value comes from (paper,
 released code) and the test that checks it: docs/fidelity.md.
 """
@@ -105,3 +105,81 @@ def stage(name: str, steps: int, response_budget: int, max_turns: int, **overrid
     name=name, steps=steps, response_budget=response_budget, max_turns=max_turns, **overrides
   )
   return d
+
+
+def reward_config(**overrides) -> ml_collections.ConfigDict:
+  """``reward``: registry names (`rstar_jax.rewards.registry`) and the user modules to import
+  (``imports`` a comma-separated string here, so ``--config.reward.imports=a,b`` parses)."""
+  return section(schema.RewardConfig, **{"imports": "", **overrides})
+
+
+def log_config(**overrides) -> ml_collections.ConfigDict:
+  """``log``: W&B and sample-rollout logging besides metrics.jsonl + TensorBoard."""
+  return section(schema.LogConfig, **overrides)
+
+
+# A real recipe's ``:debug`` variants: the recipe with the settings a one-CPU machine needs,
+# so ``--config=configs/rstar2_qwen3_14b.py:debug --config.model.hf_dir=DIR`` runs one step of
+# the recipe's own chat format, tool loop, reward and losses against a small local checkpoint.
+DEBUG_VARIANTS = {"debug": "rl", "sft_debug": "sft", "eval_debug": "eval"}
+
+
+def recipe_variant(variant: str, recipe: str) -> tuple[str, bool]:
+  """(mode, debug) of a real recipe's ``:variant``: a mode ('rl', 'sft', 'eval') or one of
+  `DEBUG_VARIANTS`; anything else is a one-line `UserError` listing them."""
+  check_variant(variant, recipe, (*schema.MODES, *DEBUG_VARIANTS))
+  return DEBUG_VARIANTS.get(variant, variant), variant in DEBUG_VARIANTS
+
+
+def debug_overlay(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``c`` (a real recipe) changed to run one step on one CPU: one device and no sharding,
+  float32 without remat, the embedded JaxSampler instead of SGLang servers, 2 prompts x 2
+  kept rollouts of 64 tokens and 2 turns, 1 micro-batch, synthetic one-digit problems instead
+  of the recipe's data paths, and a 2-problem eval at k = 1 without the recipe's eval protocol.
+  Everything else (chat format, tool settings, reward, losses, optimizer, stage structure) stays
+  the recipe's. The model is ``--config.model.hf_dir`` (a transformers-built directory with a
+  tokenizer); the recipe's path is kept otherwise, so a missing model is one line."""
+  c.mesh = mesh_config(data=1, fsdp=-1, tensor=1)
+  c.mesh.num_devices = 1
+  c.model.dtype, c.model.param_dtype, c.model.remat = "float32", "float32", False
+  c.model.attention = "xla"
+  c.rollout.engine = "jax"
+  c.rollout.max_batch, c.rollout.max_len = 8, 0
+  c.rollout.max_prompt_tokens = 2048  # byte-level prompts of a small tokenizer are long
+  c.rollout.response_budget, c.rollout.max_turns = 64, 2
+  c.tool.num_workers = 2
+  c.train.batch_prompts = 2
+  c.train.micro_batches = 1
+  c.train.checkpoint_every = 1
+  c.train.eval_every = 0
+  c.rl.group_size, c.rl.min_pos, c.rl.min_neg = 2, 1, 1
+  c.rl.ppo_mini_batches = min(c.rl.ppo_mini_batches, 2)
+  c.data.train_path = c.data.sft_path = ""
+  c.data.synthetic = section(
+    schema.SyntheticDataConfig,
+    seed=0,
+    n_train=4,
+    n_eval=2,
+    families=["mul"],
+    difficulty=dict(
+      operand_digits=1,
+      modulus_digits=2,
+      exponent_digits=2,
+      range_max=1_000,
+      n_max=40,
+      index_max=500,
+    ),
+  )
+  if "coldstart" in c:
+    c.coldstart.min_tool_calls, c.coldstart.max_trajectories = 0, 0
+    c.coldstart.require_all_calls_ok = False
+  c.eval.path, c.eval.protocol = "", ""
+  c.eval.k, c.eval.max_problems, c.eval.response_budget, c.eval.max_turns = 1, 2, 64, 2
+  if c.get("sft") is not None:
+    c.sft.epochs, c.sft.batch_size, c.sft.max_seq_len = 1.0, 2, 512
+    c.sft.warmup_ratio = 0.0
+  if c.stages:
+    first = dict(c.stages[0])
+    first.update(steps=1, response_budget=64, max_turns=2, data="full")
+    c.stages = [first]
+  return c

@@ -2,6 +2,7 @@
 
   python -m launchers.demo --workdir=/tmp/demo_run
   python -m launchers.demo --workdir=/tmp/demo_grpo --config.rl.roc_mode=random   (plain GRPO)
+  python -m launchers.demo --config=configs/demo.py:lora --workdir=/tmp/demo_lora  (RL with LoRA)
 
 Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the
@@ -35,8 +36,11 @@ from rstar_jax.config import schema
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  """variant "" = the demo; "smoke" = a toy-sized run of every phase (tests, ~1 minute)."""
-  common.check_variant(variant, "configs/demo.py", ("", "smoke"))
+  """variant "" = the demo; "smoke" = a toy-sized run of every phase with real RL updates
+  (~1-2 minutes); "noisy" / "sparse" / "dense" = the claims benchmark's environments
+  (`CLAIM_VARIANTS`), and "<claim>_smoke" the same at toy size (`_claim_smoke`); "lora" /
+  "lora_smoke" = RL with LoRA adapters (the latter at the smoke size)."""
+  common.check_variant(variant, "configs/demo.py", VARIANTS)
   c = ml_collections.ConfigDict()
   c.mode = "rl"
   c.model = common.model_config(
@@ -117,12 +121,64 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     number_tokens=1000,
     curve_eval_problems=48,
   )
-  if variant == "smoke":
+  claim = variant.split("_")[0]
+  if claim in CLAIM_VARIANTS:
+    CLAIM_VARIANTS[claim](c)
+  if claim == "lora":
+    _lora(c)
+  if variant in ("smoke", "lora_smoke"):
     _smoke(c)
+  elif variant.endswith("_smoke"):
+    _claim_smoke(c)
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c
 
 
+def _lora(c: ml_collections.ConfigDict) -> None:
+  """RL with LoRA adapters on every linear layer (the SFT phase stays full fine-tuning: the
+  model is trained from scratch there). Adapters need a larger step than full weights."""
+  c.model.lora_rank = 16
+  c.model.lora_alpha = 32.0
+  c.optim.lr = 1e-3
+
+
 def _smoke(c: ml_collections.ConfigDict) -> None:
+  """Every phase at toy size, with real RL updates. SFT memorises 4 one-digit products
+  ("Compute 7 * 8.", one tool call) in 80 steps at lr 1e-2 on a ~70k-parameter model, so RL's
+  8 rollouts per training problem at temperature 0.8 are right some of the time and the
+  groups are mixed (measured: 4, 3 and 4 of 4 groups kept, mean reward 0.41 / 0.22 / 0.31; a
+  test asserts an update happens). With the first smoke settings (the demo's problems, 1 SFT
+  epoch, 48-token budgets shorter than one scripted trajectory) every group was all-wrong: no
+  update, and a plot of four flat lines at 0. Held-out accuracy stays near 0 (memorised, not
+  learnt): the run checks the machinery, the full demo shows learning."""
+  c.data.synthetic.n_train = 4
+  c.data.synthetic.n_eval = 6
+  c.data.synthetic.families = ["mul"]
+  c.data.synthetic.difficulty.operand_digits = 1
+  c.coldstart.explore_prob, c.coldstart.bug_prob, c.coldstart.min_tool_calls = 0.0, 0.0, 1
+  c.eval.max_problems = 6
+  c.model.hidden_size, c.model.intermediate_size = 64, 128
+  c.model.num_hidden_layers, c.model.head_dim = 2, 16
+  c.sft.epochs, c.sft.batch_size = 80.0, 4
+  c.sft_optim.lr = 1e-2
+  c.rl.group_size, c.rl.oversample, c.rl.min_pos, c.rl.min_neg = 2, 4, 1, 1
+  c.rollout.temperature = 0.8
+  c.train.batch_prompts = 4
+  c.train.eval_every = 1
+  c.train.checkpoint_every = 1
+  c.stages = [common.stage("demo", steps=3, response_budget=128, max_turns=3)]
+  c.rollout.response_budget = c.eval.response_budget = 128
+  c.eval.max_turns = 3
+  c.rollout.max_batch = 32
+  c.rollout.max_len = 192
+  c.demo.curve_eval_problems = 3
+
+
+def _claim_smoke(c: ml_collections.ConfigDict) -> None:
+  """The claims benchmark's toy size (benchmarks/claims.py --smoke): the claim's own problems
+  and cold start at the smallest size that runs every phase. Its groups may all be all-wrong
+  (no update); `_smoke` is the toy run that trains."""
   c.data.synthetic.n_train = 32
   c.data.synthetic.n_eval = 6
   c.eval.max_problems = 6
@@ -138,3 +194,58 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.rollout.max_batch = 8
   c.rollout.max_prompt_tokens = 96
   c.demo.curve_eval_problems = 3
+
+
+# ---------------------------------------------------------------- claims benchmark (issue 30)
+# benchmarks/claims.py runs these next to each other; each changes only what its claim needs.
+
+
+def _noisy(c: ml_collections.ConfigDict) -> None:
+  """rStar2-Agent's claim needs positives that carry tool errors. Every cold-start chat explores
+  first, and half of those explorations fail (they print names they never defined) and are not
+  fixed; with the broken-then-fixed solves, ~1/3 of the cold start's calls fail while every chat
+  still ends right. Problems, held-out split and reward are the demo's. Injected transient
+  failures (tool.inject_failure_rate) stay off unless asked for (benchmarks/claims.py
+  --tool_failure_rate)."""
+  c.coldstart.explore_prob = 1.0
+  c.coldstart.explore_fail_prob = 0.5
+  c.coldstart.bug_prob = 0.3
+  c.coldstart.max_calls = 3
+
+
+# ASTER's claim needs tasks a policy can also answer without the tool ("in the head", less
+# reliably): the demo's families plus two such (rstar_jax.data.synthetic_tasks).
+_ASTER_FAMILIES = [
+  "mulmod",
+  "powmod",
+  "ncr_mod",
+  "power_sum",
+  "count_primes",
+  "add",
+  "mul_last_digit",
+]
+
+
+def _dense(c: ml_collections.ConfigDict) -> None:
+  """Interaction-dense cold start: every chat explores, then solves (or breaks and fixes)."""
+  c.data.synthetic.families = list(_ASTER_FAMILIES)
+  c.coldstart.style = "dense"
+  c.coldstart.min_tool_calls = 2
+  c.coldstart.max_calls = 0
+
+
+def _sparse(c: ml_collections.ConfigDict) -> None:
+  """Interaction-sparse cold start on the same problems: the answer worked out in the
+  reasoning, then one verification call."""
+  c.data.synthetic.families = list(_ASTER_FAMILIES)
+  c.coldstart.style = "sparse"
+  c.coldstart.min_tool_calls = 1
+  c.coldstart.max_calls = 1
+
+
+CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse}
+VARIANTS = (
+  ("", "smoke", "lora", "lora_smoke")
+  + tuple(CLAIM_VARIANTS)
+  + tuple(f"{v}_smoke" for v in CLAIM_VARIANTS)
+)

@@ -10,6 +10,9 @@ n = 16 greedy samples. docs/fidelity.md lists every element with its source and 
 
 Usage: --config=configs/rstar2_qwen3_14b.py            (RL, all stages; plan default = stage 1)
        --config=configs/rstar2_qwen3_14b.py:sft        (non-reasoning SFT, paper §3)
+       --config=configs/rstar2_qwen3_14b.py:debug --config.model.hf_dir=DIR
+           (one RL step on one CPU against a local transformers-built checkpoint; :sft_debug
+           and :eval_debug likewise; `configs.common.debug_overlay` lists what changes)
 """
 
 import ml_collections
@@ -17,8 +20,13 @@ import ml_collections
 from configs import common
 
 
-def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
-  common.check_variant(mode, "configs/rstar2_qwen3_14b.py")
+def get_config(variant: str = "rl") -> ml_collections.ConfigDict:
+  mode, debug = common.recipe_variant(variant, "configs/rstar2_qwen3_14b.py")
+  c = _recipe(mode)
+  return common.debug_overlay(c) if debug else c
+
+
+def _recipe(mode: str) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.mode = mode
   c.model = common.model_config(hf_dir="/checkpoints/Qwen3-14B-Base")
@@ -87,4 +95,6 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
         drop_solved_k_of_k=8,
       ),
     ]
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c

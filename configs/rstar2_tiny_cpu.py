@@ -104,4 +104,6 @@ def get_config(mode: str = "rl") -> ml_collections.ConfigDict:
         drop_solved_k_of_k=2,
       ),
     ]
+  c.reward = common.reward_config()  # reward / verifier by registry name
+  c.log = common.log_config()  # W&B, sample rollouts
   return c

@@ -1,18 +1,24 @@
 """Serves the sandboxed code pool over HTTP (rstar_jax.tools.server). No logic here.
 
 python -m launchers.code_pool_server --port=8088 --num_workers=64
+Off loopback a token is required: --token_file=/etc/rstar/pool.token (one token per line), or
+$RSTAR_CODE_POOL_TOKEN_FILE / $RSTAR_CODE_POOL_TOKEN.
 """
 
 import asyncio
 import logging
+import sys
 
 from absl import app, flags
 
 from rstar_jax.tools.code_pool import PoolConfig
 from rstar_jax.tools.server import serve_forever
 
-_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (keep it loopback/private).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to bind (off loopback: needs a token).")
 _PORT = flags.DEFINE_integer("port", 8088, "Port to bind.")
+_TOKEN_FILE = flags.DEFINE_string(
+  "token_file", None, "File of shared-secret tokens, one per line (default: from environment)."
+)
 _WORKERS = flags.DEFINE_integer("num_workers", 16, "Calls executing at once.")
 _TEMPLATES = flags.DEFINE_integer("num_templates", None, "Warm templates (default: cores).")
 _TIMEOUT = flags.DEFINE_float("timeout_s", 4.0, "Default wall-clock limit per call.")
@@ -23,21 +29,35 @@ _ISOLATION = flags.DEFINE_enum(
   "isolation", "auto", ["auto", "namespaces", "pidns", "uid", "rlimits"], "Minimum isolation level."
 )
 _QUEUE_TIMEOUT = flags.DEFINE_float("queue_timeout_s", None, "Max wait for a free worker.")
+_MAX_REQUEST = flags.DEFINE_integer("max_request_bytes", 64 << 20, "Largest request body.")
+_MAX_RESPONSE = flags.DEFINE_integer("max_response_bytes", 256 << 20, "Largest response body.")
 
 
 def main(argv):
   del argv
   logging.basicConfig(level=logging.INFO)
-  config = PoolConfig(
-    num_workers=_WORKERS.value,
-    num_templates=_TEMPLATES.value,
-    timeout_s=_TIMEOUT.value,
-    memory_limit_mb=_MEMORY.value,
-    max_output_bytes=_OUTPUT.value,
-    max_procs=_PROCS.value,
-    isolation=_ISOLATION.value,
-  )
-  asyncio.run(serve_forever(config, _HOST.value, _PORT.value, _QUEUE_TIMEOUT.value))
+  try:
+    config = PoolConfig(
+      num_workers=_WORKERS.value,
+      num_templates=_TEMPLATES.value,
+      timeout_s=_TIMEOUT.value,
+      memory_limit_mb=_MEMORY.value,
+      max_output_bytes=_OUTPUT.value,
+      max_procs=_PROCS.value,
+      isolation=_ISOLATION.value,
+    )
+    serve = serve_forever(
+      config,
+      _HOST.value,
+      _PORT.value,
+      _QUEUE_TIMEOUT.value,
+      token_file=_TOKEN_FILE.value,
+      max_request_bytes=_MAX_REQUEST.value,
+      max_response_bytes=_MAX_RESPONSE.value,
+    )
+    asyncio.run(serve)
+  except ValueError as e:  # a bad flag or a missing token: one line, no traceback
+    sys.exit(f"code_pool_server: {e}")
 
 
 if __name__ == "__main__":

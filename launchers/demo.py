@@ -15,7 +15,6 @@ from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli
-from rstar_jax.pipelines import demo, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -39,6 +38,9 @@ _DISCARD = flags.DEFINE_bool(
 
 def main(argv):
   del argv
+  # Imported here: --help and --describe_config must not wait for jax (~4 s).
+  from rstar_jax.pipelines import demo, runtime
+
   runtime.setup_logging()
   cli.check_workdir(_WORKDIR.value)
   cfg = _CONFIG.value
@@ -46,9 +48,9 @@ def main(argv):
     cfg.rl.roc_mode = _ROC_MODE.value
   run = cli.typed_config(cfg, "rl", "launchers.demo")
   cli.check_model_dirs(run)
+  cli.check_devices(run)
   demo.run_demo(run, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["workdir"])
-  cli.run(main)
+  cli.run(main, required=["workdir"])

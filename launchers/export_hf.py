@@ -2,7 +2,9 @@
 
   python -m launchers.export_hf --config=configs/rstar2_tiny_cpu.py \
       --checkpoint_dir=/tmp/rl/ckpt --tokenizer_dir=/tmp/rl/tokenizer --out_dir=/tmp/rl/hf
-The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`.
+The directory loads with transformers `AutoModelForCausalLM.from_pretrained(out_dir)`. A LoRA
+run (model.lora_rank > 0) writes the merged model, or with --adapters_only PEFT adapters
+(`peft.PeftModel.from_pretrained(base_model, out_dir)`).
 """
 
 import os
@@ -26,6 +28,12 @@ _TOK = flags.DEFINE_string(
   "Tokenizer to copy (default: the config's, else <checkpoint_dir>/../tokenizer).",
 )
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_ADAPTERS = flags.DEFINE_bool(
+  "adapters_only",
+  False,
+  "LoRA runs: write PEFT-format adapters (adapter_config.json + adapter_model.safetensors) "
+  "instead of the merged model.",
+)
 
 
 def main(argv):
@@ -52,11 +60,15 @@ def main(argv):
       "--config.model.hf_dir / --config.model.tokenizer_dir"
     )
   step = runtime.export_checkpoint(
-    run, _CKPT.value, _OUT.value, tokenizer_path=tok, step=_STEP.value
+    run,
+    _CKPT.value,
+    _OUT.value,
+    tokenizer_path=tok,
+    step=_STEP.value,
+    adapters_only=_ADAPTERS.value,
   )
   print(f"exported step {step} to {_OUT.value}")
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "checkpoint_dir", "out_dir"])
-  cli.run(main)
+  cli.run(main, required=["config", "checkpoint_dir", "out_dir"])

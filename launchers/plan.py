@@ -89,5 +89,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config"])
-  cli.run(main)
+  cli.run(main, required=["config"])

@@ -4,13 +4,14 @@
   python -m launchers.sft --config=configs/rstar2_tiny_cpu.py:sft --workdir=/tmp/sft
 Resumes from <workdir>/ckpt when present, if the config is the one it ran with
 (<workdir>/resolved_config/; --discard_stale starts over); writes <workdir>/hf (HF model + tokenizer) at the end.
+Ctrl-C checkpoints the step reached and ends with "interrupted at step N; rerun the same
+command to resume".
 """
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
-from rstar_jax.pipelines import runtime, sft_loop
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Run config file (mode sft).", lock_config=True
@@ -27,6 +28,9 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many steps
 
 def main(argv):
   del argv
+  # Imported here: --help and --describe_config must not wait for jax (~4 s).
+  from rstar_jax.pipelines import runtime, sft_loop
+
   runtime.setup_logging()
   run = cli.typed_config(_CONFIG.value, "sft", "launchers.sft", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
@@ -41,10 +45,14 @@ def main(argv):
     discard_stale=_DISCARD.value,
   )
   runtime.maybe_initialize_distributed()
+  cli.check_devices(run)
   out = sft_loop.run_sft(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
-  cli.run(main)
+  cli.run(
+    main,
+    on_interrupt=lambda: cli.interrupted_line(_WORKDIR.value, "sft_metrics"),
+    required=["config", "workdir"],
+  )

@@ -3,15 +3,16 @@
   python -m launchers.train --config=configs/rstar2_qwen3_14b.py --workdir=/runs/rl
   python -m launchers.train --config=configs/rstar2_tiny_cpu.py --workdir=/tmp/rl
   python -m launchers.train --config=configs/rstar2_tiny_cpu.py --config.rl.roc_mode=random ...
+  python -m launchers.train --config=configs/rstar2_qwen3_14b.py --describe_config   (every field)
 Resumes from <workdir>/ckpt when present (same step, data position, stage), if the config is
-the one it ran with (<workdir>/resolved_config/; --discard_stale starts over).
+the one it ran with (<workdir>/resolved_config/; --discard_stale starts over). Ctrl-C ends
+with "interrupted at step N; rerun the same command to resume".
 """
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
-from rstar_jax.pipelines import rl_loop, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Run config file (mode rl).", lock_config=True
@@ -28,6 +29,9 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL st
 
 def main(argv):
   del argv
+  # Imported here: --help and --describe_config must not wait for jax (~4 s).
+  from rstar_jax.pipelines import rl_loop, runtime
+
   runtime.setup_logging()
   run = cli.typed_config(_CONFIG.value, "rl", "launchers.train", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
@@ -42,10 +46,14 @@ def main(argv):
     discard_stale=_DISCARD.value,
   )
   runtime.maybe_initialize_distributed()
+  cli.check_devices(run)
   out = rl_loop.run_rl(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
   print(runtime.summary_json(out))
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
-  cli.run(main)
+  cli.run(
+    main,
+    on_interrupt=lambda: cli.rl_interrupted_line(_WORKDIR.value),
+    required=["config", "workdir"],
+  )

@@ -11,38 +11,98 @@
 
 `run` prints a `rstar_jax.errors.UserError` (a bad config value, a missing path, a stale run
 directory, an incompatible checkpoint) as one absl ``logging.error`` line and exits with status
-2; any other exception keeps its full traceback (it is a bug to report).
+2; any other exception keeps its full traceback (it is a bug to report). Ctrl-C is one line
+too (``interrupted at step N; rerun the same command to resume`` when the launcher says how to
+find N) and exit status 130.
+
+Every launcher using `run` also gets:
+  * ``--describe_config``: prints each config field with its value (after the overrides), its
+    default and its doc, then exits 0 (`describe_lines`);
+  * ``--help`` exiting 0 (absl exits 1), fast when the launcher imports jax only in ``main``;
+  * list fields (`LIST_FIELDS`, e.g. ``--config.rollout.sglang_urls=http://a:1,http://b:2``)
+    overridable from the command line, which ml_collections refuses for lists;
+  * ``--config.imports=my_pkg.my_losses`` on any recipe (the modules are imported before the
+    config is checked, so what they register can be named: `rstar_jax.config.convert`);
+  * a missing ``--config`` file as one line.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import dataclasses
+import json
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 
-from absl import app, logging
+from absl import app, flags, logging
 
+from rstar_jax.config import schema
 from rstar_jax.errors import UserError
 
 USAGE_ERROR_EXIT = 2
+INTERRUPTED_EXIT = 130  # the shell's code for SIGINT
+_HELP_ARGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+_DESCRIBE = flags.DEFINE_bool(
+  "describe_config",
+  False,
+  "Print every config field with its value (after --config.* overrides), default and doc; exit 0.",
+)
+
+
+def _list_fields() -> frozenset[str]:
+  out = {"imports", "data.synthetic.families"}
+  for name, cls in schema.SECTIONS.items():
+    for f in dataclasses.fields(cls):
+      if f.metadata.get("check") is schema.STR_TUPLE:
+        out.add(f"{name}.{f.name}")
+  return frozenset(out)
+
+
+# Config paths holding a list of strings: ml_collections cannot override a list from the
+# command line, so `parse_flags` takes these overrides out of argv and sets them itself.
+LIST_FIELDS = _list_fields()
 # The launcher that runs each config mode (a recipe's variant sets ``mode``).
 LAUNCHER_OF_MODE = {"rl": "launchers.train", "sft": "launchers.sft", "eval": "launchers.eval"}
 
 
-def run(main: Callable[[Sequence[str]], object]) -> None:
+def run(
+  main: Callable[[Sequence[str]], object],
+  on_interrupt: Callable[[], str] | None = None,
+  required: Sequence[str] = (),
+) -> None:
   """`absl.app.run(main)` with `UserError` reported as one line and exit status 2; so is a
-  ``--config.x.y=v`` override naming a field the config does not have."""
-  app.run(wrap(main), flags_parser=parse_flags)
+  ``--config.x.y=v`` override naming a field the config does not have, and a flag of
+  ``required`` left unset (checked after ``--describe_config``, which needs none of them;
+  `flags.mark_flags_as_required` would refuse it). Ctrl-C prints ``on_interrupt()`` (default:
+  a generic line) and exits 130."""
+  app.run(wrap(main, on_interrupt), flags_parser=lambda argv: parse_flags(argv, required))
 
 
-def parse_flags(argv: Sequence[str]):
+def parse_flags(argv: Sequence[str], required: Sequence[str] = ()):
   """`absl.app.parse_flags_with_usage` where the user errors raised while flags are parsed
   (a recipe's ``get_config`` rejecting a variant; ml_collections rejecting an override of an
-  unknown field, which it raises as a KeyError / AttributeError with a traceback) exit 2
-  with one line."""
+  unknown field, which it raises as a KeyError / AttributeError with a traceback; a missing
+  ``--config`` file) exit 2 with one line, ``--help`` exits 0, list overrides are applied and
+  ``--describe_config`` prints the config and exits 0."""
+  argv = list(argv)
+  missing = missing_config_file(argv)
+  if missing:
+    _fail(missing)
+  argv, lists = take_list_overrides(argv)
+  wants_help = any(a.split("=", 1)[0] in _HELP_ARGS for a in argv[1:])
+  saved = sys.argv
+  if lists:  # config_flags finds its overrides in sys.argv itself
+    sys.argv = list(argv)
   try:
-    return app.parse_flags_with_usage(argv)
+    rest = app.parse_flags_with_usage(argv)
+  except SystemExit as e:
+    if wants_help and e.code in (0, 1, None):
+      sys.exit(0)
+    raise
   except UserError as e:
     _fail(str(e))
   except (KeyError, AttributeError) as e:
@@ -50,6 +110,136 @@ def parse_flags(argv: Sequence[str]):
     if msg is None:
       raise
     _fail(msg)
+  finally:
+    sys.argv = saved
+  cfg = _config_value()
+  try:
+    if lists:
+      if cfg is None:
+        raise UserError(f"--config.{lists[0][0]}: this launcher has no --config")
+      apply_list_overrides(cfg, lists)
+    if _DESCRIBE.value:
+      if cfg is None:
+        raise UserError("--config: required (--describe_config prints the config's fields)")
+      sys.stdout.write("\n".join(describe_lines(cfg)) + "\n")
+      sys.exit(0)
+    unset = [f"--{n}" for n in required if flags.FLAGS[n].value is None]
+    if unset:
+      raise UserError(f"{', '.join(unset)}: required (see --help)")
+  except UserError as e:
+    _fail(str(e))
+  return rest
+
+
+def _config_value():
+  fl = flags.FLAGS
+  return fl["config"].value if "config" in fl else None
+
+
+def missing_config_file(argv: Sequence[str]) -> str | None:
+  """``--config: no such file 'x.py'`` when ``argv`` names a recipe file that is not there
+  (ml_collections reports it as a multi-line flags error)."""
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      value = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    path = value.split(":", 1)[0]
+    if path and not os.path.isfile(path):
+      where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+      return f"--config: no such recipe file {path!r}{where}"
+  return None
+
+
+def take_list_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+  """(argv without the list-field overrides, [(path, values)]): ``--config.a.b=x,y`` or
+  ``--config.a.b="['x', 'y']"`` for a path in `LIST_FIELDS`; '' is the empty list."""
+  rest, found = [], []
+  for a in argv:
+    m = re.fullmatch(r"--config\.([\w.]+)=(.*)", a, flags=re.S)
+    if not m or m.group(1) not in LIST_FIELDS:
+      rest.append(a)
+      continue
+    found.append((m.group(1), parse_list(m.group(1), m.group(2))))
+  return rest, found
+
+
+def parse_list(path: str, text: str) -> list[str]:
+  text = text.strip()
+  if text[:1] in "[(" and text:
+    try:
+      v = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise UserError(
+        f"--config.{path}: expected a comma-separated list or a Python list of strings, "
+        f"got {text!r}"
+      ) from None
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+      raise UserError(f"--config.{path}: expected a list of strings, got {text!r}")
+    return list(v)
+  return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def apply_list_overrides(cfg, lists: Sequence[tuple[str, list[str]]]) -> None:
+  """Sets each (path, values) on the ConfigDict ``cfg`` (a list, a tuple or a comma-joined
+  string, as the field already holds). ``imports`` may be absent from the recipe."""
+  for path, values in lists:
+    *parents, key = path.split(".")
+    node = cfg
+    for i, p in enumerate(parents):
+      if p not in node or node[p] is None:
+        raise UserError(f"config.{'.'.join(parents[: i + 1])}: unknown field (in {path})")
+      node = node[p]
+    if key not in node:
+      if path != "imports":
+        raise UserError(f"config.{path}: unknown field")
+      with node.unlocked() if hasattr(node, "unlocked") else contextlib.nullcontext():
+        node[key] = list(values)
+      continue
+    old = node[key]
+    node[key] = ",".join(values) if isinstance(old, str) else type(old or [])(values)
+
+
+def describe_lines(cfg) -> list[str]:
+  """One line per config field: ``section.field = value  [default d]  doc``, for every
+  section of the typed config of ``cfg``, its stages and the effect of ``eval.protocol``."""
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import eval_protocols
+
+  run = from_config_dict(cfg, check_inputs=False)
+  out = [f"mode = {run.mode!r}", f"imports = {list(run.imports)!r}  [default []]"]
+
+  def section(prefix: str, obj, cls) -> None:
+    if obj is None:
+      out.append(f"{prefix} = None  (section off)")
+      return
+    for name, default, doc in schema.describe(cls):
+      value = getattr(obj, name)
+      if dataclasses.is_dataclass(value):
+        section(f"{prefix}.{name}", value, type(value))
+        continue
+      mark = "" if value == default else " *"
+      out.append(f"{prefix}.{name} = {_show(value)}{mark}  [default {_show(default)}]  {doc}")
+
+  for name, cls in schema.SECTIONS.items():
+    section(name, getattr(run, name), cls)
+  for i, st in enumerate(run.stages):
+    section(f"stages[{i}]", st, schema.StageConfig)
+  _, notes = eval_protocols.resolve_with_notes(run.eval)
+  out += [f"# {n}" for n in notes]
+  out.append("# '*' = differs from the default")
+  return out
+
+
+def _show(v) -> str:
+  if isinstance(v, tuple):
+    v = list(v)
+  try:
+    return json.dumps(v, ensure_ascii=False)
+  except TypeError:
+    return repr(v)
 
 
 def unknown_override(err: BaseException, argv: Sequence[str]) -> str | None:
@@ -81,8 +271,11 @@ def _fail(msg: str) -> None:
   sys.exit(USAGE_ERROR_EXIT)
 
 
-def wrap(main: Callable[[Sequence[str]], object]) -> Callable[[Sequence[str]], object]:
-  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``."""
+def wrap(
+  main: Callable[[Sequence[str]], object], on_interrupt: Callable[[], str] | None = None
+) -> Callable[[Sequence[str]], object]:
+  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``, and Ctrl-C
+  into the line ``on_interrupt()`` and ``SystemExit(130)``."""
 
   def wrapped(argv):
     try:
@@ -90,10 +283,54 @@ def wrap(main: Callable[[Sequence[str]], object]) -> Callable[[Sequence[str]], o
     except UserError as e:
       logging.error("%s", " ".join(str(e).split()))
       sys.exit(USAGE_ERROR_EXIT)
+    except KeyboardInterrupt:
+      try:
+        line = on_interrupt() if on_interrupt else ""
+      except Exception:  # the interrupt line must not turn into a traceback
+        line = ""
+      logging.error("%s", line or "interrupted; rerun the same command to resume")
+      sys.exit(INTERRUPTED_EXIT)
 
   wrapped.__name__ = getattr(main, "__name__", "main")
   wrapped.__doc__ = main.__doc__
   return wrapped
+
+
+def last_logged_step(path: str) -> int:
+  """The ``step`` of the last record of a metrics JSONL file (0 when there is none)."""
+  step = 0
+  try:
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          step = int(json.loads(line).get("step", step))
+        except (ValueError, AttributeError):
+          continue
+  except OSError:
+    pass
+  return step
+
+
+def interrupted_line(workdir: str, metrics: str, checkpoint_step: int | None = None) -> str:
+  """``interrupted at step N; rerun the same command to resume`` for a run whose last logged
+  step (``<workdir>/<metrics>.jsonl``) is N, naming the checkpoint a resume starts from when it
+  is older."""
+  done = last_logged_step(os.path.join(workdir, metrics + ".jsonl"))
+  line = f"interrupted at step {done}; rerun the same command to resume"
+  if checkpoint_step is not None and checkpoint_step < done:
+    line += f" (from the checkpoint of step {checkpoint_step}; the steps after it are redone)"
+  return line
+
+
+def rl_interrupted_line(workdir: str) -> str:
+  """`interrupted_line` of an RL workdir (its checkpointed loop position is the resume point)."""
+  ckpt_step = 0
+  try:
+    with open(os.path.join(workdir, "ckpt", "loop_position.json"), encoding="utf-8") as f:
+      ckpt_step = int(json.load(f)["loop"]["rl_step"])
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
+  return interrupted_line(workdir, "metrics", ckpt_step)
 
 
 def check_dir(path: str, field: str, *, must_exist: bool = True) -> None:
@@ -107,6 +344,103 @@ def check_dir(path: str, field: str, *, must_exist: bool = True) -> None:
     raise UserError(f"{field}: expected a directory, got {path!r} (a file)")
   if must_exist:
     raise UserError(f"{field}: expected an existing directory, got {path!r} (not found)")
+
+
+def check_checkpoint_dir(path: str, field: str) -> None:
+  """``path`` is a directory holding at least one orbax checkpoint (a step-numbered folder)."""
+  check_dir(path, field)
+  if path and not any(n.isdigit() for n in os.listdir(path)):
+    raise UserError(
+      f"{field}: no checkpoint in {path!r} (expected step folders such as {path}/10; "
+      "is it a run's ckpt/ directory, and did that run save a step?)"
+    )
+
+
+def check_mesh(run, num_devices: int) -> None:
+  """The config's mesh fits ``num_devices`` (`sharding.mesh.resolve_axis_sizes`'s rule)."""
+  import math
+
+  m = run.mesh
+  n = min(m.num_devices, num_devices) if m.num_devices else num_devices
+  if m.num_devices > num_devices:
+    raise UserError(
+      f"config.mesh.num_devices: expected <= the {num_devices} devices here, got {m.num_devices}"
+    )
+  sizes = m.axes
+  fixed = math.prod(v for v in sizes.values() if v != -1)
+  free = any(v == -1 for v in sizes.values())
+  if (free and n % fixed) or (not free and fixed != n):
+    raise UserError(
+      f"config.mesh: axes {sizes} need {'a multiple of ' if free else ''}{fixed} devices, "
+      f"this run has {n}; e.g. --config.mesh.fsdp=-1 --config.mesh.tensor=1 "
+      f"--config.mesh.data=1 (or --config.mesh.num_devices=1)"
+    )
+
+
+def kv_cache_bytes(run, model_config) -> tuple[int, int]:
+  """(bytes, max_len) of the embedded JaxSampler's KV cache for ``run``: ``rollout.max_batch``
+  slots x ``max_len`` positions (``rollout.max_len``, else the next power of two >= the longest
+  prompt + response budget of the stages and the eval, as the sampler sizes it) x K and V x
+  layers x KV heads x head_dim in the model's compute dtype."""
+  from rstar_jax.pipelines import eval_protocols
+
+  r = run.rollout
+  budgets = [r.response_budget, eval_protocols.resolve_with_notes(run.eval)[0].response_budget]
+  budgets += [st.response_budget for st in run.stages]
+  need = r.max_prompt_tokens + max(budgets)
+  max_len = r.max_len or max(64, 1 << (need - 1).bit_length())
+  c = model_config
+  itemsize = 2 if c.dtype in ("bfloat16", "float16") else 4
+  per_pos = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * itemsize
+  return r.max_batch * max_len * per_pos, max_len
+
+
+def device_memory_bytes() -> int | None:
+  """Memory of the first local device (an accelerator's limit, or the host RAM for a CPU)."""
+  import jax
+
+  d = jax.local_devices()[0]
+  stats = None
+  try:
+    stats = d.memory_stats()
+  except Exception:  # some backends do not implement it
+    stats = None
+  if stats and stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  if d.platform == "cpu":
+    try:
+      return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+      return None
+  return None
+
+
+def check_kv_cache(run, model_config, available: int | None) -> None:
+  """With ``rollout.engine='jax'``: the sampler's KV cache alone fits ``available`` bytes (a
+  lower bound of what it needs: params and activations come on top); else one line naming
+  the settings to lower, before anything is allocated."""
+  if run.rollout.engine != "jax" or not available:
+    return
+  need, max_len = kv_cache_bytes(run, model_config)
+  if need > available:
+    gib = 1 << 30
+    raise UserError(
+      f"rollout: the JaxSampler's KV cache needs {need / gib:.1f} GiB (rollout.max_batch="
+      f"{run.rollout.max_batch} slots x max_len={max_len} positions x "
+      f"{model_config.num_hidden_layers} layers), more than the device's "
+      f"{available / gib:.1f} GiB; lower rollout.max_batch, rollout.max_len or the "
+      "response budgets (stages, rollout / eval.response_budget, eval.protocol)"
+    )
+
+
+def check_devices(run) -> None:
+  """`check_mesh` against this run's devices, then (rollout engine 'jax') `check_kv_cache`;
+  call after `runtime.maybe_initialize_distributed` (the device count is global then)."""
+  import jax
+
+  check_mesh(run, jax.device_count())
+  if run.rollout.engine == "jax":
+    check_kv_cache(run, run.model.qwen3_config(), device_memory_bytes())
 
 
 def check_workdir(path: str, field: str = "--workdir") -> None:
@@ -139,7 +473,13 @@ def typed_config(cfg, mode: str, launcher: str, **convert_kw):
       f"{launcher}: --config is a {got!r} config, expected a {mode!r} one"
       + (f" (run it with {right}, or pass the recipe's :{mode} variant)" if right else "")
     )
-  return from_config_dict(cfg, mode, **convert_kw)
+  run = from_config_dict(cfg, mode, **convert_kw)
+  from rstar_jax.pipelines import eval_protocols
+
+  # At start, not at the first evaluation: the fields eval.protocol replaces are logged (and
+  # a strict protocol's conflict is an error) before any work.
+  eval_protocols.resolve(run.eval)
+  return run
 
 
 def check_model_dirs(run) -> None:

@@ -34,11 +34,13 @@ RECORD_DIR = "resolved_config"
 # Fields that never change a phase's results: logging / progress intervals, checkpoint cadence
 # and retention, output paths, worker counts, and how the weights reach the SGLang servers
 # (transport, delta, colocation, staging path, server addresses: every push ends with a
-# weight-version check, so the servers sample from the same policy whichever way it travelled).
+# weight-version check, so the servers sample from the same policy whichever way it travelled),
+# and the experiment-logging sinks (the ``log`` section: W&B, sample rollouts, TensorBoard).
 # Glob patterns over dotted field names.
 DEFAULT_IGNORE = (
   "*progress_every*",
   "*log_every*",
+  "log.*",
   "*checkpoint_every",
   "*keep_checkpoints",
   "*workdir*",

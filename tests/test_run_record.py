@@ -73,6 +73,10 @@ def test_same_config_reuses_and_ignored_fields_do_not_count(tmp_path):
   run_record.check_phases(
     w, PHASES, _cfg(**{"train.progress_every_s": 60.0, "sft.log_every_s": 1.0})
   )
+  # Nor do the logging sinks: W&B switched on, sample rollouts added on a resume.
+  logged = _cfg()
+  logged.log = ml_collections.ConfigDict(dict(wandb=True, samples_every=5))
+  run_record.check_phases(w, PHASES, logged)
   assert os.path.isdir(os.path.join(w, "sft")) and os.path.isdir(os.path.join(w, "rl"))
 
 

@@ -37,6 +37,7 @@ from rstar_jax.config.checks import (
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
 STAGE_DATA = ("full", "hard", "recent")
+DATA_FORMATS = ("auto", "jsonl", "parquet", "hf_dataset")  # == rstar_jax.data.formats.FORMATS
 ATTENTIONS = ("xla", "blockwise", "fused")  # == rstar_jax.models.attention.IMPLEMENTATIONS
 LOSS_AGG = ("token-mean", "seq-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # "seq-mean" is the verl spelling of "seq-mean-token-mean".
@@ -111,8 +112,30 @@ class ModelConfig(_Section):
   tokenizer_dir: str = field(
     "", IS_STR, "Directory with tokenizer.json; '' = hf_dir (a from-scratch model trains one)."
   )
+  lora_rank: int = field(
+    0, int_range(0), "LoRA rank r; 0 = full fine-tuning (rstar_jax/models/lora.py)."
+  )
+  lora_alpha: float = field(
+    16.0, num_range(0, lo_open=True), "LoRA scale numerator: the branch is x @ a @ b * alpha / r."
+  )
+  lora_dropout: float = field(
+    0.0, num_range(0, 1, hi_open=True), "LoRA dropout on the branch input (training only)."
+  )
+  lora_targets: tuple = field(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    STR_TUPLE,
+    "Linear layers that get adapters (q/k/v/o_proj, gate/up/down_proj).",
+  )
+  lora_dtype: str = field(
+    "float32", one_of(DTYPES), "Adapter dtype (the base keeps param_dtype, e.g. bf16 base)."
+  )
 
   def _cross(self):
+    from rstar_jax.models.lora import ALL_TARGETS
+
+    bad = [t for t in self.lora_targets if t not in ALL_TARGETS]
+    if bad or (self.lora_rank and not self.lora_targets):
+      return [("model.lora_targets", f"expected names from {list(ALL_TARGETS)}, got {bad or []}")]
     if self.num_attention_heads % self.num_key_value_heads:
       return [
         (
@@ -123,6 +146,23 @@ class ModelConfig(_Section):
         )
       ]
     return []
+
+  def lora_config(self, base: str = "", seed: int = 0):
+    """The `lora.LoraConfig` (``base``: pointer to the frozen base), or None when
+    ``lora_rank`` is 0."""
+    if not self.lora_rank:
+      return None
+    from rstar_jax.models.lora import LoraConfig
+
+    return LoraConfig(
+      rank=self.lora_rank,
+      alpha=self.lora_alpha,
+      dropout=self.lora_dropout,
+      targets=self.lora_targets,
+      dtype=self.lora_dtype,
+      base=base or self.hf_dir,
+      seed=seed,
+    )
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
@@ -369,6 +409,11 @@ class RolloutConfig(_Section):
   sglang_urls: tuple[str, ...] = field(
     ("http://127.0.0.1:30000",), STR_TUPLE, "Every SGLang worker (the weight push must reach each)."
   )
+  server_timeout_s: float = field(
+    600.0,
+    num_range(0, lo_open=True),
+    "engine 'sglang': seconds to wait for every server's /health at start (progress logged every few seconds; an unresolvable host fails at once).",
+  )
   staging_dir: str = field(
     "/dev/shm/rstar_jax_weights", IS_STR, "Weight push target (tmpfs or shared FS)."
   )
@@ -381,6 +426,13 @@ class RolloutConfig(_Section):
     False,
     IS_BOOL,
     "Push only the HF tensors whose bytes changed since the last push (verl delta sync).",
+  )
+  lora_push: str = field(
+    "merged",
+    one_of(("merged", "adapters")),
+    "LoRA runs (model.lora_rank > 0): push the merged weights through weight_transport, or "
+    "'adapters' (SGLang: base once, then PEFT adapters via /load_lora_adapter; servers need "
+    "--enable-lora).",
   )
   colocated: bool = field(
     False,
@@ -465,6 +517,12 @@ class ToolConfig(_Section):
     one_of(("project", "released")),
     "'project' (body <= max_response_chars, middle cut) or 'released' (first and last max_response_chars // 2 characters around a marker, verl's middle truncation).",
   )
+  inject_failure_rate: float = field(
+    0.0,
+    num_range(0, 1),
+    "Share of calls that fail transiently without running (a noisy environment, rstar_jax.tools.noise; 0 = off).",
+  )
+  inject_seed: int = field(0, int_range(0), "Seeds which calls inject_failure_rate fails.")
 
   def _cross(self):
     if self.backend == "http" and not self.urls:
@@ -525,7 +583,12 @@ class EvalConfig(_Section):
   protocol: str = field(
     "",
     one_of(("", "released", "paper_avg_at_k")),
-    "Named protocol overriding k / sampling / turns / budget ('' = the fields above; `pipelines.eval_protocols`): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+    "Named protocol filling k / sampling / turns / budget where they are left at their defaults ('' = the fields above; `pipelines.eval_protocols`; each replaced field is logged): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+  )
+  protocol_strict: bool = field(
+    False,
+    IS_BOOL,
+    "With eval.protocol: a k / sampling / turns / budget field set to a non-default value is an error instead of a kept override.",
   )
   csv_path: str = field(
     "", IS_STR, "Per-problem CSV (num correct, avg@k, pass@k); '' = next to the JSON report."
@@ -540,7 +603,9 @@ class SyntheticDataConfig(_Section):
   seed: int = field(0, int_range(0), "Generator seed.")
   n_train: int = field(24, int_range(1), "Training problems.")
   n_eval: int = field(8, int_range(0), "Held-out problems.")
-  families: tuple[str, ...] = field((), STR_TUPLE, "Task families (empty = all).")
+  families: tuple[str, ...] = field(
+    (), STR_TUPLE, "Task families (empty = synthetic_tasks.DEFAULT_FAMILIES)."
+  )
   difficulty: Any = field(
     "",
     None,
@@ -553,8 +618,27 @@ class DataConfig(_Section):
   """Problem and trajectory files (or synthetic tasks when the paths are empty)."""
 
   SECTION: ClassVar[str] = "data"
-  train_path: str = field("", IS_STR, "RL problems JSONL.")
-  sft_path: str = field("", IS_STR, "SFT chat-trajectory JSONL.")
+  train_path: str = field(
+    "", IS_STR, "RL problems: a JSONL or parquet file, or a local HF `datasets` directory."
+  )
+  sft_path: str = field(
+    "", IS_STR, "SFT chats: a JSONL or parquet file, or a local HF `datasets` directory."
+  )
+  format: str = field(
+    "auto",
+    one_of(DATA_FORMATS),
+    "Format of train_path / sft_path: 'auto' (by suffix; a directory = hf_dataset), 'jsonl', 'parquet' or 'hf_dataset' (`datasets.save_to_disk` output; nothing is downloaded).",
+  )
+  question_field: str = field(
+    "", IS_STR, "Column holding the question ('' = 'problem', alias 'question')."
+  )
+  answer_field: str = field("", IS_STR, "Column holding the gold answer ('' = 'answer').")
+  messages_field: str = field("", IS_STR, "SFT column holding the chat ('' = 'messages').")
+  split: str = field(
+    "",
+    IS_STR,
+    "hf_dataset: the split of a DatasetDict directory ('' = its only split, or 'train').",
+  )
   synthetic: SyntheticDataConfig | None = field(
     None, None, "Synthetic tasks used when a path is empty (None = off)."
   )
@@ -566,6 +650,118 @@ class DataConfig(_Section):
     IS_BOOL,
     "RL set: drop (and count) problems whose prompt exceeds rollout.max_prompt_tokens instead of failing mid-run (released verl: filter_overlong_prompts).",
   )
+
+
+MODULE_NAMES = Check(
+  "a list of module names (or one comma-separated string)",
+  lambda v: isinstance(v, tuple) and all(isinstance(x, str) and x for x in v),
+  lambda v: (
+    tuple(x.strip() for x in v.split(",") if x.strip())
+    if isinstance(v, str)
+    else (tuple(v) if isinstance(v, list) else v)
+  ),
+)
+
+
+@_section
+class RewardConfig(_Section):
+  """Outcome reward and verifier by registry name (`rstar_jax.rewards.registry`)."""
+
+  SECTION: ClassVar[str] = "reward"
+  name: str = field(
+    "math",
+    IS_STR,
+    "Registered reward: 'math' (answer per rl.answer_mode, judged by reward.verifier), 'released' (the released rStar2-Agent reward), or one a module of reward.imports registers.",
+  )
+  verifier: str = field(
+    "math_verify",
+    IS_STR,
+    "Registered verifier fn(pred, gold) -> bool, run out of process with reward.timeout_s: 'math_verify', 'math_verify_text' or a user's.",
+  )
+  timeout_s: float = field(
+    5.0, num_range(0, lo_open=True), "Bound on each verifier call (a timeout scores 0)."
+  )
+  imports: tuple[str, ...] = field(
+    (),
+    MODULE_NAMES,
+    "Modules imported before the reward registry is read (a user's module registering rewards / verifiers).",
+  )
+
+  def _cross(self):
+    from rstar_jax.config.imports import import_user_modules
+    from rstar_jax.rewards import registry
+
+    try:
+      import_user_modules(self.imports, field="reward.imports")
+    except ImportError as e:
+      return [("reward.imports", str(e).split(": ", 1)[1])]
+    out = []
+    for kind, value in (("reward", self.name), ("verifier", self.verifier)):
+      known = registry.names(kind)
+      if value not in known:
+        fld = "name" if kind == "reward" else "verifier"
+        out.append(
+          (f"reward.{fld}", f"expected a registered {kind}, one of {known}, got {value!r}")
+        )
+    if not out and self.name == "released" and self.verifier != "math_verify":
+      out.append(
+        (
+          "reward.verifier",
+          "the 'released' reward judges with math-verify itself; expected 'math_verify' "
+          f"(a custom verifier goes with reward.name='math'), got {self.verifier!r}",
+        )
+      )
+    return out
+
+
+@_section
+class LogConfig(_Section):
+  """Experiment logging besides metrics.jsonl + TensorBoard (docs/metrics.md)."""
+
+  SECTION: ClassVar[str] = "log"
+  tensorboard: bool = field(
+    True, IS_BOOL, "TensorBoard scalars (and sample text) under <workdir>/tb."
+  )
+  wandb: bool = field(
+    False, IS_BOOL, "Also log to Weights & Biases (pip install rstar_jax[wandb])."
+  )
+  wandb_project: str = field("rstar_jax", IS_STR, "W&B project.")
+  wandb_mode: str = field(
+    "offline",
+    one_of(("offline", "online", "disabled")),
+    "W&B mode: 'offline' writes under <workdir>/wandb with no network (sync later with `wandb sync`); 'online' streams to the W&B server; 'disabled' = no W&B run.",
+  )
+  wandb_run_name: str = field("", IS_STR, "W&B run name ('' = the workdir's name).")
+  samples_every: int = field(
+    10,
+    int_range(0),
+    "RL steps between sample-rollout records (prompt, response, tool turns, reward) to every sink (<workdir>/metrics_samples.jsonl, TensorBoard text, W&B table); 0 = none.",
+  )
+  samples_per_step: int = field(4, int_range(1), "Rollouts logged per sample record.")
+  sample_max_chars: int = field(
+    4000, int_range(100), "Prompt / response / tool text longer than this is cut in the middle."
+  )
+
+  def _cross(self):
+    # at config time, not when the RL phase opens its writer hours later
+    if self.wandb and self.wandb_mode != "disabled" and not _importable("wandb"):
+      return [
+        (
+          "log.wandb",
+          "expected the wandb package to be installed (pip install 'rstar_jax[wandb]'), "
+          "got True with wandb missing",
+        )
+      ]
+    return []
+
+
+def _importable(module: str) -> bool:
+  import importlib.util
+
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError, AttributeError):  # sys.modules[module] is None or broken
+    return False
 
 
 @_section
@@ -650,6 +846,16 @@ class ColdStartConfig(_Section):
   max_calls: int = field(
     0, int_range(0), "Scripted solver: calls per trajectory at most (0 = no cap)."
   )
+  explore_fail_prob: float = field(
+    0.0,
+    num_range(0, 1),
+    "Scripted solver: probability that the exploratory call fails and is left unfixed (an error that does not change the answer).",
+  )
+  style: str = field(
+    "mixed",
+    one_of(("mixed", "dense", "sparse")),
+    "Scripted solver: 'mixed' (each step by its probability), 'dense' (exploration + solve, >= 2 calls) or 'sparse' (the answer in the reasoning, one late verification call).",
+  )
   require_all_calls_ok: bool = field(
     True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER)."
   )
@@ -714,6 +920,8 @@ SECTIONS: dict[str, type] = {
   "coldstart": ColdStartConfig,
   "demo": DemoConfig,
   "plan": PlanConfig,
+  "reward": RewardConfig,
+  "log": LogConfig,
 }
 
 
@@ -722,6 +930,9 @@ class RunConfig:
   """A whole run: every section, the RL stages and the mode ("rl" | "sft" | "eval")."""
 
   mode: str = "rl"
+  # Modules imported before the config is checked (`convert.import_modules`), so the losses,
+  # advantages or rewards they register can be named by the fields below.
+  imports: tuple[str, ...] = ()
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
   optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -737,6 +948,8 @@ class RunConfig:
   coldstart: ColdStartConfig | None = None  # present = ASTER selection of config-read SFT chats
   demo: DemoConfig = dataclasses.field(default_factory=DemoConfig)
   plan: PlanConfig = dataclasses.field(default_factory=PlanConfig)
+  reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+  log: LogConfig = dataclasses.field(default_factory=LogConfig)
 
   def __post_init__(self):
     object.__setattr__(self, "stages", tuple(self.stages))

@@ -11,6 +11,18 @@ failed call was corrected by a later successful one); then ASTER's interaction-d
 selection keeps trajectories with at least `min_tool_calls` calls, the densest
 `max_trajectories` first (0 = all).
 
+`style` picks the solver's shape (issue 30, the claims benchmark):
+  "mixed"   the steps above, each by its probability (the demo's cold start);
+  "dense"   several interleaved calls: always the exploratory call, then the solve (or the
+            broken call and its fix): >= 2 calls, no answer before the tool said it;
+  "sparse"  one late verification call: the answer is first worked out in the reasoning text
+            ("in the head"), then the reference code checks it once (ASTER's interaction-sparse
+            trajectories); exactly 1 call.
+`explore_fail_prob` (noisy environments) makes the exploratory call fail (it names variables
+it never defined) and lets the trajectory go on to the solve without fixing it: an error that
+does not change the answer, which outcome-only reward cannot tell from a clean trajectory.
+It draws from its own random stream, so 0 leaves every other choice as it was.
+
 Trajectories are chat messages (`rstar_jax.data.sft_data.ChatExample`); tool messages hold the
 response text rendered by `rstar_jax.tools.render` exactly as the agent loop renders it, and
 `render_examples` turns them into (ids, loss_mask) with `chat_format.render_chat_ids`, i.e. the
@@ -34,6 +46,10 @@ SOLVE_TEXT = "Now I compute the answer.</reason>"
 BUGGY_TEXT = "I compute the answer.</reason>"
 FIX_TEXT = "The code failed. I fix it.</reason>"
 FINAL_TEXT = "The output is {n}.</reason><answer>\\boxed{{{n}}}</answer>"
+EXPLORE_FAIL_TEXT = "I look at the values first.</reason>"
+AFTER_FAIL_TEXT = "That call failed, but it was only a check. I compute the answer.</reason>"
+MENTAL_TEXT = "I work it out: the answer is {n}. I verify it with the tool.</reason>"
+STYLES = ("mixed", "dense", "sparse")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +57,11 @@ class ColdStartConfig:
   """Scripted-solver and selection settings.
 
   Attributes:
-    explore_prob: probability of an exploratory first call.
-    bug_prob: probability of a broken call that is then corrected.
+    explore_prob: probability of an exploratory first call ("mixed").
+    bug_prob: probability of a broken call that is then corrected ("mixed", "dense").
+    explore_fail_prob: probability that the exploratory call fails and is not fixed (a
+      recoverable error that leaves the answer unchanged).
+    style: "mixed" | "dense" | "sparse" (module docstring).
     min_tool_calls: ASTER density threshold (calls per kept trajectory).
     max_trajectories: keep at most this many, densest first (0 = all).
     max_calls: at most this many calls per trajectory (0 = no cap); the exploratory call is
@@ -57,6 +76,8 @@ class ColdStartConfig:
 
   explore_prob: float = 0.8
   bug_prob: float = 0.3
+  explore_fail_prob: float = 0.0
+  style: str = "mixed"
   min_tool_calls: int = 2
   max_trajectories: int = 0
   max_calls: int = 0
@@ -67,7 +88,9 @@ class ColdStartConfig:
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("explore_prob", "bug_prob"):
+    if self.style not in STYLES:
+      raise ValueError(f"ColdStartConfig.style: expected one of {STYLES}, got {self.style!r}")
+    for name in ("explore_prob", "bug_prob", "explore_fail_prob"):
       v = getattr(self, name)
       if not 0.0 <= v <= 1.0:
         raise ValueError(f"ColdStartConfig.{name}: expected a probability in [0, 1], got {v!r}")
@@ -102,6 +125,42 @@ def break_code(code: str, rng: random.Random) -> str:
   return code[:i] + code[i + 1 :] if i >= 0 else code + "("
 
 
+def failing_explore_code(problem: Problem) -> str:
+  """An exploratory call that raises NameError: it prints the parameter names, never bound."""
+  names = [k for k, v in problem.params.items() if isinstance(v, int)] or ["x"]
+  return "print(" + ", ".join(names) + ")"
+
+
+def plan_calls(problem: Problem, config: ColdStartConfig, index: int) -> list[tuple[str, str]]:
+  """(assistant text, code) of each call the scripted solver makes for ``problem``.
+
+  Pure in (problem, config, index); the final answer turn is not part of the plan.
+  """
+  rng = random.Random(f"coldstart:{config.seed}:{index}")
+  if config.style == "sparse":
+    return [(MENTAL_TEXT.format(n=problem.answer.strip()), problem.solution_code)]
+  plan = []
+  if config.style == "dense" or rng.random() < config.explore_prob:
+    plan.append((EXPLORE_TEXT, explore_code(problem)))
+  if rng.random() < config.bug_prob:
+    plan.append((BUGGY_TEXT, break_code(problem.solution_code, rng)))
+    plan.append((FIX_TEXT, problem.solution_code))
+  else:
+    plan.append((SOLVE_TEXT, problem.solution_code))
+  noise = random.Random(f"coldstart-noise:{config.seed}:{index}")
+  if plan[0][0] == EXPLORE_TEXT and noise.random() < config.explore_fail_prob:
+    plan[0] = (EXPLORE_FAIL_TEXT, failing_explore_code(problem))
+    if plan[1][0] == SOLVE_TEXT:
+      plan[1] = (AFTER_FAIL_TEXT, plan[1][1])
+  explores = (EXPLORE_TEXT, EXPLORE_FAIL_TEXT)
+  if config.max_calls and len(plan) > config.max_calls and plan[0][0] in explores:
+    plan = plan[1:]
+  plan = plan[-config.max_calls :] if config.max_calls else plan
+  if plan[0][0] in (FIX_TEXT, AFTER_FAIL_TEXT):  # no failed call before it: the plain solve
+    plan[0] = (SOLVE_TEXT, plan[0][1])
+  return plan
+
+
 def _call_msg(text: str, code: str) -> dict:
   return {
     "role": "assistant",
@@ -121,20 +180,7 @@ async def solve_one(
 
   if not problem.solution_code:
     return None
-  rng = random.Random(f"coldstart:{config.seed}:{index}")
-  plan = []
-  if rng.random() < config.explore_prob:
-    plan.append((EXPLORE_TEXT, explore_code(problem)))
-  if rng.random() < config.bug_prob:
-    plan.append((BUGGY_TEXT, break_code(problem.solution_code, rng)))
-    plan.append((FIX_TEXT, problem.solution_code))
-  else:
-    plan.append((SOLVE_TEXT, problem.solution_code))
-  if config.max_calls and len(plan) > config.max_calls and plan[0][0] == EXPLORE_TEXT:
-    plan = plan[1:]
-  plan = plan[-config.max_calls :] if config.max_calls else plan
-  if plan[0][0] == FIX_TEXT:  # a fix without its broken call reads as the plain solve
-    plan[0] = (SOLVE_TEXT, plan[0][1])
+  plan = plan_calls(problem, config, index)
   messages: list[dict] = []
   if config.system_prompt:
     messages.append({"role": "system", "content": config.system_prompt})

@@ -11,13 +11,24 @@ from rstar_jax.errors import UserError
 
 
 class DataError(ValueError, UserError):
-  """A data file is malformed. The message names the file, the 1-based line and the field."""
+  """A data file is malformed. The message names the file, the 1-based line (``unit="row"``:
+  the row of a parquet file or datasets directory) and the field."""
 
-  def __init__(self, path: str | os.PathLike, line: int, field: str | None, message: str):
+  def __init__(
+    self,
+    path: str | os.PathLike,
+    line: int,
+    field: str | None,
+    message: str,
+    *,
+    unit: str = "line",
+  ):
     self.path = os.fspath(path)
     self.line = line
     self.field = field
-    where = f"{self.path}:{line}"
+    self.message = message
+    self.unit = unit
+    where = f"{self.path}:{line}" if unit == "line" else f"{self.path}: {unit} {line}"
     if field is not None:
       where += f": field '{field}'"
     super().__init__(f"{where}: {message}")

@@ -17,6 +17,14 @@ Families (difficulty knobs in brackets, see `Difficulty`):
   ncr_mod        C(n, k) mod M                           [n_max, modulus_digits]
   power_sum      (1^p + ... + N^p) mod M, p in 2..5      [n_max, modulus_digits]
   fib_mod        F(N) mod M                              [index_max, modulus_digits]
+  add            A + B                                   [operand_digits]
+  mul_last_digit last digit of A * B                     [operand_digits]
+
+`add` and `mul_last_digit` can be answered "in the head" (a model can learn a sum table or the
+last-digit rule of a product) but less reliably than by running the code, so a policy can
+stop calling the tool and still often be right: the tasks where ASTER's interaction collapse is
+a real option (issue 30's sparse/dense cold-start claim). They are not in `DEFAULT_FAMILIES`
+(what `families=None` means), so existing configs draw the same problems as before.
 
 `make_splits` returns disjoint train / held-out lists (disjoint by text and by (family, params)).
 The held-out list depends only on (seed, n_eval, families, difficulty), so growing n_train never
@@ -145,6 +153,10 @@ def _fib_mod(rng, d):
   return {"n": rng.randrange(max(d.index_max // 10, 10), d.index_max + 1), "m": _modulus(rng, d)}
 
 
+def _last_digit(x: int) -> int:
+  return int(str(x)[-1])
+
+
 def _digit_sum(x: int) -> int:
   s = 0
   while x:
@@ -243,8 +255,26 @@ FAMILIES: dict[str, Family] = {
       ),
       lambda p: int(sympy.fibonacci(p["n"]) % p["m"]),
     ),
+    Family(
+      "add",
+      _mul,
+      lambda p: f"Compute {p['a']} + {p['b']}.",
+      lambda p: f"print({p['a']} + {p['b']})",
+      lambda p: int(sympy.Integer(p["a"]) + p["b"]),
+    ),
+    Family(
+      "mul_last_digit",
+      _mul,
+      lambda p: f"What is the last digit of {p['a']} * {p['b']}?",
+      lambda p: f"print({p['a']} * {p['b']} % 10)",
+      lambda p: _last_digit(int(sympy.Integer(p["a"]) * p["b"])),
+    ),
   )
 }
+
+
+# `families=None`: the tool-needing families (the ones before `add`).
+DEFAULT_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f not in ("add", "mul_last_digit"))
 
 
 def make_problem(family: str, params: dict) -> Problem:
@@ -264,7 +294,7 @@ def make_problem(family: str, params: dict) -> Problem:
 def _resolve(
   families: Sequence[str] | None, difficulty: Difficulty | str | None
 ) -> tuple[tuple[str, ...], Difficulty]:
-  fams = tuple(FAMILIES) if families is None else tuple(families)
+  fams = DEFAULT_FAMILIES if families is None else tuple(families)
   if not fams:
     raise ValueError("families: expected at least one family name, got none")
   unknown = [f for f in fams if f not in FAMILIES]

@@ -7,13 +7,17 @@ Layout (N rows, T = ``pad_to`` columns; every row right-padded):
     attention_mask int32   [N, T]  1 on real (prompt + response) tokens.
     loss_mask      float32 [N, T]  1 on model-generated response tokens, 0 elsewhere (prompt,
                                    tool/template tokens, padding).
-    old_logprobs   float32 [N, T]  the sampler's log-prob of ``input_ids[n, t]``; 0 where
-                                   loss_mask is 0.
+    sampler_logprobs float32 [N, T] the sampler's log-prob of ``input_ids[n, t]``; 0 where
+                                   loss_mask is 0 (``SAMPLER_KEY``: the one place they ride).
     advantages     float32 [N]     one scalar per trajectory (GRPO: constant over its tokens).
+
+  RL step inputs (`rl_inputs`): the keys ``StepConfig.rl_keys`` names, built from the batch
+  above: ``old_logprobs`` = the learner's recomputed log-probs (or the sampler's when not
+  recomputed), ``behaviour_logprobs`` = the sampler's (off-policy losses only).
 
   SFT batch (`make_sft_batch`): input_ids, attention_mask, loss_mask as above.
 
-Target convention ("token-aligned"): column t of loss_mask / old_logprobs describes the token
+Target convention ("token-aligned"): column t of loss_mask / the log-probs describes the token
 ``input_ids[:, t]`` itself, which the model predicts from the logits at column ``t - 1``. Column 0
 is never a target. This keeps every per-token array aligned with ``input_ids`` exactly as the
 agent loop records it (``Trajectory.loss_mask`` / ``logprobs`` are per response token), so
@@ -29,6 +33,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+SAMPLER_KEY = "sampler_logprobs"  # the sampler's log-probs on the host batch
+OLD_KEY = "old_logprobs"  # the step's reference log-probs (the PPO ratio's denominator)
+BEHAVIOUR_KEY = "behaviour_logprobs"  # the sampler's, as the step's off-policy input
 
 
 class TrajectoryLike(Protocol):
@@ -66,7 +74,7 @@ def make_rl_batch(
       row_multiple: pad N up to a multiple of this with empty rows.
 
   Returns:
-      dict of numpy arrays: input_ids, attention_mask, loss_mask, old_logprobs [N', T] and
+      dict of numpy arrays: input_ids, attention_mask, loss_mask, sampler_logprobs [N', T] and
       advantages [N'], with N' = N rounded up to ``row_multiple``.
   """
   advantages = np.asarray(advantages, np.float32)
@@ -80,7 +88,7 @@ def make_rl_batch(
     raise ValueError(f"make_rl_batch: advantages[{bad}] is {advantages[bad]} (not finite)")
   n = _padded_rows(len(trajectories), row_multiple)
   batch = _empty(n, pad_to, pad_id)
-  batch["old_logprobs"] = np.zeros((n, pad_to), np.float32)
+  batch[SAMPLER_KEY] = np.zeros((n, pad_to), np.float32)
   batch["advantages"] = np.zeros((n,), np.float32)
   batch["advantages"][: len(trajectories)] = advantages
   for i, tr in enumerate(trajectories):
@@ -112,8 +120,67 @@ def make_rl_batch(
     batch["loss_mask"][i, p:length] = mask_arr
     # Logprobs of masked tokens are meaningless (tool text was never sampled): zero them so
     # they cannot leak into a ratio by accident.
-    batch["old_logprobs"][i, p:length] = np.asarray(logp, np.float32) * mask_arr
+    batch[SAMPLER_KEY][i, p:length] = np.asarray(logp, np.float32) * mask_arr
   return batch
+
+
+def rl_inputs(
+  batch: dict[str, np.ndarray], keys: Sequence[str], proximal: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+  """The RL step's inputs from a `make_rl_batch` batch (packed or not).
+
+  Args:
+      batch: host batch with ``sampler_logprobs`` [N, T].
+      keys: the keys the step reads (``StepConfig.rl_keys``); ``behaviour_logprobs`` among them
+          makes the sampler's log-probs the off-policy loss's behaviour input.
+      proximal: [N, T] the learner's recomputed log-probs (``rl.recompute_old_logprobs``) or
+          None (the sampler's are the old log-probs).
+  Returns:
+      the batch without ``sampler_logprobs``, plus ``old_logprobs`` (masked) and, when in
+      ``keys``, ``behaviour_logprobs``.
+  """
+  if SAMPLER_KEY not in batch:
+    raise ValueError(f"rl_inputs: batch is missing {SAMPLER_KEY!r} (has {sorted(batch)})")
+  sampler = batch[SAMPLER_KEY]
+  out = {k: v for k, v in batch.items() if k != SAMPLER_KEY}
+  if proximal is None:
+    out[OLD_KEY] = sampler
+  else:
+    proximal = np.asarray(proximal, np.float32)
+    if proximal.shape != sampler.shape:
+      raise ValueError(
+        f"rl_inputs: proximal log-probs expected shape {sampler.shape}, got {proximal.shape}"
+      )
+    out[OLD_KEY] = proximal * batch["loss_mask"]
+  if BEHAVIOUR_KEY in keys:
+    out[BEHAVIOUR_KEY] = sampler.copy()
+  return out
+
+
+def importance_metrics(
+  behaviour_logprobs: np.ndarray, proximal_logprobs: np.ndarray, loss_mask: np.ndarray, cap: float
+) -> dict[str, float]:
+  """Token importance ratios pi_prox / pi_behav = exp(proximal - behaviour) on loss tokens.
+
+  Args:
+    behaviour_logprobs: [N, T] the sampler's log-probs (the policy that generated).
+    proximal_logprobs: [N, T] the learner's recomputed log-probs (the policy being trained).
+    loss_mask: [N, T] 1 on generated tokens.
+    cap: truncation cap of truncated importance sampling (``rl.tis_cap``; 0 = off, nothing is
+      truncated).
+  Returns:
+    async/is_ratio_mean, async/is_ratio_max, async/is_truncated_frac (ratio > cap; 0 when off).
+  """
+  m = np.asarray(loss_mask) > 0
+  if not m.any():
+    return {"async/is_ratio_mean": 1.0, "async/is_ratio_max": 1.0, "async/is_truncated_frac": 0.0}
+  d = np.asarray(proximal_logprobs, np.float64)[m] - np.asarray(behaviour_logprobs, np.float64)[m]
+  r = np.exp(np.clip(d, -50.0, 50.0))
+  return {
+    "async/is_ratio_mean": float(r.mean()),
+    "async/is_ratio_max": float(r.max()),
+    "async/is_truncated_frac": float((r > cap).mean()) if cap > 0 else 0.0,
+  }
 
 
 def make_sft_batch(

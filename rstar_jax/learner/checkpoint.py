@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 
 from rstar_jax.errors import UserError
 from rstar_jax.learner.train_state import TrainState
+from rstar_jax.models import lora
 
 
 class CheckpointMismatchError(UserError, ValueError):
@@ -31,7 +32,7 @@ class CheckpointMismatchError(UserError, ValueError):
 
 def _arrays(state: TrainState) -> dict[str, Any]:
   return {
-    "params": state.params,
+    "params": lora.saved_params(state.params),  # LoRA: the adapters only
     "opt_state": state.opt_state,
     "step": state.step,
     "rng": state.rng,
@@ -94,6 +95,7 @@ class Checkpointer:
         f"Checkpointer.save: metadata['step']={meta['step']} differs from state.step={step}"
       )
     meta["step"] = step
+    meta.update(lora.checkpoint_meta(state.params))  # LoRA: settings + pointer to the base
     try:
       json.dumps(meta)
     except TypeError as e:
@@ -124,6 +126,11 @@ class Checkpointer:
         f"Checkpointer.restore: no checkpoint for step {step} in "
         f"{self.directory} (have {sorted(self._mgr.all_steps())})"
       )
+    # LoRA vs full params, or another base: named before orbax reports a tree mismatch.
+    meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    problem = lora.check_checkpoint_meta(target.params, meta or {})
+    if problem:
+      raise CheckpointMismatchError(f"checkpoint {self.directory} step {step}: {problem}")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
     try:
       out = self._mgr.restore(
@@ -143,7 +150,10 @@ class Checkpointer:
       ) from e
     arrays = out["state"]
     state = target.replace(
-      params=arrays["params"], opt_state=arrays["opt_state"], step=arrays["step"], rng=arrays["rng"]
+      params=lora.restored_params(target.params, arrays["params"]),
+      opt_state=arrays["opt_state"],
+      step=arrays["step"],
+      rng=arrays["rng"],
     )
     return state, dict(out["meta"])
 
@@ -199,4 +209,4 @@ def export_hf(out_dir: str | os.PathLike, model_config, params) -> None:
   """
   from rstar_jax.distributed.export import save_hf_multihost
 
-  save_hf_multihost(os.fspath(out_dir), model_config, params)
+  save_hf_multihost(os.fspath(out_dir), model_config, lora.merged(params))  # LoRA: merged

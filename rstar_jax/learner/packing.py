@@ -70,7 +70,7 @@ def pack_batch(
   """Packs a right-padded `make_rl_batch` / `make_sft_batch` batch into fewer rows.
 
   Args:
-      batch: input_ids, attention_mask, loss_mask [N, T] (+ old_logprobs [N, T], advantages
+      batch: input_ids, attention_mask, loss_mask [N, T] (+ sampler_logprobs [N, T], advantages
           [N] for RL); every row right-padded (real tokens a prefix). Empty rows are dropped.
       capacity: packed row length; default T (packing never lengthens rows).
       row_multiple: pad the packed row count up to a multiple of this with empty rows.

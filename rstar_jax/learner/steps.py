@@ -32,9 +32,11 @@ whole-batch normaliser. Metrics come back as scalars (float32 []), each the exac
 approx_kl, ppo_kl, ratio_mean, ratio_abs_dev, entropy) plus ``grad_norm`` (before clipping),
 ``num_tokens`` and ``learning_rate`` (the one this update used; with StepConfig.optim).
 
-Old log-probs: the RL batch carries the sampler's log-probs. To use the learner's own instead
-(recomputed after RoC, as verl does), call `compute_logprobs` + `with_old_logprobs` before
-`rl_step`; `logprob_drift` measures how far the two disagree (the sampler/trainer mismatch).
+Old log-probs: the host batch carries the sampler's log-probs (``sampler_logprobs``);
+`step_inputs(batch, config, proximal)` makes the step's ``old_logprobs`` from the learner's own
+(`compute_logprobs`, recomputed after RoC as verl does) or the sampler's, and
+``behaviour_logprobs`` for an off-policy loss, and reports `logprob_drift` (the
+sampler/trainer mismatch) and, for groups from older weights, the importance ratios.
 Log-probs and entropies come from the one `rstar_jax.rl.losses.token_logprobs_and_entropy`
 (prediction-aligned); the learner shifts by one column to the token-aligned layout above.
 """
@@ -49,11 +51,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import optim
+from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
+from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
+from rstar_jax.models import lora
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
@@ -62,11 +69,10 @@ Batch = Mapping[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
 SFT_KEYS = ("input_ids", "attention_mask", "loss_mask")
-RL_KEYS = SFT_KEYS + ("old_logprobs", "advantages")
-# The sampler's per-token log-probs [N, T] (behaviour policy), read by the off-policy losses
-# when StepConfig.tis_cap is set; "old_logprobs" then holds the learner's recomputed ones.
-BEHAVIOUR_KEY = "behaviour_logprobs"
-PACKING_KEYS = ("segment_ids", "positions")  # optional: packed rows
+RL_KEYS = SFT_KEYS + (OLD_KEY, "advantages")
+# BEHAVIOUR_KEY (the sampler's per-token log-probs [N, T]) is read by the off-policy losses when
+# StepConfig.tis_cap is set; OLD_KEY then holds the learner's recomputed ones
+# (`batch.rl_inputs` builds both from the host batch). PACKING_KEYS are optional: packed rows.
 
 # (params, input_ids [B,T] int32, attention_mask [B,T]) -> logits [B,T,V] float32; for packed
 # batches it is also called with keyword arguments segment_ids= and positions= ([B,T] int32).
@@ -247,6 +253,13 @@ def _accumulate(loss_fn, params, batch: Batch, num_micro: int, micro_sharding):
   Gradients are accumulated in float32 (bf16 sums over many micro-batches lose mass) and cast
   back to each param's dtype so the optimizer state keeps its dtypes.
   """
+  split = lora.split_trainable(params)
+  if split is not None:  # LoRA: differentiate the adapters only; the frozen base gets zeros
+    trainable, rebuild, full_grads = split
+    g, sums = _accumulate(
+      lambda t, mb: loss_fn(rebuild(t), mb), trainable, batch, num_micro, micro_sharding
+    )
+    return full_grads(g), sums
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if num_micro == 1:
     return grad_fn(params, batch)
@@ -381,6 +394,40 @@ def logprob_drift(
   }
 
 
+def step_inputs(
+  batch: Mapping[str, np.ndarray],
+  config: StepConfig,
+  proximal: np.ndarray | None = None,
+  *,
+  older_weights: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+  """The RL step's host inputs from a `batch.make_rl_batch` batch, and the contract's metrics.
+
+  The one place the sampler's log-probs (``batch.SAMPLER_KEY``) turn into step inputs: the keys
+  ``config.rl_keys`` names (`batch.rl_inputs`), the truncation cap read from ``config.tis_cap``.
+
+  Args:
+    batch: host batch (packed or not) with ``sampler_logprobs`` [N, T].
+    config: the step's static settings (the `JittedSteps.config` the step was built with).
+    proximal: [N, T] the learner's recomputed log-probs, or None (the sampler's are old).
+    older_weights: the groups may come from older weights (an asynchronous source): adds the
+      importance ratios of the sampler's log-probs against ``proximal``.
+  Returns:
+    (inputs, metrics): ``sampler_logprob_drift`` when ``proximal`` is given, plus
+    ``async/is_ratio_*`` (`batch.importance_metrics`) when ``older_weights``.
+  """
+  inputs = batch_lib.rl_inputs(batch, config.rl_keys, proximal)  # checks the shapes first
+  metrics: dict[str, float] = {}
+  if proximal is not None:
+    sampler = batch[SAMPLER_KEY]
+    drift = logprob_drift(sampler, proximal, batch["loss_mask"])
+    metrics["sampler_logprob_drift"] = float(drift["logprob_abs_diff"])
+    if older_weights:
+      cap = config.tis_cap or 0.0
+      metrics.update(batch_lib.importance_metrics(sampler, proximal, batch["loss_mask"], cap))
+  return inputs, metrics
+
+
 # --------------------------------------------------------------------------------------------
 # Sharded, jitted steps.
 
@@ -397,6 +444,11 @@ class JittedSteps:
       mesh: the mesh.
       data_axes: mesh axes the batch rows are sharded over.
       num_micro_batches: micro-batches per step (rows must divide by it x data size).
+      config: the static step settings (``config.rl_keys``: the RL batch contract).
+      rules: the sharding rules the steps were traced under.
+      jitted: the ``jax.jit`` objects behind the three callables ("sft_step", "rl_step",
+          "compute_logprobs"); `lower` lowers them as the callables run them (the planner
+          compiles these very objects).
   """
 
   sft_step: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
@@ -406,6 +458,15 @@ class JittedSteps:
   mesh: jax.sharding.Mesh
   data_axes: tuple[str, ...]
   num_micro_batches: int
+  config: StepConfig = StepConfig()
+  rules: Any = "train"
+  jitted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def lower(self, name: str, *args):
+    """``self.jitted[name].lower(*args)`` under the mesh and activation layout the callables
+    use (args: ShapeDtypeStructs with shardings, or arrays)."""
+    with use_mesh(self.mesh), activation_layout(self.rules):
+      return self.jitted[name].lower(*args)
 
   def batch_sharding(self, x) -> NamedSharding:
     """Rows over the data axes, everything else replicated."""
@@ -448,8 +509,15 @@ def state_shardings_for(
   """TrainState of shardings: optimizer-state copies of the params follow the params; the
   rest (counts, rng, step) is replicated."""
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  # A masked optimizer (LoRA: none for the frozen base) holds MaskedNode placeholders.
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
   opt_shardings = optax.tree_map_params(
-    tx, lambda _, s: s, abstract_opt, params_shardings, transform_non_params=lambda _: replicated
+    tx,
+    lambda v, s: v if masked(v) else s,
+    abstract_opt,
+    params_shardings,
+    transform_non_params=lambda _: replicated,
+    is_leaf=masked,
   )
   return TrainState(
     step=replicated, params=params_shardings, opt_state=opt_shardings, rng=replicated, tx=tx
@@ -505,42 +573,49 @@ def make_jitted_steps_for(
 
     return call
 
-  def jit_step(fn, keys):
+  def jit(fn):
     step = functools.partial(fn, apply_fn=apply_fn, config=config, micro_sharding=rows_sharding)
-    jitted = traced_under_mesh(
-      jax.jit(
-        step,
-        in_shardings=(state_sh, batch_prefix),
-        out_shardings=(state_sh, replicated),
-        donate_argnums=(0,),
-      )
+    return jax.jit(
+      step,
+      in_shardings=(state_sh, batch_prefix),
+      out_shardings=(state_sh, replicated),
+      donate_argnums=(0,),
     )
+
+  def run_step(jitted, keys):
+    call = traced_under_mesh(jitted)
 
     def run(state, batch):
       _check_tx(state, state_sh)
-      return jitted(state, _with_packing(batch, keys))
+      return call(state, _with_packing(batch, keys))
 
     return run
 
-  lp_keys = ("input_ids", "attention_mask")
-  logprobs = traced_under_mesh(
-    jax.jit(
+  jitted = {
+    "sft_step": jit(sft_step),
+    "rl_step": jit(rl_step),
+    "compute_logprobs": jax.jit(
       functools.partial(
         compute_logprobs, apply_fn=apply_fn, num_micro_batches=config.num_micro_batches
       ),
       in_shardings=(params_shardings, batch_prefix),
       out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32)),
-    )
-  )
+    ),
+  }
+  lp_keys = ("input_ids", "attention_mask")
+  logprobs = traced_under_mesh(jitted["compute_logprobs"])
 
   return JittedSteps(
-    sft_step=jit_step(sft_step, SFT_KEYS),
-    rl_step=jit_step(rl_step, config.rl_keys),
+    sft_step=run_step(jitted["sft_step"], SFT_KEYS),
+    rl_step=run_step(jitted["rl_step"], config.rl_keys),
     compute_logprobs=lambda params, batch: logprobs(params, _with_packing(batch, lp_keys)),
     state_shardings=state_sh,
     mesh=mesh,
     data_axes=data_axes,
     num_micro_batches=config.num_micro_batches,
+    config=config,
+    rules=rules,
+    jitted=jitted,
   )
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar_jax.models import attention as attention_lib
+from rstar_jax.models import lora
 from rstar_jax.models.kv_cache import KVCache, cache_logical_axes, cache_shardings, init_cache
 from rstar_jax.models.qwen3_config import (
   SUPPORTED_MODEL_TYPES,
@@ -133,6 +134,8 @@ def _dense(x: jax.Array, p: Params) -> jax.Array:
   y = x @ p["kernel"].astype(x.dtype)
   if "bias" in p:
     y = y + p["bias"].astype(x.dtype)
+  if "lora_a" in p:  # LoRA adapters, unmerged (put there by `lora.inject`)
+    y = y + lora.branch(x, p)
   return y
 
 

@@ -7,6 +7,6 @@
     report = evaluation.run_eval(from_config_dict(eval_cfg, "eval"), "report.json")
 
 Library pieces: `rl_loop.RLLoop` (one step = `RLLoop.step`, a sequence of stage methods),
-`rl_loop.collect_rollouts`, `stages.build_hard_subset`, `rl_metrics.CollapseMonitor`,
+`wiring.group_source` (groups: `rstar_jax.rollout.groups` / `sources`), `stages.build_hard_subset`, `rl_metrics.CollapseMonitor`,
 `evaluation.evaluate`, `agent_runner.AgentRunner` / `open_runner`.
 """

@@ -20,13 +20,16 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from rstar_jax.config import RunConfig, StageConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.learner.batch import pad_id_of
+from rstar_jax.pipelines import wiring
 from rstar_jax.rewards import math_reward
+from rstar_jax.rewards import registry as reward_registry
+from rstar_jax.tools import noise as tool_noise
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,8 @@ class AgentRunner:
     show_tool_time: tool responses carry the "execution time" line.
     chat_format: `chat_format.FORMATS` name of the prompt / tool-turn layout.
     tool_truncation: "project" | "released" (`agent_loop.AgentLoopConfig.tool_truncation`).
+    reward_fn: ``async (response_text, gold) -> float`` (`rewards.registry.from_config`);
+      None = `math_reward.score_async` with ``answer_mode``.
   """
 
   def __init__(
@@ -90,6 +95,7 @@ class AgentRunner:
     show_tool_time: bool = True,
     chat_format: str = "rstar2",
     tool_truncation: str = "project",
+    reward_fn: Callable[[str, str], Awaitable[float]] | None = None,
   ):
     self.engine = engine
     self.pool = pool
@@ -102,6 +108,7 @@ class AgentRunner:
     self.verify_timeout_s = verify_timeout_s
     self.chat_format = chat_format
     self.tool_truncation = tool_truncation
+    self.reward_fn = reward_fn  # reward registry hook (issue 32)
     from rstar_jax.tokenization import chat_format as chat_lib
 
     self._chat = chat_lib
@@ -129,6 +136,8 @@ class AgentRunner:
       show_tool_time=t.show_time,
       chat_format=r.chat_format,
       tool_truncation=t.truncation,
+      verify_timeout_s=run.reward.timeout_s,
+      reward_fn=reward_registry.from_config(run),  # reward registry hook (issue 32)
     )
 
   def prompt_length(self, problem: Problem) -> int:
@@ -178,7 +187,7 @@ class AgentRunner:
     return await agent_loop.run_trajectory(
       self.engine,
       self.tokenizer,
-      self.pool,
+      tool_noise.for_trajectory(self.pool, seed),  # issue 30: per-trajectory injected failures
       problem.problem,
       cfg,
       prompt_ids=self.prompt_ids(problem),
@@ -195,6 +204,12 @@ class AgentRunner:
     """Binary outcome rewards (1.0 correct, 0.0 otherwise), one per trajectory."""
     if len(trajectories) != len(answers):
       raise ValueError(f"rewards: {len(trajectories)} trajectories but {len(answers)} answers")
+    if self.reward_fn is not None:  # reward registry hook (issue 32)
+      return list(
+        await asyncio.gather(
+          *(self.reward_fn(t.response_text, a) for t, a in zip(trajectories, answers))
+        )
+      )
     return list(
       await asyncio.gather(
         *(
@@ -261,6 +276,7 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
     weight_transport=r.weight_transport,
     weight_delta=r.weight_delta,
     colocated=r.colocated,
+    server_timeout_s=r.server_timeout_s,
   )
 
 
@@ -275,11 +291,9 @@ async def open_runner(
   runner_cls: type[AgentRunner] = AgentRunner,
 ) -> AsyncIterator[AgentRunner]:
   """Starts the code pool and the engine; yields the runner; closes both."""
-  from rstar_jax.distributed import fleet
-
   if engine is None:
     engine = build_engine(run, model_config, params, tokenizer)
-  pool = fleet.build_tool_pool(run.tool)  # tool.backend: "local" | "http" | "ray"
+  pool = tool_noise.wrap(wiring.tool_pool(run.tool), run.tool)  # backend; injected failures
   await pool.start()
   try:
     if hasattr(engine, "wait_healthy"):  # remote servers: wait until they answer

@@ -1,9 +1,11 @@
 """Where a run's problems, SFT items and tokenizer come from, decided by the config.
 
-* Problems: ``data.train_path`` / ``eval.path`` JSONL files, or, when the path is empty and a
+* Problems: ``data.train_path`` (JSONL, parquet or a local HF `datasets` directory, with
+  ``data.format`` and the ``data.*_field`` column mapping: `rstar_jax.data.formats`) and
+  ``eval.path`` (JSONL), or, when the path is empty and a
   ``data.synthetic`` section exists, the seeded tool-needing task generator
   (`rstar_jax.data.synthetic_tasks.make_splits`: disjoint train / held-out splits).
-* SFT items: ``data.sft_path`` chat JSONL, or scripted tool-use chats built from synthetic
+* SFT items: ``data.sft_path`` chats (same formats), or scripted tool-use chats built from synthetic
   problems (`scripted_tool_chats`: one code call whose output is the answer, then the boxed
   answer). The real interaction-dense cold start is built by the demo with the code pool.
 * Tokenizer: ``model.tokenizer_dir`` or ``model.hf_dir``; a from-scratch model without either
@@ -17,8 +19,9 @@ import os
 from collections.abc import Sequence
 
 from rstar_jax.config import RunConfig
-from rstar_jax.data.problems import Problem, load_problems
-from rstar_jax.data.sft_data import ChatExample, load_sft_jsonl
+from rstar_jax.data import formats
+from rstar_jax.data.problems import Problem
+from rstar_jax.data.sft_data import ChatExample
 
 
 def _synthetic_splits(run: RunConfig) -> tuple[list[Problem], list[Problem]]:
@@ -31,12 +34,19 @@ def _synthetic_splits(run: RunConfig) -> tuple[list[Problem], list[Problem]]:
 
 
 def train_problems(run: RunConfig) -> list[Problem]:
-  if run.data.train_path:
-    return load_problems(run.data.train_path)
+  d = run.data
+  if d.train_path:
+    return formats.load_problem_set(
+      d.train_path,
+      fmt=d.format,
+      question_field=d.question_field,
+      answer_field=d.answer_field,
+      split=d.split,
+    )
   if run.data.synthetic is not None:
     return _synthetic_splits(run)[0]
   raise ValueError(
-    "config.data.train_path: expected a JSONL problem file (or a data.synthetic section), got ''"
+    "config.data.train_path: expected a problem file or datasets directory (or a data.synthetic section), got ''"
   )
 
 
@@ -97,12 +107,15 @@ def scripted_tool_chats(
 
 
 def sft_examples(run: RunConfig) -> list[ChatExample]:
-  if run.data.sft_path:
-    return load_sft_jsonl(run.data.sft_path)
+  d = run.data
+  if d.sft_path:
+    return formats.load_chat_set(
+      d.sft_path, fmt=d.format, messages_field=d.messages_field, split=d.split
+    )
   if run.data.synthetic is not None:
     return scripted_tool_chats(_synthetic_splits(run)[0])
   raise ValueError(
-    "config.data.sft_path: expected a chat JSONL file (or a data.synthetic section), got ''"
+    "config.data.sft_path: expected a chat file or datasets directory (or a data.synthetic section), got ''"
   )
 
 

@@ -54,8 +54,11 @@ def _system_prompt(run: RunConfig) -> str:
 
 def _derived(run: RunConfig, mode: str) -> RunConfig:
   """The SFT / RL config of the library loops, taken from the demo config."""
-  if mode == "sft":
-    return dataclasses.replace(run, mode="sft", optim=run.sft_optim or run.optim, stages=())
+  if mode == "sft":  # full fine-tuning: LoRA (model.lora_rank) applies to the RL phase
+    model = dataclasses.replace(run.model, lora_rank=0)
+    return dataclasses.replace(
+      run, mode="sft", model=model, optim=run.sft_optim or run.optim, stages=()
+    )
   return dataclasses.replace(run, mode=mode)
 
 
@@ -94,6 +97,8 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
   csc = coldstart.ColdStartConfig(
     explore_prob=cs.explore_prob,
     bug_prob=cs.bug_prob,
+    explore_fail_prob=cs.explore_fail_prob,
+    style=cs.style,
     min_tool_calls=cs.min_tool_calls,
     max_trajectories=cs.max_trajectories,
     max_calls=cs.max_calls,
@@ -206,7 +211,9 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
     return qwen3.load_hf_params(hf, model_config)
   rcfg = _derived(cfg, "rl")
   os.makedirs(rdir, exist_ok=True)
-  learner = runtime.build_learner(rcfg, params=sft_params)
+  learner = runtime.build_learner(
+    rcfg, params=sft_params, base_ref=os.path.abspath(os.path.join(workdir, "sft", "hf"))
+  )
   runtime.check_vocab(tokenizer, learner.model_config)
   total = sum(s.steps for s in rcfg.stages)
   _say(
@@ -354,7 +361,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   summary["resolved_config"] = records["eval_rl"]  # run record: the config of every number
   _write_json(os.path.join(workdir, "summary.json"), summary)
   if cfg.demo.plot:
-    from rstar_jax import viz
+    from rstar_jax.pipelines import viz  # matplotlib: optional, imported only for the plot
 
     viz.plot_demo(workdir, summary, os.path.join(workdir, "demo_plot.png"))
   mark("report")

@@ -9,11 +9,13 @@ makes everything after it stale too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from typing import Any
 
 from rstar_jax import run_record
+from rstar_jax.config import schema
 from rstar_jax.run_record import Phase
 
 # Dotted paths of the typed config (`rstar_jax.config.schema`), e.g. ``rollout.system_prompt``.
@@ -32,7 +34,13 @@ _TOKENIZER = _DATA + (
   "demo.number_tokens",
   "demo.split_digits",
 )
-_SFT = _TOKENIZER + ("model", "mesh", "sft", "sft_optim")
+# The demo's SFT is full fine-tuning (a from-scratch model); LoRA settings concern RL only.
+_MODEL = tuple(
+  f"model.{f.name}"
+  for f in dataclasses.fields(schema.ModelConfig)
+  if not f.name.startswith("lora_")
+)
+_SFT = _TOKENIZER + _MODEL + ("mesh", "sft", "sft_optim")
 _EVAL_SFT = _SFT + ("eval", "rollout", "tool", "rl.answer_mode", "demo")
 
 PHASES = (

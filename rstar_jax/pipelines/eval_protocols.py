@@ -9,17 +9,26 @@
 Both report avg@k (mean correctness over all k samples of all problems) and pass@k (share of
 problems solved at least once); `write_csv` writes one row per problem. Selected with
 ``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
+
+A protocol fills only the fields left at their schema default: a value the recipe or the command
+line set (``--config.eval.k=2``) wins and is logged as kept, unless ``eval.protocol_strict`` is
+set, where it is a one-line `ConfigError` naming the field. Each replaced field is logged once
+(``eval.temperature: 0.6 -> 0.0``, old -> new), so a run never silently evaluates with other settings than
+the ones it was given.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from rstar_jax.config import EvalConfig
+from rstar_jax.config import ConfigError, EvalConfig
+
+log = logging.getLogger(__name__)
 
 PROTOCOLS: dict[str, dict[str, Any]] = {
   "released": dict(k=16, temperature=0.0, top_p=1.0, max_turns=5, response_budget=30720),
@@ -29,13 +38,51 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 
 def resolve(eval_cfg: EvalConfig) -> EvalConfig:
   """The effective eval settings: ``eval_cfg`` with its protocol's k / sampling / turns /
-  budget when ``eval.protocol`` is set, else ``eval_cfg`` itself."""
+  budget in the fields left at their defaults (module docstring), else ``eval_cfg`` itself.
+  Logs each replaced / kept field once per process."""
+  effective, notes = resolve_with_notes(eval_cfg)
+  for line in notes:
+    if line not in _LOGGED:
+      _LOGGED.add(line)
+      log.info("%s", line)
+  return effective
+
+
+_LOGGED: set[str] = set()
+
+
+def resolve_with_notes(eval_cfg: EvalConfig) -> tuple[EvalConfig, list[str]]:
+  """(effective settings, one line per field the protocol replaced or left to the user).
+
+  Raises:
+    ConfigError: ``eval.protocol_strict`` and a protocol field set to a non-default value.
+  """
   name = eval_cfg.protocol
   if not name:
-    return eval_cfg
+    return eval_cfg, []
   if name not in PROTOCOLS:
-    raise ValueError(f"config.eval.protocol: expected one of {['', *PROTOCOLS]}, got {name!r}")
-  return dataclasses.replace(eval_cfg, **PROTOCOLS[name])
+    raise ConfigError([("eval.protocol", f"expected one of {['', *PROTOCOLS]}, got {name!r}")])
+  defaults = EvalConfig()
+  replace, notes = {}, []
+  for key, want in PROTOCOLS[name].items():
+    have = getattr(eval_cfg, key)
+    if have == want:
+      continue
+    if have != getattr(defaults, key):  # set by the recipe or the command line
+      if eval_cfg.protocol_strict:
+        raise ConfigError(
+          [
+            (
+              f"eval.{key}",
+              f"expected {want!r} (eval.protocol={name!r} with eval.protocol_strict), got {have!r}",
+            )
+          ]
+        )
+      notes.append(f"eval.{key}: keeping the given {have!r} (eval.protocol={name!r} sets {want!r})")
+      continue
+    replace[key] = want
+    notes.append(f"eval.{key}: {have!r} -> {want!r} (eval.protocol={name!r})")
+  return (dataclasses.replace(eval_cfg, **replace) if replace else eval_cfg), notes
 
 
 def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:

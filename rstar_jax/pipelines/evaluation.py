@@ -10,6 +10,7 @@ truncation rate, and per-problem solve counts.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -22,9 +23,15 @@ import numpy as np
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
+from rstar_jax.models import lora
 from rstar_jax.pipelines import rl_metrics
 from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
+from rstar_jax.rollout.sources import SyncSource
+
+# Problem i's group is seeded seed * 1_000_003 + 17 + i * 7_919: the rule of the reports
+# written before the group sources, kept so their numbers stay reproducible.
+EVAL_PROBLEM_STRIDE = 7_919
 
 
 async def evaluate(
@@ -36,6 +43,7 @@ async def evaluate(
   seed: int = 0,
   progress_every_s: float = 10.0,
   keep_samples: int = 0,
+  max_retries: int = 3,
 ) -> dict[str, Any]:
   """Runs k attempts per problem; returns the report dict (``metrics``, ``per_problem``, ...).
 
@@ -44,9 +52,11 @@ async def evaluate(
     problems: the evaluation set.
     settings: sampling and agent-loop limits.
     k: attempts per problem (avg@k).
-    seed: base seed; attempt j of problem i uses a seed derived from (seed, i, j), so the
-      same call gives the same samples (with a deterministic engine).
+    seed: base seed; the k attempts are one group per problem of a `SyncSource`
+      (`rollout.groups`: the seed, retry and multi-process rules of RL's groups), so the same
+      call gives the same samples (with a deterministic engine).
     keep_samples: include the first ``keep_samples`` decoded responses in the report.
+    max_retries: failed attempts of one rollout (engine error, lost tool worker) retried.
   """
   if k < 1:
     raise ValueError(f"evaluate: k must be >= 1, got {k}")
@@ -54,22 +64,20 @@ async def evaluate(
     raise ValueError("evaluate: the problem set is empty")
   t0 = time.monotonic()
   prog = Progress("eval", len(problems) * k, every_s=progress_every_s)
-  done = 0
-
-  import asyncio
-
-  async def one(i, j):
-    nonlocal done
-    s = (seed * 1_000_003 + i * 7_919 + j * 104_729 + 17) % (2**31 - 1)
-    traj = await runner.rollout(problems[i], seed=s, settings=settings)
-    done += 1
-    prog.update(done)
-    return traj
-
-  share = hostdata.local_indices(len(problems))  # [multi-process] this process's problems
-  trajs = await asyncio.gather(*(one(i, j) for i in share for j in range(k)))
-  rewards = await runner.rewards(list(trajs), [problems[i].answer for i in share for _ in range(k)])
-  trajs, rewards = hostdata.gather_lists(list(trajs), list(rewards))  # [multi-process]
+  source = SyncSource(
+    runner,
+    num_samples=k,
+    max_retries=max_retries,
+    on_start=lambda _: prog.update,
+    problem_stride=EVAL_PROBLEM_STRIDE,
+  )
+  made = await source.groups_of(problems, seed=seed * 1_000_003 + 17, settings=settings)
+  trajs = rl_metrics.flatten(made.groups)
+  # [multi-process] each process verifies its share; the rewards are all-gathered
+  rewards = await hostdata.map_sharded(
+    lambda part: runner.rewards([t for t, _ in part], [a for _, a in part]),
+    list(zip(trajs, [p.answer for p in problems for _ in range(k)])),
+  )
   r = np.asarray(rewards, np.float32).reshape(len(problems), k)
   tm = rl_metrics.trajectory_metrics(list(trajs), r.reshape(-1))
   metrics = {
@@ -135,8 +143,6 @@ def run_eval(
   ``problems``, else ``run.eval.path`` / ``data.synthetic`` held-out split, capped at
   ``eval.max_problems``.
   """
-  import asyncio as _asyncio
-
   from rstar_jax.learner.checkpoint import Checkpointer
   from rstar_jax.pipelines import agent_runner, data_sources, eval_protocols, runtime
 
@@ -157,7 +163,7 @@ def run_eval(
     learner = runtime.build_learner_for_restore(run)
     with Checkpointer(checkpoint_dir) as ck:
       learner.state, _ = ck.restore(learner.state)
-    params = learner.state.params
+    params = lora.merged(learner.state.params)  # LoRA: the merged weights
   elif params is None:
     params = runtime.initial_params(run, model_config)
   runtime.check_vocab(tokenizer, model_config)
@@ -180,7 +186,7 @@ def run_eval(
         keep_samples=4,
       )
 
-  report = _asyncio.run(main())
+  report = asyncio.run(main())
   report["checkpoint_dir"] = checkpoint_dir
   report["protocol"] = run.eval.protocol
   write_report(report, out_path)

@@ -23,7 +23,7 @@ from rstar_jax.config import RunConfig
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.batch import length_bucket  # noqa: F401 (the loops' padding rule)
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import qwen3
+from rstar_jax.models import lora, qwen3
 from rstar_jax.sharding.mesh import make_mesh
 
 log = logging.getLogger(__name__)
@@ -84,14 +84,20 @@ class Learner:
   tx: Any
   jitted: steps.JittedSteps
   state: TrainState
+  push_adapters: bool = False  # LoRA with rollout.lora_push=adapters
 
   @property
   def row_multiple(self) -> int:
     return data_parallel_size(self.jitted) * self.jitted.num_micro_batches
 
   def params_copy(self):
-    """A copy of the params that survives the next (donating) step, e.g. for the sampler."""
-    return jax.tree.map(jnp.copy, self.state.params)
+    """A copy of the params that survives the next (donating) step, e.g. for the sampler;
+    with LoRA the merged weights (samplers and pushes get plain Qwen3 params), or with
+    ``rollout.lora_push=adapters`` the `lora.LoraParams` themselves (the SGLang engine then
+    pushes the adapters; the JaxSampler merges them)."""
+    if self.push_adapters:
+      return jax.tree.map(jnp.copy, self.state.params)
+    return lora.merged_copy(self.state.params)
 
 
 def initial_params(run: RunConfig, model_config: qwen3.Qwen3Config, mesh=None):
@@ -101,20 +107,46 @@ def initial_params(run: RunConfig, model_config: qwen3.Qwen3Config, mesh=None):
   return qwen3.init_params(model_config, jax.random.key(run.train.seed), dtype=dtype)
 
 
-def build_learner(run: RunConfig, *, total_steps: int | None = None, params=None) -> Learner:
-  """Model config, optimizer, jitted steps on the config's mesh, and a fresh sharded state."""
+def build_learner(
+  run: RunConfig, *, total_steps: int | None = None, params=None, base_ref: str = ""
+) -> Learner:
+  """Model config, optimizer, jitted steps on the config's mesh, and a fresh sharded state.
+
+  With ``model.lora_rank > 0`` the params become `lora.LoraParams` (``params`` or the config's
+  model as the frozen base, fresh adapters) and only the adapters train; ``base_ref`` names
+  that base in checkpoints and PEFT exports (default ``model.hf_dir``, else the init seed).
+  """
   model_config = run.model.qwen3_config()
   oc = run.optim.learner_config(total_steps)
   tx = optim.make_optimizer(oc)
   mesh = mesh_from(run)
-  js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=run.step_config(oc))
   if params is None:
     params = initial_params(run, model_config, mesh)
   else:
     # The steps donate the state: copy so the caller's arrays (e.g. the SFT result) survive.
     params = jax.tree.map(jnp.copy, params)
+  base_ref = base_ref or (
+    os.path.abspath(run.model.hf_dir)
+    if run.model.hf_dir
+    else f"init_params(train.seed={run.train.seed})"
+  )
+  lora_cfg = run.model.lora_config(base_ref, run.train.seed)
+  if lora_cfg is None:
+    js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=run.step_config(oc))
+  else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
+    params = lora.make_params(params, model_config, lora_cfg, jax.random.key(run.train.seed + 1))
+    tx = lora.optimizer(tx, params)
+    js = lora.make_jitted_steps(
+      model_config,
+      lora_cfg,
+      mesh,
+      tx=tx,
+      config=run.step_config(oc),
+      param_dtype=run.model.param_dtype,
+    )
   state = js.shard_state(TrainState.create(params, tx, run.train.seed))
-  return Learner(model_config, oc, tx, js, state)
+  push_adapters = lora_cfg is not None and run.rollout.lora_push == "adapters"
+  return Learner(model_config, oc, tx, js, state, push_adapters=push_adapters)
 
 
 def load_tokenizer(path: str):
@@ -146,14 +178,26 @@ def export_checkpoint(
   *,
   tokenizer_path: str = "",
   step: int | None = None,
+  adapters_only: bool = False,
 ) -> int:
   """Writes the params of an orbax checkpoint (latest, or ``step``) as an HF directory, with
-  the tokenizer from ``tokenizer_path`` (default: the config's). Returns the exported step."""
+  the tokenizer from ``tokenizer_path`` (default: the config's). Returns the exported step.
+
+  A LoRA run (``model.lora_rank > 0``) exports the merged model, or with ``adapters_only``
+  the adapters in PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``)."""
   from rstar_jax.learner.checkpoint import Checkpointer, export_hf
 
   learner = build_learner_for_restore(run)
+  if adapters_only and not lora.is_lora(learner.state.params):
+    raise ValueError("export_hf --adapters_only: the run has no adapters (model.lora_rank is 0)")
   with Checkpointer(checkpoint_dir) as ck:
     learner.state, meta = ck.restore(learner.state, step)
+  if adapters_only:
+    from rstar_jax.distributed.primary import is_primary
+
+    if is_primary():
+      lora.save_peft(out_dir, learner.state.params)
+    return int(meta["step"])
   export_hf(out_dir, learner.model_config, learner.state.params)
   tok_path = tokenizer_path or run.tokenizer_dir()
   from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer

@@ -33,7 +33,7 @@ from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket, pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.pipelines import runtime
+from rstar_jax.pipelines import metrics_log, runtime
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 
 log = logging.getLogger(__name__)
@@ -164,12 +164,21 @@ def run_sft(
     it = EpochIterator.from_state(list(range(len(seqs))), meta["data"])
     resumed_step = int(meta["step"])
     log.info("SFT resumed at step %d (epoch %d, index %d)", resumed_step, it.epoch, it.index)
-  writer = MetricsWriter(workdir, "sft_metrics", resume_step=resumed_step)
+  writer = MetricsWriter(
+    workdir,
+    "sft_metrics",
+    resume_step=resumed_step,
+    **metrics_log.sink_options(run, workdir, "sft"),  # W&B hook (issue 32)
+  )
   step = int(jax.device_get(learner.state.step))
   every = run.train.checkpoint_every
   prog = Progress("sft", total, every_s=s.log_every_s)
   done_here = 0
   last: dict = {}
+  # The state and the data position it was trained to, replaced by one assignment: a Ctrl-C
+  # between two statements then still checkpoints a matching pair.
+  committed = (learner.state, it.state_dict())
+  saved = step if resumed_step is not None else None
   try:
     while step < total and (max_steps is None or done_here < max_steps):
       t0 = time.monotonic()
@@ -180,7 +189,9 @@ def run_sft(
       pack_metrics = {}
       if run.train.pack_rows:
         b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple, pad_id=pad_id)
-      learner.state, m = js.sft_step(learner.state, js.shard_batch(b))
+      new_state, m = js.sft_step(learner.state, js.shard_batch(b))
+      committed = (new_state, it.state_dict())
+      learner.state = new_state
       m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
       step += 1
       done_here += 1
@@ -189,7 +200,16 @@ def run_sft(
       prog.update(step, extra=f"loss {m['loss']:.4f}")
       if (every and step % every == 0) or step == total:
         ckpt.save(learner.state, {"data": it.state_dict(), "phase": "sft"}, force=True)
+        saved = step
     ckpt.wait_until_finished()
+  except KeyboardInterrupt:
+    state, data = committed
+    at = int(jax.device_get(state.step))
+    if at != saved:  # a resumed run continues exactly here, not at the last periodic save
+      ckpt.save(state, {"data": data, "phase": "sft"}, force=True)
+      ckpt.wait_until_finished()
+    log.warning("SFT interrupted: checkpoint of step %d written", at)
+    raise
   finally:
     writer.close()
     ckpt.close()

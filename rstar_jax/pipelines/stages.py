@@ -2,18 +2,23 @@
 
 rStar2-Agent stage 3 trains on the problems left after dropping those the policy at the stage
 start solves k of k times (k = 8 rollouts per problem); ASTER stage 2 drops prompts that are
-consistently solved. `build_hard_subset` is the pure selection; the RL loop produces the counts
-by sampling k rollouts per problem with the current policy.
+consistently solved. `build_hard_subset` is the pure selection; `hard_subset` produces the
+counts by sampling k rollouts per problem with the current policy (a `SyncSource`), and
+`recent_subset` reads the loop's recorded outcomes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from rstar_jax.config import StageConfig
+from rstar_jax.pipelines import rl_metrics
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -113,3 +118,70 @@ def recent_unsolved_subset(
     "recent_seen": len(latest),
     "recent_dropped": len(dropped),
   }
+
+
+async def hard_subset(
+  problems: Sequence[Any],
+  stage: Stage,
+  source,
+  verify: Callable[[list[Any], list[str]], Awaitable[list[float]]],
+  *,
+  seed: int,
+  settings,
+  max_problems: int = 0,
+) -> tuple[list[int], dict]:
+  """Indices of the training problems the current policy does not solve k of k.
+
+  Args:
+    problems: the training set.
+    stage: the "hard" stage (its name names it in errors).
+    source: a `rollout.sources.SyncSource` with ``k = stage.drop_solved_k_of_k`` samples per
+      problem (the current policy).
+    verify: (trajectories, answers) -> rewards (the loop's multi-process verification).
+    seed: the groups' base seed.
+    settings: the stage's rollout settings.
+    max_problems: sample only the first this many problems (0 = all); the rest are kept.
+  Returns:
+    (kept indices, `build_hard_subset` stats).
+  """
+  k = source.N
+  cand = list(range(min(max_problems or len(problems), len(problems))))
+  made = await source.groups_of([problems[i] for i in cand], seed=seed, settings=settings)
+  rewards = await verify(
+    rl_metrics.flatten(made.groups), [problems[i].answer for i in cand for _ in range(k)]
+  )
+  correct = np.asarray(rewards, np.float32).reshape(len(cand), k) > 0
+  kept, stats = build_hard_subset(cand, correct.sum(1), k)
+  kept += list(range(len(cand), len(problems)))  # never sampled: kept
+  if not kept:
+    raise RuntimeError(
+      f"stage {stage.name!r}: every problem was solved {k} of {k}; the hard subset is empty"
+    )
+  log.info(
+    "hard subset for %r: kept %d of %d candidates",
+    stage.name,
+    stats["hard_subset_kept"],
+    stats["hard_subset_candidates"],
+  )
+  return kept, stats
+
+
+def recent_subset(
+  num_problems: int, stage: Stage, recent_outcomes: Sequence[Any] | None
+) -> tuple[list[int], dict]:
+  """The problems not all-correct at their latest appearance in the last
+  ``stage.recent_steps`` RL steps' training rollouts (`recent_unsolved_subset`)."""
+  history = list(recent_outcomes or [])[-stage.recent_steps :]
+  kept, stats = recent_unsolved_subset(num_problems, history)
+  if not kept:
+    raise RuntimeError(
+      f"stage {stage.name!r}: every problem was all-correct in the recent "
+      "rollouts; the subset is empty"
+    )
+  log.info(
+    "recent-rollout subset for %r: dropped %d of %d seen problems",
+    stage.name,
+    stats["recent_dropped"],
+    stats["recent_seen"],
+  )
+  return kept, stats

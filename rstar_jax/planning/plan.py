@@ -18,14 +18,14 @@ and only ``lower(...).compile()`` runs. From the compiled per-device program we 
 * the collectives in the optimized HLO text (static op counts; an op inside a loop body
   counts once).
 
-The compiled program is the project's own step function (`learner.steps.rl_step` / `sft_step`)
-with the shardings `learner.steps.make_jitted_steps` assigns, lowered with abstract arguments.
+The compiled program is the learner's own: the jit objects `learner.steps.make_jitted_steps`
+returns (`JittedSteps.jitted`, lowered with `JittedSteps.lower` on abstract arguments), with the
+batch keys the step reads (`StepConfig.rl_keys`: the sampler's log-probs with ``rl.tis_cap``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import re
@@ -34,15 +34,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.config import RunConfig, from_config_dict
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
+from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import qwen3
-from rstar_jax.sharding.mesh import use_mesh
-from rstar_jax.sharding.rules import activation_layout
+from rstar_jax.models import lora, qwen3
 
 GIB = 1024**3
 
@@ -246,14 +244,15 @@ def abstract_batch(
 ) -> dict[str, jax.ShapeDtypeStruct]:
   """The step's batch as ShapeDtypeStructs; ``packed`` adds segment_ids / positions and
   per-token advantages (learner/packing.py)."""
-  keys = steps.RL_KEYS if shape.kind == "rl" else steps.SFT_KEYS
+  keys = js.config.rl_keys if shape.kind == "rl" else steps.SFT_KEYS
   if packed:
-    keys = keys + steps.PACKING_KEYS
+    keys = keys + PACKING_KEYS
   dtypes = {
     "input_ids": jnp.int32,
     "attention_mask": jnp.int32,
     "loss_mask": jnp.float32,
     "old_logprobs": jnp.float32,
+    "behaviour_logprobs": jnp.float32,
     "advantages": jnp.float32,
     "segment_ids": jnp.int32,
     "positions": jnp.int32,
@@ -274,37 +273,27 @@ def compile_step(
   step_config: steps.StepConfig,
   param_dtype,
   packed: bool = False,
+  lora_cfg: lora.LoraConfig | None = None,
 ) -> dict[str, Any]:
   """Lowers and compiles the project's jitted step for ``shape`` (``packed``: with packed-row
-  inputs); returns the raw analyses."""
-  js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
-  state = _with_shardings(abstract_state(model_config, tx, param_dtype), js.state_shardings)
-  batch = abstract_batch(shape, js, packed)
-  fn = steps.rl_step if shape.kind == "rl" else steps.sft_step
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return qwen3.forward(
-      params,
-      model_config,
-      input_ids,
-      positions=positions,
-      attention_mask=attention_mask,
-      segment_ids=segment_ids,
+  inputs; ``lora_cfg``: a LoRA policy, as `runtime.build_learner` builds it: frozen base,
+  adapter-only optimizer); returns the raw analyses."""
+  if lora_cfg is None:
+    js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
+    abstract = abstract_state(model_config, tx, param_dtype)
+  else:
+    abstract_params = lora.abstract_params(model_config, lora_cfg, param_dtype)
+    tx = lora.optimizer(tx, abstract_params)
+    js = lora.make_jitted_steps(
+      model_config, lora_cfg, mesh, tx=tx, config=step_config, param_dtype=param_dtype
     )
-
-  # The same jit as `steps.make_jitted_steps_for` builds (its jitted callables enter the mesh
-  # context themselves, which cannot happen inside an outer jit, so we jit the pure step with
-  # the shardings `js` computed and enter the same mesh / activation layout here).
-  jitted = jax.jit(
-    functools.partial(fn, apply_fn=apply_fn, config=step_config, micro_sharding=js.batch_sharding),
-    in_shardings=(js.state_shardings, {k: v.sharding for k, v in batch.items()}),
-    out_shardings=(js.state_shardings, replicated),
-    donate_argnums=(0,),
-  )
+    abstract = jax.eval_shape(lambda p: TrainState.create(p, tx, 0), abstract_params)
+  state = _with_shardings(abstract, js.state_shardings)
+  batch = abstract_batch(shape, js, packed)
   t0 = time.perf_counter()
-  with use_mesh(mesh), activation_layout("train"):
-    lowered = jitted.lower(state, batch)
+  # The very jit objects the learner runs (`JittedSteps.jitted`), lowered under its mesh and
+  # activation layout: what is planned is what trains.
+  lowered = js.lower("rl_step" if shape.kind == "rl" else "sft_step", state, batch)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
@@ -372,10 +361,11 @@ def plan_step(
   step_config: steps.StepConfig,
   param_dtype,
   hw: Hardware,
+  lora_cfg: lora.LoraConfig | None = None,
 ) -> dict[str, Any]:
   """Compiles one step and derives the fit, FLOPs and implied step time."""
   packed = hw.packed_fill is not None and (shape.kind == "sft" or step_config.agg == "token-mean")
-  r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed)
+  r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed, lora_cfg)
   n = mesh.devices.size
   usable = hw.hbm_gib * GIB * hw.mem_fraction
   fl = step_flops(model_config, shape)
@@ -420,17 +410,38 @@ def make_plan(cfg: RunConfig, mesh, hw: Hardware, shapes: list[StepShape]) -> di
   """The whole plan: per step kind, and a top-level summary (the worst step decides ``fits``).
 
   ``cfg`` supplies the model (see `model_config_for_plan`), param dtype, optimizer and loss
-  settings; ``mesh`` is a mesh over fake (or real) devices.
+  settings; ``mesh`` is a mesh over fake (or real) devices. With ``model.lora_rank > 0`` the
+  steps are planned for the LoRA policy and, for comparison, for full fine-tuning of the same
+  config: ``lora`` gives both peaks per step and the bytes LoRA saves per device.
   """
   mc = model_config_for_plan(cfg)
   oc = cfg.optim.learner_config(total_steps=1000)
   tx = optim.make_optimizer(oc)
-  results = {}
+  lora_cfg = cfg.model.lora_config(base="plan")
+  results, full = {}, {}
   for shape in shapes:
     sc = cfg.step_config(oc, num_micro_batches=shape.num_micro_batches)
-    results[shape.kind] = plan_step(shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw)
+    results[shape.kind] = plan_step(
+      shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw, lora_cfg=lora_cfg
+    )
+    if lora_cfg is not None:
+      full[shape.kind] = plan_step(shape, mc, mesh, tx, sc, cfg.model.param_dtype, hw)
   worst = max(results.values(), key=lambda r: r["per_device_bytes"])
+  lora_summary = None
+  if lora_cfg is not None:
+    lora_summary = {
+      "rank": lora_cfg.rank,
+      "targets": list(lora_cfg.targets),
+      "adapter_params": lora.adapter_param_count(mc, lora_cfg),
+      "full_finetune_per_device_bytes": {k: r["per_device_bytes"] for k, r in full.items()},
+      "full_finetune_state_bytes": {k: r["state_bytes"] for k, r in full.items()},
+      "full_finetune_fits": {k: r["fits"] for k, r in full.items()},
+      "saved_bytes": {
+        k: full[k]["per_device_bytes"] - r["per_device_bytes"] for k, r in results.items()
+      },
+    }
   return {
+    "lora": lora_summary,
     "model": dataclasses.asdict(mc),
     "param_count": param_count(mc),
     "param_dtype": cfg.model.param_dtype,
@@ -542,6 +553,17 @@ def format_table(plan: dict[str, Any]) -> str:
         f"rows, {pk['micro_batches']} micro-batches, "
         f"{pk['flops_per_step'] / 1e15:.1f} PFLOP/step, "
         f"{pk['implied_step_s']:.1f} s @ MFU"
+      )
+  lo = plan.get("lora")
+  if lo:
+    for kind, r in plan["steps"].items():
+      lines.append(
+        f"{kind} LoRA r={lo['rank']} ({lo['adapter_params'] / 1e6:.1f} M adapter params): "
+        f"peak {r['per_device_bytes'] / GIB:.2f} GiB vs full fine-tuning "
+        f"{lo['full_finetune_per_device_bytes'][kind] / GIB:.2f} GiB "
+        f"(state {r['state_bytes'] / GIB:.2f} vs "
+        f"{lo['full_finetune_state_bytes'][kind] / GIB:.2f} GiB): saves "
+        f"{lo['saved_bytes'][kind] / GIB:.2f} GiB per device"
       )
   lines.append(
     f"fits: {str(plan['fits']).lower()} (per-device peak "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
 import os
 import queue
 import re
@@ -42,6 +43,7 @@ MAX_ANSWER_CHARS = 4096  # longer "answers" are not answers; refuse before parsi
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 Runner = Callable[..., Awaitable[Any]]
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- extraction
@@ -222,9 +224,13 @@ class _Worker:
   def __init__(self, startup_timeout_s: float):
     self._startup_timeout_s = startup_timeout_s
     self._proc: subprocess.Popen | None = None
+    self.last_error = ""
 
   def _start(self) -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    # The parent's import path, so a user's registered verifier ("module:qualname") imports
+    # in the worker as it did here (config `reward.imports` may have added the cwd).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     self._proc = subprocess.Popen(
       [sys.executable, verify_worker.__file__],
       stdin=subprocess.PIPE,
@@ -249,12 +255,17 @@ class _Worker:
     line = self._proc.stdout.readline()
     return json.loads(line) if line else None
 
-  def verify(self, pred: str, gold: str, timeout_s: float, kind: str = "answer") -> bool | None:
+  def verify(
+    self, pred: str, gold: str, timeout_s: float, kind: str = "answer", root: str | None = None
+  ) -> bool | None:
     """True/False, or None on timeout or crash (the process is then killed)."""
     if self._proc is None or self._proc.poll() is not None:
       self._start()
+    req = {"pred": pred, "gold": gold, "kind": kind}
+    if root:
+      req["root"] = root
     try:
-      self._proc.stdin.write(json.dumps({"pred": pred, "gold": gold, "kind": kind}) + "\n")
+      self._proc.stdin.write(json.dumps(req) + "\n")
       self._proc.stdin.flush()
       reply = self._read(timeout_s)
     except (BrokenPipeError, OSError, ValueError):
@@ -262,6 +273,8 @@ class _Worker:
     if reply is None:
       self.kill()
       return None
+    if reply.get("error"):
+      self.last_error = reply["error"]
     return bool(reply["ok"])
 
   def kill(self) -> None:
@@ -296,21 +309,37 @@ class Verifier:
       raise ValueError(f"Verifier: num_workers must be >= 1, got {num_workers}")
     self.timeout_s = timeout_s
     self.num_timeouts = 0
+    self.num_errors = 0
     self._idle: queue.Queue[_Worker] = queue.Queue()
     self._all = [_Worker(startup_timeout_s) for _ in range(num_workers)]
     for w in self._all:
       self._idle.put(w)
 
   def verify(
-    self, pred: str, gold: str, timeout_s: float | None = None, *, kind: str = "answer"
+    self,
+    pred: str,
+    gold: str,
+    timeout_s: float | None = None,
+    *,
+    kind: str = "answer",
+    root: str | None = None,
   ) -> bool:
     """kind "answer": ``pred`` is an answer body; "text": a whole response searched by
-    math-verify (`verify_worker.verify_text`)."""
+    math-verify (`verify_worker.verify_text`); "module:qualname": a registered verifier
+    (`rewards.registry`), whose exceptions score False and are counted in ``num_errors``;
+    ``root`` is the folder its module imports from (a worker started before the module was
+    importable, e.g. before a chdir, still finds it)."""
     w = self._idle.get()
     try:
-      ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s, kind)
+      w.last_error = ""
+      ok = w.verify(pred, gold, self.timeout_s if timeout_s is None else timeout_s, kind, root)
+      err = w.last_error
     finally:
       self._idle.put(w)
+    if err:
+      self.num_errors += 1
+      if self.num_errors <= 3:  # a broken verifier fails every call: say why, not 10^4 times
+        log.warning("verifier %s failed (scored 0): %s", kind, err)
     if ok is None:
       self.num_timeouts += 1
       return False

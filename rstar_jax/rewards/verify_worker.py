@@ -4,7 +4,10 @@
 ``run_function``) calls. Run as a script, this file is the persistent worker of
 `rstar_jax.rewards.math_reward.Verifier`: one JSON request per stdin line
 ``{"pred": ..., "gold": ..., "kind": "answer" | "text"}``, one JSON reply per stdout line
-``{"ok": bool}`` (kind "answer": `verify_strings`, the default; "text": `verify_text`).
+``{"ok": bool}`` (kind "answer": `verify_strings`, the default; "text": `verify_text`; any
+other kind is a ``"module:qualname"`` target, the registered verifier of a user's module
+(`rstar_jax.rewards.registry`), imported here on first use). A target that cannot be imported
+or raises replies ``{"ok": false, "error": "..."}`` and the worker goes on serving.
 
 It imports nothing from rstar_jax (starts fast, never touches jax) and calls math-verify with
 its own signal-based timeouts disabled: the parent enforces the time bound by killing the
@@ -13,6 +16,7 @@ process, and math-verify's alarms do not work outside a main thread anyway.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -70,6 +74,29 @@ def verify_text(response: str, gold: str) -> bool:
 _KINDS = {"answer": verify_strings, "text": verify_text}
 
 
+def resolve(target: str, root: str | None = None):
+  """The function a kind names: a built-in kind, or ``"module:qualname"`` imported (from
+  ``root`` first when given: the folder the parent imported the module from)."""
+  if target in _KINDS:
+    return _KINDS[target]
+  module, sep, qualname = target.partition(":")
+  if not sep or not module or not qualname:
+    raise ValueError(f"verifier target: expected 'module:qualname', got {target!r}")
+  if root and root not in sys.path:
+    sys.path.insert(0, root)
+  obj = importlib.import_module(module)
+  for part in qualname.split("."):
+    obj = getattr(obj, part)
+  return obj
+
+
+def _answer(fn, pred: str, gold: str) -> dict:
+  try:
+    return {"ok": bool(fn(pred, gold))}
+  except Exception as e:  # the user's verifier failed on this pair: not shown equal
+    return {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
+
+
 def _serve() -> None:
   out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
   sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the protocol
@@ -77,10 +104,17 @@ def _serve() -> None:
 
   verify_strings("1", "1")
   out.write(json.dumps({"ready": True}) + "\n")
+  fns: dict = {}
   for line in sys.stdin:
     req = json.loads(line)
-    fn = _KINDS[req.get("kind", "answer")]
-    out.write(json.dumps({"ok": fn(req["pred"], req["gold"])}) + "\n")
+    kind = req.get("kind", "answer")
+    try:
+      fn = fns[kind] if kind in fns else fns.setdefault(kind, resolve(kind, req.get("root")))
+    except Exception as e:
+      reply = {"ok": False, "error": f"cannot load verifier {kind!r}: {type(e).__name__}: {e}"}
+    else:
+      reply = _answer(fn, req["pred"], req["gold"])
+    out.write(json.dumps(reply) + "\n")
 
 
 if __name__ == "__main__":

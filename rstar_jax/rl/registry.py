@@ -61,12 +61,6 @@ def get(kind: str, name: str) -> Callable:
 
 
 def names(kind: str) -> list[str]:
-  """Registered names of ``kind`` in registration order (built-ins first)."""
-  _load_builtins()
+  """Registered names of ``kind`` in registration order (built-ins first: importing this module
+  runs ``rstar_jax/rl/__init__.py`` first, which imports every module that registers)."""
   return list(_REGISTRY.get(kind, {}))
-
-
-def _load_builtins() -> None:
-  # The built-in pieces register on import; make them visible to a config check that runs
-  # before anything imported rstar_jax.rl.losses / advantages / roc.
-  from rstar_jax.rl import advantages, losses, off_policy, roc  # noqa: F401

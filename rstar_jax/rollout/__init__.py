@@ -1,4 +1,6 @@
-"""Rollout: engines (JaxSampler embedded, SGLangEngine over HTTP) and the async agent loop.
+"""Rollout: engines (JaxSampler embedded, SGLangEngine over HTTP), the async agent loop, and
+trajectory groups: `groups` (how a group is made: seeds, retries, multi-process gather) and
+their sources (`sources.SyncSource`, `async_source.AsyncSource`) that the RL loop takes from.
 
 Engines are imported lazily so that importing the types does not pull in jax or aiohttp.
 """

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar_jax.models import attention as attention_lib
-from rstar_jax.models import paged_kv, qwen3
+from rstar_jax.models import lora, paged_kv, qwen3
 from rstar_jax.rollout import sampling_ops as ops
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 
@@ -475,7 +475,7 @@ class JaxSampler:
       self._build_fns(config)
     # The sampler's own copy in the decode-friendly layout (per-layer weights, an untied
     # LM-head kernel); the caller's params stay as they are.
-    self._params = self._to_inference(params)
+    self._params = self._to_inference(lora.merged(params))  # LoRA: merged weights
 
   def _build_fns(self, config):
     self.config = config

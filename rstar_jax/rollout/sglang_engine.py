@@ -8,7 +8,12 @@ holds it (`POST /abort_request {rid}`, sent to the worker directly since sglang-
 forward aborts). Weight push: through one of the transports of
 `rstar_jax.rollout.weight_transfer` (disk: staged safetensors + `/update_weights_from_disk`;
 tensor: `/update_weights_from_tensor`; distributed: a broadcast group), then
-`GET /get_weight_version` on every server to confirm. Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
+`GET /get_weight_version` on every server to confirm. A LoRA policy pushed as adapters
+(`lora.LoraParams`, ``rollout.lora_push=adapters``) sends its frozen base once through the
+transport and then only PEFT adapters: `POST /load_lora_adapter {lora_name, lora_path, pinned}`
+(then `/update_weight_version`), `/generate` selects the newest with `lora_path` = its name, and
+`POST /unload_lora_adapter {lora_name}` drops adapters older than ``keep_versions`` (servers
+started with `--enable-lora --max-lora-rank R --lora-target-modules ...`). Trajectories lease KV capacity through `KVCapacityScheduler` (`trajectory_lease`), which
 also pins each trajectory to one server across turns for prefix-cache reuse.
 
 Starting a real server (its own venv: sglang pins its own torch/transformers; GPU only)::
@@ -32,9 +37,13 @@ import collections
 import contextlib
 import logging
 import os
+import socket
+import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+from rstar_jax.errors import UserError
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 
@@ -43,6 +52,11 @@ log = logging.getLogger(__name__)
 
 class SGLangError(RuntimeError):
   """A server answered with an error that retries did not fix (names url, path, status)."""
+
+
+class ServersUnavailable(SGLangError, UserError):
+  """The servers did not come up (unresolvable host, timeout, Ctrl-C while waiting): one line
+  naming the URLs; a `UserError`, so launchers print it without a traceback."""
 
 
 class _Retryable(Exception):
@@ -86,6 +100,23 @@ def sampling_to_sglang(sp) -> dict:
   return out
 
 
+def check_resolvable(urls: Sequence[str]) -> None:
+  """Raises `ServersUnavailable` for the first URL whose host name does not resolve (a typo in
+  ``rollout.sglang_urls`` fails at once instead of after the health timeout)."""
+  for u in urls:
+    parsed = urllib.parse.urlsplit(u)
+    host = parsed.hostname
+    if not host:
+      raise ServersUnavailable(f"SGLang URL {u!r}: expected http://host:port")
+    try:
+      socket.getaddrinfo(host, parsed.port or 80, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+      raise ServersUnavailable(
+        f"SGLang URL {u}: cannot resolve host {host!r} ({e.strerror or e}); "
+        "check rollout.sglang_urls"
+      ) from None
+
+
 def parse_generate_response(body: dict, default_version: int) -> GenerateResult:
   """SGLang /generate JSON (one request) -> GenerateResult."""
   if not isinstance(body, dict) or "output_ids" not in body:
@@ -123,6 +154,7 @@ class SGLangEngine:
   transport_options: its keyword arguments (bucket_bytes, timeout_s, backend, ...).
   weight_delta: push only the HF tensors whose bytes changed since the last push.
   colocated: servers share the learner's accelerators (release/resume KV memory per push).
+  server_timeout_s: how long `wait_healthy` waits for every server (``rollout.server_timeout_s``).
   """
 
   def __init__(
@@ -144,6 +176,7 @@ class SGLangEngine:
     weight_delta: bool = False,
     colocated: bool = False,
     transport_options: dict | None = None,
+    server_timeout_s: float = 600.0,
   ):
     if isinstance(urls, str):
       urls = [urls]
@@ -156,6 +189,7 @@ class SGLangEngine:
       "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp", "rstar_jax_weights"
     )
     self.request_timeout_s = request_timeout_s
+    self.server_timeout_s = float(server_timeout_s)
     self.admin_timeout_s = admin_timeout_s
     self.max_retries = max_retries
     self.backoff_s = backoff_s
@@ -180,6 +214,7 @@ class SGLangEngine:
     self.weight_delta = bool(weight_delta)
     self.colocated = bool(colocated)
     self._last_pushed = None
+    self._lora_names: list[str] = []  # adapters loaded on the servers, oldest first
     self.last_push = None
     self.push_history: list = []
     self.retries = 0
@@ -327,6 +362,8 @@ class SGLangEngine:
       "sampling_params": sampling_to_sglang(req.sampling),
       "return_logprob": True,
     }
+    if self._lora_names:  # SGLang resolves lora_path against the names of loaded adapters
+      body["lora_path"] = self._lora_names[-1]
     if req.rid is not None:
       body["rid"] = req.rid
       self._inflight[req.rid] = url
@@ -377,18 +414,48 @@ class SGLangEngine:
 
     return dict(zip(self.urls, await asyncio.gather(*[one(u) for u in self.urls])))
 
-  async def wait_healthy(self, timeout_s: float = 600.0, poll_s: float = 2.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while True:
-      h = await self.health()
-      if all(h.values()):
-        return
-      if loop.time() > end:
-        raise SGLangError(
-          f"servers not healthy after {timeout_s}s: {[u for u, ok in h.items() if not ok]}"
-        )
-      await asyncio.sleep(poll_s)
+  async def wait_healthy(
+    self, timeout_s: float | None = None, poll_s: float = 2.0, log_every_s: float = 5.0
+  ) -> None:
+    """Returns when every server answers ``/health``; else `ServersUnavailable` naming the
+    URLs: at once for a host name that does not resolve, after ``timeout_s`` (default
+    ``server_timeout_s``) for servers that do not answer, and on Ctrl-C. Logs which servers
+    it still waits for every ``log_every_s`` seconds."""
+    timeout_s = self.server_timeout_s if timeout_s is None else float(timeout_s)
+    await asyncio.to_thread(check_resolvable, self.urls)
+    t0 = time.monotonic()
+    next_log = t0 + log_every_s
+    down: list[str] = list(self.urls)
+    try:
+      while True:
+        h = await self.health()
+        down = [u for u, ok in h.items() if not ok]
+        if not down:
+          if time.monotonic() - t0 >= log_every_s:
+            log.info("all %d SGLang servers healthy", len(self.urls))
+          return
+        now = time.monotonic()
+        if now - t0 >= timeout_s:
+          raise ServersUnavailable(
+            f"SGLang server(s) not healthy after {timeout_s:g}s (rollout.server_timeout_s): "
+            f"{', '.join(down)}"
+          )
+        if now >= next_log:
+          log.info(
+            "waiting for %d of %d SGLang servers (%.0fs of %gs): %s",
+            len(down),
+            len(self.urls),
+            now - t0,
+            timeout_s,
+            ", ".join(down),
+          )
+          next_log = now + log_every_s
+        await asyncio.sleep(max(0.0, min(poll_s, t0 + timeout_s - now)))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+      raise ServersUnavailable(
+        f"interrupted after {time.monotonic() - t0:.0f}s while waiting for SGLang server(s): "
+        f"{', '.join(down)}"
+      ) from None
 
   async def update_weights(self, config, params, version: int | None = None) -> dict:
     """Pushes ``params`` through the configured transport; returns the push metrics.
@@ -400,29 +467,47 @@ class SGLangEngine:
     Ends with ``/get_weight_version`` == version on every server. On any failure the engine
     stays on its previous version, the next delta push resends everything, and the error
     names the transport and the failing call.
+
+    A `lora.LoraParams` is pushed as adapters: its base like plain params (always as a delta:
+    the base is frozen, so after the first push nothing of it is sent), then the adapters in
+    PEFT format through ``/load_lora_adapter`` under the name ``rstar_jax_v<version>``, which
+    the following ``/generate`` requests name in ``lora_path``.
     """
     import time
 
+    from rstar_jax.models import lora
     from rstar_jax.models import qwen3_hf_layout as layout
     from rstar_jax.rollout.weight_transfer import base, source
 
     version = self._version + 1 if version is None else int(version)
+    adapters = params if lora.is_lora(params) else None
+    if adapters is not None:
+      params = adapters.base
     base.check_params(config, params)
     t0 = time.perf_counter()
     table = layout.hf_table(config)
-    prev = self._last_pushed if self.weight_delta else None
+    delta = self.weight_delta or adapters is not None
+    prev = self._last_pushed if delta else None
     tensors = await asyncio.to_thread(source.changed_tensors, params, prev, table)
+    n_adapter = 2 * config.num_hidden_layers * len(adapters.config.targets) if adapters else 0
     stats = base.PushStats(
-      self.transport.name, version, tensors_sent=len(tensors), tensors_total=len(table)
+      self.transport.name,
+      version,
+      tensors_sent=len(tensors) + n_adapter,
+      tensors_total=len(table) + n_adapter,
     )
     released = False
+    lora_name = None
     try:
       if self.colocated:
         await self._all("/release_memory_occupation", {"tags": ["kv_cache"]})
         released = True
       if tensors:
         stats.bytes = await self.transport.push(self, config, params, tensors, version)
-      else:
+      if adapters is not None:
+        lora_name = f"rstar_jax_v{version}"
+        stats.bytes += await self._load_adapter(adapters, lora_name)
+      if adapters is not None or not tensors:
         await self._all(
           "/update_weight_version", {"new_version": str(version), "abort_all_requests": False}
         )
@@ -435,6 +520,8 @@ class SGLangEngine:
           raise SGLangError(f"{u}: weight version after update is {v!r}, expected {version}")
     except Exception as e:
       self._last_pushed = None
+      if lora_name is not None:
+        await self._unload_adapters([lora_name], quiet=True)
       raise SGLangError(
         f"weight push to version {version} via {self.transport.name!r} "
         f"failed; engine stays on version {self._version}: "
@@ -448,10 +535,55 @@ class SGLangEngine:
           log.error("resume_memory_occupation after a push failed: %s", e)
     stats.seconds = time.perf_counter() - t0
     self._version = version
-    self._last_pushed = params if self.weight_delta else None
+    self._last_pushed = params if delta else None
+    if lora_name is not None:
+      self._lora_names.append(lora_name)
+      # Requests in flight keep the adapter they started with (SGLang's unload waits for
+      # them), so the previous ones stay loaded for a while.
+      old, self._lora_names = (
+        self._lora_names[: -self.keep_versions],
+        self._lora_names[-self.keep_versions :],
+      )
+      await self._unload_adapters(old, quiet=True)
     self.last_push = stats
     self.push_history.append(stats)
     return stats.metrics()
+
+  async def _load_adapter(self, params, name: str) -> int:
+    """Writes the adapters as a PEFT directory under ``staging_dir`` and loads it on every
+    server as ``name``; returns the bytes written."""
+    import shutil
+
+    from rstar_jax.models import lora
+    from rstar_jax.rollout.weight_transfer.base import PushError
+
+    path = os.path.abspath(os.path.join(self.staging_dir, name))
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    await asyncio.to_thread(lora.save_peft, path, params)
+    nbytes = sum(e.stat().st_size for e in os.scandir(path))
+    body = {"lora_name": name, "lora_path": path, "pinned": False}
+    replies = await asyncio.gather(
+      *[self._request("POST", u, "/load_lora_adapter", body) for u in self.urls],
+      return_exceptions=True,
+    )
+    for u, rep in zip(self.urls, replies):
+      if isinstance(rep, BaseException) or not (isinstance(rep, dict) and rep.get("success")):
+        raise PushError(f"{u}/load_lora_adapter({name}, {path}): {rep}")
+    return nbytes
+
+  async def _unload_adapters(self, names: Sequence[str], quiet: bool = False) -> None:
+    import shutil
+
+    for name in names:
+      for u in self.urls:
+        try:
+          await self._request("POST", u, "/unload_lora_adapter", {"lora_name": name})
+        except SGLangError as e:
+          if not quiet:
+            raise
+          log.warning("unloading LoRA adapter %s on %s failed: %s", name, u, e)
+      shutil.rmtree(os.path.join(self.staging_dir, name), ignore_errors=True)
 
   async def _all(self, path: str, body: dict) -> list:
     """POST to every server; raises SGLangError unless each reply is a success."""

@@ -17,29 +17,37 @@ level actually in force is chosen at start-up, logged, and exposed as `pool.isol
   "namespaces"  bubblewrap sandbox + per-call PID namespace + unprivileged uid
   "pidns"       root without bubblewrap: per-call PID namespace + uid (host fs)
   "uid"         root: unprivileged uid per call; escapees killed by uid; no sockets
-  "rlimits"     not root: rlimits + process group only (a setsid escapee can outlive its call)
+  "rlimits"     not root: rlimits + process group; the template is the calls' child subreaper
 
 All levels apply a seccomp filter (no namespaces, mounts, keyrings, SysV / POSIX message-queue
 IPC, sockets; no new processes unless `allow_subprocesses`; with `allow_sockets` at the two
 namespace levels, sockets work inside a per-call network + IPC namespace of their own), RLIMIT_CPU/AS/NOFILE/FSIZE/CORE (+NPROC), a scrubbed environment
-with accelerators hidden, a private scratch dir, and a wall-clock SIGKILL. Host and template
-speak `wire.py` frames (never pickle); every number a caller passes is checked (`check_seconds`).
+with accelerators hidden, a private scratch tmpfs per call (root levels), and a wall-clock
+SIGKILL. Host and template speak `wire.py` frames (never pickle); a call's code, stdin and output
+travel only in memfds the host makes and passes over a socket (`_CallIO`), never through the
+template's heap; every number a caller passes is checked (`check_seconds`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import fcntl
 import itertools
 import logging
 import math
 import os
 import pickle
+import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -127,11 +135,15 @@ class PoolConfig:
   num_workers: int = 4  # max calls executing at once (sessions idle for free)
   num_templates: int | None = None  # warm template processes; default min(workers, cpus)
   timeout_s: float = 4.0  # default wall-clock limit per call (rStar README: 4 s)
-  memory_limit_mb: int = 1024  # address space a call may add on top of the template's
+  # Everything a call may add on top of the template's address space: its own memory, its
+  # scratch tmpfs (scratch_mb) and its output memfds (2 x max_output_bytes) together.
+  memory_limit_mb: int = 1024
   max_output_bytes: int = 1 << 20  # cap on stdout and on stderr (and on any file written)
   max_procs: int = 64  # RLIMIT_NPROC per call (processes + threads)
   max_open_files: int = 128  # RLIMIT_NOFILE
-  scratch_mb: int = 512  # size of the sandbox's private /tmp (namespaces level)
+  # Size of each call's private scratch tmpfs (its cwd, $HOME, /tmp, /var/tmp and /dev/shm at
+  # every level but "rlimits"); carved out of memory_limit_mb. Default: memory_limit_mb // 8.
+  scratch_mb: int | None = None
   isolation: str = "auto"  # "auto" (strongest available) or exactly one level
   preload: tuple[str, ...] = ("numpy", "sympy")
   # Run once in each template after preloading: pulls in the lazily imported submodules that
@@ -142,8 +154,16 @@ class PoolConfig:
   startup_timeout_s: float = 180.0
   reply_grace_s: float = 30.0  # host-side backstop past the call timeout
   queue_timeout_s: float | None = None
-  uid_base: int | None = None  # first sandbox uid; default derived from the pid
+  # First sandbox uid. Default: a range of UID_SLOT_SIZE uids claimed from a host-wide lock
+  # directory for the pool's lifetime, so two pools on one host never share a uid.
+  uid_base: int | None = None
   uids_per_template: int = 1024
+  # Live sessions at most (default: half the sandbox uids, so plain calls always find one). A
+  # new session past the cap (or past its template's share of uids) closes the least recently
+  # used idle session; a session idle longer than `session_idle_ttl_s` is closed too. Its next
+  # call starts fresh and says why ("[session evicted: ...]").
+  max_sessions: int | None = None
+  session_idle_ttl_s: float | None = 900.0
   extra_ro_binds: tuple[str, ...] = ()  # more host paths visible read-only (namespaces level)
   # Calls may fork/spawn processes. Off by default: with processes blocked (seccomp) a call is
   # one address space, so RLIMIT_AS bounds the whole call's memory (no cgroup needed); with
@@ -166,14 +186,21 @@ class PoolConfig:
     check_seconds("PoolConfig.startup_timeout_s", self.startup_timeout_s, MAX_QUEUE_TIMEOUT_S)
     check_seconds("PoolConfig.reply_grace_s", self.reply_grace_s, MAX_TIMEOUT_S)
     if self.queue_timeout_s is not None:
-      check_seconds("PoolConfig.queue_timeout_s", self.queue_timeout_s, MAX_QUEUE_TIMEOUT_S)
+      check_seconds("PoolConfig.queue_timeout_s", self.queue_timeout_s, MAX_QUEUE_TIMEOUT_S, True)
+    if self.session_idle_ttl_s is not None:
+      check_seconds("PoolConfig.session_idle_ttl_s", self.session_idle_ttl_s, MAX_QUEUE_TIMEOUT_S)
+    if self.max_sessions is not None and (
+      isinstance(self.max_sessions, bool)
+      or not isinstance(self.max_sessions, int)
+      or self.max_sessions < 1
+    ):
+      raise ValueError(f"PoolConfig.max_sessions must be an int >= 1, got {self.max_sessions!r}")
     for name in (
       "num_workers",
       "memory_limit_mb",
       "max_output_bytes",
       "max_procs",
       "max_open_files",
-      "scratch_mb",
       "session_timeout_cpu_s",
       "uids_per_template",
     ):
@@ -202,8 +229,25 @@ class PoolConfig:
       raise ValueError(
         f"PoolConfig.isolation must be 'auto' or one of {ISOLATION_LEVELS}, got {self.isolation!r}"
       )
+    if self.scratch_mb is not None and (
+      isinstance(self.scratch_mb, bool)
+      or not isinstance(self.scratch_mb, int)
+      or self.scratch_mb < 1
+    ):
+      raise ValueError(f"PoolConfig.scratch_mb must be an int >= 1, got {self.scratch_mb!r}")
+    carved = (self.scratch_bytes + 2 * self.max_output_bytes) >> 20
+    if carved > self.memory_limit_mb // 2:
+      raise ValueError(
+        f"PoolConfig.scratch_mb + 2 x max_output_bytes must fit in half of memory_limit_mb "
+        f"({self.memory_limit_mb // 2} MiB), got {carved} MiB"
+      )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
+
+  @property
+  def scratch_bytes(self) -> int:
+    mb = self.scratch_mb if self.scratch_mb is not None else max(1, self.memory_limit_mb // 8)
+    return mb << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +319,7 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
     "--perms",
     "0755",
     "--size",
-    str(cfg.scratch_mb << 20),
+    str(1 << 20),  # the template's own /tmp: only the mount point of the calls' scratch
     "--tmpfs",
     "/tmp",
   ]
@@ -298,6 +342,7 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
     "CAP_DAC_OVERRIDE",
     "CAP_FOWNER",
     "CAP_KILL",
+    "CAP_SETPCAP",  # to empty the bounding set (sandbox_template.harden_template)
   ):
     argv += ["--cap-add", cap]
   for k, v in _THREAD_ENV.items():
@@ -389,6 +434,45 @@ def _check_reply(msg: Any, max_output: int) -> dict:
 
 
 _RESTART_NOTE = b"[session restarted: the sandbox was replaced and previous state is lost]\n"
+UID_SLOT_SIZE = 4096 * 4  # uids per pool
+_UID_FIRST = 10_000_000
+_UID_SLOTS = ((1 << 31) - _UID_FIRST) // UID_SLOT_SIZE
+
+
+def uid_lock_dir() -> str:
+  return os.path.join(tempfile.gettempdir(), "rstar_code_pool_uids")
+
+
+def claim_uid_range(lock_dir: str | None = None) -> tuple[int, int]:
+  """(first uid, lock fd): the lowest range of UID_SLOT_SIZE sandbox uids no live pool on this
+  host holds. Each range is a file in `lock_dir` under an exclusive flock held (fd open) for the
+  pool's lifetime; the kernel drops it when the pool closes or its process dies."""
+  lock_dir = lock_dir or uid_lock_dir()
+  os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+  st = os.lstat(lock_dir)
+  if not os.path.isdir(lock_dir) or os.path.islink(lock_dir) or st.st_uid != os.geteuid():
+    raise RuntimeError(
+      f"uid lock directory {lock_dir}: expected a directory owned by uid "
+      f"{os.geteuid()}, got mode {oct(st.st_mode)} owner {st.st_uid}"
+    )
+  if st.st_mode & 0o022:
+    raise RuntimeError(
+      f"uid lock directory {lock_dir}: expected no group/world write, got "
+      f"mode {oct(st.st_mode & 0o777)}"
+    )
+  dfd = os.open(lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+  try:
+    for k in range(_UID_SLOTS):
+      fd = os.open(str(k), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        os.close(fd)
+        continue
+      return _UID_FIRST + k * UID_SLOT_SIZE, fd
+  finally:
+    os.close(dfd)
+  raise RuntimeError(f"no free sandbox uid range left in {lock_dir}")
 
 
 def _kill_uid_range(lo: int, hi: int) -> None:
@@ -407,8 +491,57 @@ def _kill_uid_range(lo: int, hi: int) -> None:
       pass
 
 
+# The memfds sent with each exec/func/session request (sandbox_template.CALL_FDS), and the
+# request id that tags them on the fd socket.
+_CALL_FDS = ("in", "code", "out", "err")
+_RID = struct.Struct("<Q")
+
+
+class _CallIO:
+  """The memfds of one call (or one session): the host writes code and stdin, the call's
+  process reads them and writes stdout/stderr, which the host reads. The template only passes
+  the descriptors on (it checks output sizes, never contents), so no call's data ever sits in
+  the template's heap, from which every later call is forked."""
+
+  def __init__(self):
+    self.fds: dict[str, int] = {}
+    try:
+      for name in _CALL_FDS:
+        self.fds[name] = os.memfd_create(name, os.MFD_CLOEXEC)
+    except BaseException:
+      self.close()
+      raise
+
+  def load(self, code: bytes, stdin: bytes) -> None:
+    for name, data in (("code", code), ("in", stdin)):
+      fd = self.fds[name]
+      os.ftruncate(fd, 0)
+      view, off = memoryview(data), 0
+      while off < len(view):
+        off += os.pwrite(fd, view[off:], off)
+    self.rewind()
+
+  def rewind(self) -> None:
+    """Empties the output and rewinds every offset (a shared file description: the call's
+    process continues from here)."""
+    for name in ("out", "err"):
+      os.ftruncate(self.fds[name], 0)
+    for fd in self.fds.values():
+      os.lseek(fd, 0, os.SEEK_SET)
+
+  def read(self, name: str, cap: int) -> bytes:
+    fd = self.fds[name]
+    return os.pread(fd, min(os.fstat(fd).st_size, cap), 0)
+
+  def close(self) -> None:
+    for fd in self.fds.values():
+      os.close(fd)
+    self.fds = {}
+
+
 def _internal(msg: str, retryable: bool = False) -> dict:
   return {
+    "local": True,  # made by the host: there is no call output to collect
     "status": "internal_error",
     "stdout": b"",
     "stderr": msg.encode(),
@@ -434,6 +567,7 @@ class _Template:
     self.restarting = False
     self.info: dict = {}
     self._write_lock = asyncio.Lock()
+    self.fd_sock: socket.socket | None = None  # the call memfds go to the template over it
 
   @property
   def uid_range(self) -> tuple[int, int]:
@@ -471,6 +605,7 @@ class _Template:
       "user_env": user_env,
       "limits": {
         "memory_limit_mb": c.memory_limit_mb,
+        "scratch_bytes": c.scratch_bytes,
         "max_output_bytes": c.max_output_bytes,
         "max_procs": c.max_procs,
         "max_open_files": c.max_open_files,
@@ -481,6 +616,7 @@ class _Template:
       "uid_hi": hi,
       "scratch_root": scratch,
       "session_cpu_s": c.session_timeout_cpu_s,
+      "fd_sock": -1,  # set at start
     }
 
   async def start(self) -> None:
@@ -489,15 +625,26 @@ class _Template:
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **_THREAD_ENV}
     if self.pool.isolation_level == "namespaces":
       argv = _bwrap_argv(c) + ["--"] + argv
-    self.proc = await asyncio.create_subprocess_exec(
-      *argv,
-      stdin=asyncio.subprocess.PIPE,
-      stdout=asyncio.subprocess.PIPE,
-      env=env,
-      start_new_session=True,
-      close_fds=True,
-    )
-    self.proc.stdin.write(wire.frame(self._template_cfg()))
+    if self.fd_sock is not None:
+      self.fd_sock.close()
+    self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    self.fd_sock.setblocking(False)
+    try:
+      self.proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(theirs.fileno(),),
+      )
+    finally:
+      theirs_fd = theirs.fileno()
+      theirs.close()
+    cfg = self._template_cfg()
+    cfg["fd_sock"] = theirs_fd  # bubblewrap keeps inherited descriptors at their numbers
+    self.proc.stdin.write(wire.frame(cfg))
     await self.proc.stdin.drain()
     try:
       self.info = await asyncio.wait_for(self._read_frame(), c.startup_timeout_s)
@@ -512,6 +659,10 @@ class _Template:
     except BaseException:
       self._kill()
       raise
+    if self.info.get("hardening_failed"):
+      log.warning(
+        "code pool template %d: hardening incomplete: %s", self.index, self.info["hardening_failed"]
+      )
     self.generation += 1
     self.reader = asyncio.create_task(self._read_loop())
     self.restarting = False
@@ -607,7 +758,68 @@ class _Template:
     except (TimeoutError, ProcessLookupError):
       pass
 
-  async def request(self, req: dict, timeout: float | None) -> dict:
+  def _reply_waiting(self) -> bool:
+    """Whether reply bytes already sit in the pipe or the reader's buffer (a stalled host
+    loop, not a dead template, made the wait run out)."""
+    if self.proc is None or self.proc.stdout is None:
+      return False
+    if getattr(self.proc.stdout, "_buffer", None):
+      return True
+    transport = self.proc._transport.get_pipe_transport(1) if self.proc._transport else None
+    fd = transport.get_extra_info("pipe").fileno() if transport is not None else None
+    if fd is None:
+      return False
+    try:
+      return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+      return False
+
+  async def _await_reply(self, fut: asyncio.Future, timeout: float | None) -> dict:
+    """The reply, or TimeoutError when the template is wedged. Before declaring it so, what is
+    already in the pipe is read: after a host stall the deadline and the reply come due in
+    the same loop turn, and the timer must not win."""
+    try:
+      return await asyncio.wait_for(asyncio.shield(fut), timeout)
+    except TimeoutError:
+      for _ in range(64):  # each round: the reader consumed at least one more chunk
+        if fut.done():
+          return fut.result()
+        if not self._reply_waiting():
+          break
+        try:
+          return await asyncio.wait_for(asyncio.shield(fut), 1.0)
+        except TimeoutError:
+          continue
+      if fut.done():
+        return fut.result()
+      raise
+
+  async def _settle(self, fut: asyncio.Future, rid: int, timeout, on_done) -> None:
+    """A caller gave up on a call that still runs: keep its worker slot until it ends."""
+    try:
+      await self._await_reply(fut, timeout)
+    except TimeoutError:
+      self._on_death("the sandbox template stopped answering")
+    except asyncio.CancelledError:
+      pass
+    finally:
+      self.pending.pop(rid, None)
+      on_done()
+
+  async def request(
+    self, req: dict, timeout: float | None, on_cancel=None, io: _CallIO | None = None
+  ) -> dict:
+    """Sends `req` (with `io`'s memfds for a call) and awaits the reply; a call's reply comes
+    back with the output the host read from `io` (after the session note, if any)."""
+    msg = await self._request(req, timeout, on_cancel, io)
+    if io is None or msg.get("local") or "status" not in msg:
+      return msg
+    cap = self.pool.config.max_output_bytes
+    msg["stdout"] = io.read("out", cap) + msg["stdout"]
+    msg["stderr"] = req.get("note", b"") + io.read("err", cap) + msg["stderr"]
+    return msg
+
+  async def _request(self, req: dict, timeout: float | None, on_cancel, io) -> dict:
     try:
       await asyncio.wait_for(self.ready.wait(), self.pool.config.startup_timeout_s)
     except TimeoutError:
@@ -625,20 +837,30 @@ class _Template:
     self.pending[rid] = fut
     try:
       async with self._write_lock:
-        self.proc.stdin.write(wire.frame(req))
+        if io is not None:
+          # Before the request, so the template finds them queued when it reads it.
+          socket.send_fds(self.fd_sock, [_RID.pack(rid)], [io.fds[n] for n in _CALL_FDS])
+        self.proc.stdin.write(wire.frame({k: v for k, v in req.items() if k != "note"}))
         await self.proc.stdin.drain()
-    except (ConnectionError, RuntimeError, AttributeError) as e:
+    except (OSError, RuntimeError, AttributeError) as e:
       self.pending.pop(rid, None)
       self._on_death(f"could not reach the sandbox template: {e!r}")
       return _internal(f"could not reach the sandbox template: {e!r}\n", retryable=True)
+    settling = False
     try:
-      return await asyncio.wait_for(asyncio.shield(fut), timeout)
+      return await self._await_reply(fut, timeout)
     except TimeoutError:
       # The template did not answer long after the call's own deadline: it is wedged.
       self._on_death("the sandbox template stopped answering")
       return _internal("the sandbox template stopped answering\n", retryable=True)
+    except asyncio.CancelledError:
+      if on_cancel is not None:
+        settling = True
+        self.pool._spawn(self._settle(fut, rid, timeout, on_cancel))
+      raise
     finally:
-      self.pending.pop(rid, None)
+      if not settling:
+        self.pending.pop(rid, None)
 
   async def shutdown(self) -> None:
     self.ready.clear()
@@ -654,6 +876,13 @@ class _Template:
       pass
     if self.reader is not None:
       self.reader.cancel()
+    if self.fd_sock is not None:
+      self.fd_sock.close()
+      self.fd_sock = None
+    pending, self.pending = self.pending, {}
+    for fut in pending.values():  # nobody will answer them now
+      if not fut.done():
+        fut.set_result(_internal("the code pool is closing\n"))
     if self.proc.returncode is None:
       try:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -695,16 +924,20 @@ class CodePool(BatchExecuteMixin):
     self._sem: asyncio.Semaphore | None = None
     self._rids = itertools.count(1)
     self._sessions: dict[str, tuple[int, int]] = {}
+    self._session_io: dict[str, _CallIO] = {}
     self._session_locks: dict[str, asyncio.Lock] = {}
     self._closing = False
     self._tasks: set[asyncio.Task] = set()
     self._tmpdir: str | None = None
-    self._uid_base = (
-      config.uid_base
-      if config.uid_base is not None
-      else 10_000_000 + (os.getpid() % 100_000) * 4096 * 4
-    )
-    self.stats = {"calls": 0, "queue_timeouts": 0}
+    self._uid_base = config.uid_base if config.uid_base is not None else _UID_FIRST
+    self._uid_lock: int | None = None
+    # Session bookkeeping: last use (oldest first, for LRU eviction and the idle TTL), and why
+    # a session id was closed by the pool (its next call says so).
+    self._session_used: collections.OrderedDict[str, float] = collections.OrderedDict()
+    self._evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
+    self._max_sessions = config.max_sessions
+    self._expiry: asyncio.Task | None = None
+    self.stats = {"calls": 0, "queue_timeouts": 0, "sessions_evicted": 0}
 
   # -- lifecycle
   async def start(self) -> CodePool:
@@ -712,13 +945,22 @@ class CodePool(BatchExecuteMixin):
     loop = asyncio.get_running_loop()
     self.isolation_level = await loop.run_in_executor(None, detect_isolation, c)
     n = c.num_templates or max(1, min(c.num_workers, os.cpu_count() or 1))
-    if (n + 1) * c.uids_per_template > 4096 * 4:
+    if (n + 1) * c.uids_per_template > UID_SLOT_SIZE:
       raise ValueError(f"{n} templates x {c.uids_per_template} uids exceed the pool's uid range")
+    if c.uid_base is None and self.isolation_level != "rlimits":
+      self._uid_base, self._uid_lock = claim_uid_range()
+    if self._max_sessions is None:
+      self._max_sessions = max(1, n * c.uids_per_template // 2)
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
-    log.warning(
-      "CodePool isolation level: %s (%s)", self.isolation_level, self.isolation_description
+    # INFO at the strongest level there is; WARNING only when this is a fallback.
+    log.log(
+      logging.INFO if self.isolation_level == ISOLATION_LEVELS[0] else logging.WARNING,
+      "CodePool isolation level: %s (%s)%s",
+      self.isolation_level,
+      self.isolation_description,
+      "" if self.isolation_level == ISOLATION_LEVELS[0] else " (a fallback: not the strongest)",
     )
     if c.allow_sockets and self.isolation_level not in ("namespaces", "pidns"):
       log.warning(
@@ -733,6 +975,8 @@ class CodePool(BatchExecuteMixin):
     except BaseException:
       await self.close()
       raise
+    if c.session_idle_ttl_s is not None:
+      self._expiry = asyncio.ensure_future(self._expire_idle_sessions(c.session_idle_ttl_s))
     return self
 
   @property
@@ -748,6 +992,8 @@ class CodePool(BatchExecuteMixin):
 
   async def close(self) -> None:
     self._closing = True
+    if self._expiry is not None:
+      self._expiry.cancel()
     await asyncio.gather(*(t.shutdown() for t in self._templates), return_exceptions=True)
     if self._tasks:  # reaping of replaced templates: let it finish rather than orphan it
       await asyncio.wait(list(self._tasks), timeout=5)
@@ -755,6 +1001,11 @@ class CodePool(BatchExecuteMixin):
       task.cancel()
     if self._tmpdir:
       wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
+    for sid in list(self._session_io):
+      self._drop_session_io(sid)
+    if self._uid_lock is not None:
+      os.close(self._uid_lock)  # every process of the range is gone: give the range back
+      self._uid_lock = None
 
   async def __aenter__(self) -> CodePool:
     return await self.start()
@@ -781,6 +1032,12 @@ class CodePool(BatchExecuteMixin):
     if timeout is None:
       await self._sem.acquire()
       return
+    if timeout == 0:  # "only if a worker is free now"
+      if self._sem.locked():
+        self.stats["queue_timeouts"] += 1
+        raise QueueTimeout("no sandbox worker free now (queue_timeout_s=0)")
+      await self._sem.acquire()  # free now: returns at once
+      return
     try:
       await asyncio.wait_for(self._sem.acquire(), timeout)
     except TimeoutError:
@@ -788,18 +1045,41 @@ class CodePool(BatchExecuteMixin):
       raise QueueTimeout(f"no sandbox worker free within {timeout:.1f}s") from None
 
   async def _run(
-    self, tpl: _Template | None, req: dict, timeout_s: float, queue_timeout_s: float | None
+    self,
+    tpl: _Template | None,
+    req: dict,
+    timeout_s: float,
+    queue_timeout_s: float | None,
+    io: _CallIO | None = None,
   ) -> dict:
     await self._acquire(queue_timeout_s)
     if tpl is None:
       tpl = self._pick()  # after the wait, so the least busy template at start time gets it
+    held = [True]  # the worker slot; a cancelled call hands it to its settle task
+
+    def release_later(t=None):
+      if t is not None:
+        t.inflight -= 1
+      self._sem.release()
+
     try:
       for attempt in range(2):
         tpl.inflight += 1
+        if attempt:
+          io.rewind()  # a dead attempt's partial output is not this call's
         try:
-          msg = await tpl.request(dict(req), timeout_s + self.config.reply_grace_s)
+          msg = await tpl.request(
+            dict(req),
+            timeout_s + self.config.reply_grace_s,
+            on_cancel=lambda t=tpl: release_later(t),
+            io=io,
+          )
+        except asyncio.CancelledError:
+          held[0] = False  # the call still runs in the sandbox: its slot frees when it ends
+          raise
         finally:
-          tpl.inflight -= 1
+          if held[0]:
+            tpl.inflight -= 1
         # The template itself died (infrastructure, not the user's code): retry once on its
         # replacement. A session then starts fresh and says so.
         if not msg.get("retryable") or attempt or self._closing:
@@ -810,7 +1090,8 @@ class CodePool(BatchExecuteMixin):
           tpl = self._pick()
       return msg
     finally:
-      self._sem.release()
+      if held[0]:
+        self._sem.release()
 
   # -- public API
   async def execute(
@@ -845,7 +1126,8 @@ class CodePool(BatchExecuteMixin):
         f"code and stdin must each be <= {MAX_CODE_BYTES} bytes, got {len(code)} and {len(stdin_b)}"
       )
     self.stats["calls"] += 1
-    req = {"kind": "exec", "code": code, "stdin": stdin_b, "timeout_s": timeout}
+    req = {"kind": "exec", "timeout_s": timeout}
+    code_b = code.encode("utf-8", "surrogatepass")
     if session_id is not None:
       if not isinstance(session_id, str) or not 0 < len(session_id) <= 1024:
         raise ValueError(
@@ -858,13 +1140,26 @@ class CodePool(BatchExecuteMixin):
       lock = self._session_locks.setdefault(session_id, asyncio.Lock())
       async with lock:
         tpl, req["note"] = self._session_template(session_id)
+        self._touch(session_id)
+        io = self._session_io.get(session_id)
+        if io is None:
+          io = self._session_io[session_id] = _CallIO()
+        io.load(code_b, stdin_b)  # the interpreter is stopped between calls
         try:
-          msg = await self._run(tpl, req, timeout, queue_timeout_s)
+          msg = await self._run(tpl, req, timeout, queue_timeout_s, io)
         except asyncio.CancelledError:
           self._abort_session(session_id)
           raise
+        finally:
+          if session_id in self._sessions:
+            self._touch(session_id)
       return self._result(msg)
-    msg = await self._run(None, req, timeout, queue_timeout_s)
+    io = _CallIO()
+    try:
+      io.load(code_b, stdin_b)
+      msg = await self._run(None, req, timeout, queue_timeout_s, io)
+    finally:
+      io.close()  # the template and the call hold their own references while they need them
     return self._result(msg)
 
   @staticmethod
@@ -884,9 +1179,72 @@ class CodePool(BatchExecuteMixin):
       if tpl.generation == known[1]:
         return tpl, b""
     tpl = self._pick()
+    self._make_room(tpl, sid)
     self._sessions[sid] = (tpl.index, tpl.generation)
-    note = b"" if known is None else _RESTART_NOTE
+    reason = self._evicted.pop(sid, None)
+    if reason is not None:
+      note = f"[session {reason}: previous state is lost]\n".encode()
+    else:
+      note = b"" if known is None else _RESTART_NOTE
     return tpl, note
+
+  def _live_sessions(self) -> list[str]:
+    return [sid for sid, (i, g) in self._sessions.items() if self._templates[i].generation == g]
+
+  def _idle(self, sid: str) -> bool:
+    lock = self._session_locks.get(sid)
+    return lock is None or not lock.locked()
+
+  def _make_room(self, tpl: _Template, new_sid: str) -> None:
+    """Before a new session starts on `tpl`: evict least recently used idle sessions while the
+    pool is at `max_sessions` or `tpl` would have no uid left for plain calls."""
+    per_tpl = max(1, self.config.uids_per_template - self.config.num_workers - 1)
+    live = [x for x in self._live_sessions() if x != new_sid]
+    on_tpl = {x for x in live if self._sessions[x][0] == tpl.index}
+    while len(live) >= self._max_sessions or len(on_tpl) >= per_tpl:
+      scope = set(live) if len(live) >= self._max_sessions else on_tpl
+      victim = next((x for x in self._session_used if x in scope and self._idle(x)), None)
+      if victim is None:
+        victim = next((x for x in scope if self._idle(x)), None)
+      if victim is None:
+        return  # every one is mid-call; the template answers internal_error if out of uids
+      self._evict(
+        victim,
+        f"evicted (the pool holds at most {self._max_sessions} sessions, "
+        f"{per_tpl} per template; this one was the least recently used)",
+      )
+      live.remove(victim)
+      on_tpl.discard(victim)
+
+  def _evict(self, sid: str, reason: str) -> None:
+    """Closes an idle session now (the close is queued before any later request to its
+    template); its next call starts fresh with `reason` in a note."""
+    known = self._sessions.pop(sid, None)
+    self._session_locks.pop(sid, None)
+    self._session_used.pop(sid, None)
+    self._drop_session_io(sid)
+    self._evicted[sid] = reason
+    while len(self._evicted) > 65536:
+      self._evicted.popitem(last=False)
+    self.stats["sessions_evicted"] += 1
+    if known is not None:
+      tpl = self._templates[known[0]]
+      if tpl.generation == known[1]:
+        tpl.send_nowait({"kind": "close_session", "session_id": sid})
+
+  def _touch(self, sid: str) -> None:
+    self._session_used[sid] = time.monotonic()
+    self._session_used.move_to_end(sid)
+
+  async def _expire_idle_sessions(self, ttl: float) -> None:
+    while not self._closing:
+      await asyncio.sleep(min(max(ttl / 4, 0.05), 30.0))
+      now = time.monotonic()
+      for sid, used in list(self._session_used.items()):
+        if now - used < ttl:
+          break  # oldest first: the rest were used more recently
+        if self._idle(sid):
+          self._evict(sid, f"expired after {ttl:g} s idle")
 
   def _abort_session(self, sid: str) -> None:
     """A caller gave up on a session call: its interpreter is mid-call in an unknown state, so
@@ -910,9 +1268,17 @@ class CodePool(BatchExecuteMixin):
         return await self._close_session(session_id)
     return await self._close_session(session_id)
 
+  def _drop_session_io(self, sid: str) -> None:
+    io = self._session_io.pop(sid, None)
+    if io is not None:
+      io.close()
+
   async def _close_session(self, session_id: str) -> bool:
+    self._drop_session_io(session_id)
     known = self._sessions.pop(session_id, None)
     self._session_locks.pop(session_id, None)
+    self._session_used.pop(session_id, None)
+    self._evicted.pop(session_id, None)
     if known is None:
       return False
     tpl = self._templates[known[0]]
@@ -937,12 +1303,16 @@ class CodePool(BatchExecuteMixin):
       ) from e
     req = {
       "kind": "func",
-      "payload": payload,
       "timeout_s": timeout,
-      "stdin": b"",
       "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
     }
-    msg = await self._run(None, req, timeout, None)
+    io = _CallIO()
+    try:
+      io.load(payload, b"")
+      del payload
+      msg = await self._run(None, req, timeout, None, io)
+    finally:
+      io.close()
     stderr = msg["stderr"].decode("utf-8", "replace")
     if msg["status"] != "ok":
       raise FunctionRunError(msg["status"], stderr[-2000:])

@@ -36,6 +36,8 @@ import os
 import resource
 import selectors
 import signal
+import socket
+import struct
 import sys
 import time
 import traceback
@@ -61,12 +63,17 @@ _NS_FLAGS = (
   | 0x40000000
 )
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-# Exit code the executor uses for an uncaught MemoryError (reported as status memory_limit).
-MEMORY_EXIT_CODE = 247
+# Statuses come only from what the template observed (its own kill, the CPU time and peak
+# memory the kernel accounted, the bytes it read): an exit code is only ever `ok` (0) or
+# `error`. A call counts as out of memory when its peak resident memory grew by at least this
+# fraction of `memory_limit_mb` (a single request past the limit is refused by the kernel before
+# any page is used: that is the program's own MemoryError, an `error`).
+MEMORY_OBSERVED_FRACTION = 0.5
 USER_FILENAME = "<code>"
 MAX_REQUEST_BYTES = 1 << 30  # a request holds code + stdin; the host caps both far lower
 MAX_TIMEOUT_S = 86400.0
@@ -151,6 +158,9 @@ _SYSCALLS = {
     "vfork": 58,
     "socket": 41,
     "socketpair": 53,
+    "execve": 59,
+    "execveat": 322,
+    "memfd_create": 319,
   },
   "aarch64": {
     "shmat": 196,
@@ -190,6 +200,9 @@ _SYSCALLS = {
     "clone": 220,
     "socket": 198,
     "socketpair": 199,
+    "execve": 221,
+    "execveat": 281,
+    "memfd_create": 279,
   },
 }
 _ALWAYS_BLOCKED = (
@@ -228,6 +241,9 @@ _ALWAYS_BLOCKED = (
   "fsmount",
   "fspick",
   "ptrace",
+  # A call's own memfds would be memory outside RLIMIT_AS (its output memfds are the
+  # template's, capped by RLIMIT_FSIZE).
+  "memfd_create",
 )
 _RET_ALLOW = 0x7FFF0000
 _EPERM, _EAGAIN, _ENOSYS = 1, 11, 38
@@ -243,10 +259,10 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
   Blocked with EPERM: namespaces (unshare, setns, clone with a CLONE_NEW* flag: so no user
   namespace), mounts, keyrings (add_key/request_key/keyctl), SysV IPC (creation and use of
   existing objects by id), POSIX message queues, bpf,
-  userfaultfd, perf events, io_uring, ptrace; other ABIs (x32 / 32-bit). clone3 gets ENOSYS so
-  libc falls back to clone, whose flags the filter can read. Without `allow_subprocesses`,
-  fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the address space, so
-  RLIMIT_AS then bounds the whole call); without `allow_sockets`, socket/socketpair get EPERM.
+  userfaultfd, perf events, io_uring, ptrace, memfd_create; other ABIs (x32 / 32-bit). clone3
+  gets ENOSYS so libc falls back to clone, whose flags the filter can read. Without
+  `allow_subprocesses`, fork/vfork/clone-without-CLONE_THREAD get EAGAIN (threads share the
+  address space, so RLIMIT_AS then bounds the whole call) and execve/execveat EPERM; without `allow_sockets`, socket/socketpair get EPERM.
   """
   arch = _AUDIT_ARCH.get(machine)
   nrs = _SYSCALLS.get(machine)
@@ -261,6 +277,9 @@ def seccomp_program(machine, allow_subprocesses, allow_sockets):
     for n in ("fork", "vfork"):
       if n in nrs:
         rules.append((nrs[n], _ret_errno(_EAGAIN)))
+    # exec would swap the template-sized address space (whose size RLIMIT_AS was set from)
+    # for a small fresh one, leaving the whole template's size as extra room under the limit.
+    rules += [(nrs["execve"], _ret_errno(_EPERM)), (nrs["execveat"], _ret_errno(_EPERM))]
   if not allow_sockets:
     rules += [(nrs["socket"], _ret_errno(_EPERM)), (nrs["socketpair"], _ret_errno(_EPERM))]
   prog.append((ld_w, 0, 0, 4))  # A = arch
@@ -391,17 +410,11 @@ def exec_user_code(code, namespace):
       return e.code & 0xFF
     sys.stderr.write(str(e.code) + "\n")
     return 1
-  except MemoryError as e:
+  except BaseException as e:  # MemoryError, KeyboardInterrupt, RecursionError, ...: the user's
     try:
       sys.stderr.write(_user_traceback(e))
     except BaseException:
       pass
-    return MEMORY_EXIT_CODE
-  except BaseException as e:  # KeyboardInterrupt, RecursionError, ... all go to the user
-    try:
-      sys.stderr.write(_user_traceback(e))
-    except MemoryError:
-      return MEMORY_EXIT_CODE
     return 1
 
 
@@ -463,11 +476,7 @@ def _wait_as_init(user_pid):
       continue
     if pid == user_pid:
       if os.WIFEXITED(status):
-        return (
-          min(os.WEXITSTATUS(status), 127)
-          if os.WEXITSTATUS(status) != MEMORY_EXIT_CODE
-          else MEMORY_EXIT_CODE
-        )
+        return min(os.WEXITSTATUS(status), 127)
       return 128 + os.WTERMSIG(status)
 
 
@@ -484,14 +493,16 @@ def _child_main(cfg, job, fds):
       # socket or SysV object is shared with a concurrent call, and all die with the call.
       if _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET|CLONE_NEWIPC) failed")
+    if job["scratch"] is None:
+      job["home"] = _mount_private_scratch(cfg, job["uid"])
     os.dup2(fds["in"], 0)
     os.dup2(fds["out"], 1)
     os.dup2(fds["err"], 2)
-    keep = [0, 1, 2]
+    os.dup2(fds["code"], 3)
+    keep = [0, 1, 2, 3]
     if job["kind"] == "session":
-      os.dup2(fds["code"], 3)
       os.dup2(fds["rc"], 4)
-      keep += [3, 4]
+      keep += [4]
     _close_fds_except(keep)
     if job.get("leader"):
       user_pid = os.fork()
@@ -506,22 +517,52 @@ def _child_main(cfg, job, fds):
   os._exit(code)
 
 
+def _mount_private_scratch(cfg, uid):
+  """In a mount namespace of the call's own: a fresh tmpfs (size- and inode-limited, owned by
+  the call's uid, mode 700) at the scratch root, bound over every shared writable directory.
+  It vanishes with the call's last process; nobody walks or deletes what the call made, and no
+  other call can enter or fill it. Returns the call's home."""
+  if _libc.unshare(CLONE_NEWNS) != 0:
+    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for the call's scratch failed")
+  size = cfg["limits"]["scratch_bytes"]
+  opts = b"size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (
+    size,
+    max(4096, size >> 12),  # one per page: the inodes' kernel memory stays small
+    uid,
+    uid,
+  )
+  root = cfg["scratch_root"].encode()
+  if _libc.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+    raise OSError(ctypes.get_errno(), f"mount tmpfs on {cfg['scratch_root']} failed")
+  os.chdir(root)
+  home = cfg["scratch_root"]
+  for d in cfg["shared_tmp_dirs"]:
+    if _libc.mount(b".", d.encode(), None, MS_BIND, None) != 0:
+      raise OSError(ctypes.get_errno(), f"bind the call's scratch over {d} failed")
+    if d == "/tmp":
+      home = "/tmp"
+  return home
+
+
 def _user_main(cfg, job):
-  _drop_to_user(cfg, job["uid"], job["scratch"], job["cpu_s"])
+  _drop_to_user(cfg, job["uid"], job.get("home") or job["scratch"], job["cpu_s"])
   _new_std_streams()
   kind = job["kind"]
+  if kind in ("exec", "func"):
+    data = os.pread(3, os.fstat(3).st_size, 0)  # the host wrote it; only this process reads it
+    os.close(3)
   if kind == "exec":
-    rc = exec_user_code(job["code"], _fresh_namespace())
+    rc = exec_user_code(data.decode("utf-8", "surrogatepass"), _fresh_namespace())
     _flush_std()
     os._exit(rc)
   if kind == "func":
-    _run_function(job)
+    _run_function(job, data)
   if kind == "session":
     _session_loop()
   os._exit(2)
 
 
-def _run_function(job):
+def _run_function(job, payload):
   """Unpickles (fn, args, kwargs) from the host, runs it, writes a `wire` record to fd 1.
 
   The host wrote the pickle (trusted direction); the result travels back as plain values only,
@@ -535,11 +576,9 @@ def _run_function(job):
   out = os.fdopen(os.dup(1), "wb")
   sys.stdout = sys.stderr  # prints of the function must not corrupt the result record
   try:
-    fn, args, kwargs = pickle.loads(job["payload"])
+    fn, args, kwargs = pickle.loads(payload)
+    del payload
     record = [True, fn(*args, **kwargs)]
-  except MemoryError:
-    _flush_std()
-    os._exit(MEMORY_EXIT_CODE)
   except BaseException as e:
     record = [False, "".join(traceback.format_exception(type(e), e, e.__traceback__))]
   try:
@@ -592,21 +631,22 @@ def _session_loop():
 # ---------------------------------------------------------------------------------------------
 # template
 _REQ_FIELDS = {
-  "exec": {"rid": int, "code": str, "stdin": bytes, "timeout_s": float},
-  "func": {"rid": int, "payload": bytes, "stdin": bytes, "timeout_s": float, "sys_path": list},
-  "session": {
-    "rid": int,
-    "code": str,
-    "stdin": bytes,
-    "timeout_s": float,
-    "session_id": str,
-    "note": bytes,
-  },
+  # A call's code, stdin, arguments and output never travel here: they are in the memfds the
+  # host passes with the request (CALL_FDS, over the fd socket), read and written only by the
+  # host and the call's process.
+  "exec": {"rid": int, "timeout_s": float},
+  "func": {"rid": int, "timeout_s": float, "sys_path": list},
+  "session": {"rid": int, "timeout_s": float, "session_id": str},
   "close_session": {"rid": int, "session_id": str},
   "abort_session": {"rid": int, "session_id": str},
   "ping": {"rid": int},
   "shutdown": {},
 }
+
+
+# The memfds the host sends with each exec/func/session request, in this order.
+CALL_FDS = ("in", "code", "out", "err")
+_RID = struct.Struct("<Q")
 
 
 def check_request(req):
@@ -631,6 +671,9 @@ class Template:
     self.sessions = {}  # session_id -> session record
     self.sel = selectors.DefaultSelector()
     self.buf = bytearray()
+    self.fd_sock = socket.socket(fileno=cfg["fd_sock"])
+    self.fd_sock.set_inheritable(False)  # not into the posix_spawn'ed PID 1s
+    self.fd_sock.setblocking(False)
     self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY) if cfg["pidns"] else None
     # PID 1 of each call's namespace: a tiny exec'd process (cheaper than forking this big
     # interpreter twice). Orphans re-parent to it; killing it tears the namespace down.
@@ -639,11 +682,13 @@ class Template:
     self.scratch_root = cfg["scratch_root"]
     os.makedirs(self.scratch_root, mode=0o711, exist_ok=True)
     os.chmod(self.scratch_root, 0o711)
-    for name in os.listdir(self.scratch_root):  # leftovers of a dead predecessor
-      wire.rmtree(os.path.join(self.scratch_root, name))
+    if not cfg["private_scratch"]:  # rlimits level: leftovers of a dead predecessor
+      for name in os.listdir(self.scratch_root):
+        wire.rmtree(os.path.join(self.scratch_root, name))
     self.serial = 0
     # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
     self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    self.subreaper = not cfg["drop_uid"] and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
 
@@ -679,6 +724,10 @@ class Template:
     self._kill_uid(uid)
 
   def _make_scratch(self, uid):
+    """A host directory for the call's files, or None when the call mounts its own tmpfs
+    (every root level: nothing of the call's is ever walked or deleted by the template)."""
+    if self.cfg["private_scratch"]:
+      return None
     self.serial += 1
     path = os.path.join(self.scratch_root, f"s{uid}_{os.getpid()}_{self.serial}")
     os.mkdir(path, 0o700)
@@ -698,9 +747,43 @@ class Template:
         except OSError:
           pass
       self._kill_uid(uid)
-      wire.rmtree(scratch)
+      if scratch is not None:  # rlimits level: the call ran as our own uid, nothing gained
+        wire.rmtree(scratch)
     finally:
       self.free_uids.append(uid)
+    self.sweep_orphans()
+
+  def sweep_orphans(self):
+    """Without a uid or PID namespace to kill by (the rlimits level), the template is its
+    calls' child subreaper: a process that left its call (setsid, double fork) is re-parented
+    here when its parent exits. Every child that is no call or session is such an escapee:
+    killed with its group and reaped, generation by generation (its own children re-parent
+    here in turn)."""
+    if not self.subreaper:
+      return
+    for _ in range(1000):
+      known = {c["pid"] for c in self.calls.values()} | {s["pid"] for s in self.sessions.values()}
+      strays = set()
+      try:
+        for tid in os.listdir("/proc/self/task"):
+          with open(f"/proc/self/task/{tid}/children") as f:
+            strays.update(int(p) for p in f.read().split())
+      except OSError:
+        return
+      strays -= known
+      if not strays:
+        return
+      for pid in strays:  # our unreaped child: its pid (and group id) cannot be reused meanwhile
+        for kill in (os.killpg, os.kill):
+          try:
+            kill(pid, signal.SIGKILL)
+          except OSError:
+            pass
+      for pid in strays:
+        try:
+          os.waitpid(pid, 0)
+        except ChildProcessError:
+          pass
 
   # -- fork
   def _fork(self, job, fds):
@@ -764,47 +847,47 @@ class Template:
     else:
       self._release(rec["uid"], rec["scratch"], rec["pid"])
 
-  def _memfds(self, names, stdin=b""):
-    fds = []
-    try:
-      for name in names:  # no MFD_ALLOW_SEALING: the call cannot seal them against the template
-        fds.append(os.memfd_create(name, os.MFD_CLOEXEC))
-      if stdin:
-        os.pwrite(fds[names.index("stdin")], stdin, 0)
-    except BaseException:
+  def recv_call_fds(self, rid):
+    """The memfds the host sent for request `rid` (sent before the request itself, so they are
+    already queued). Messages of requests that never arrived (a failed write) are dropped."""
+    while True:
+      try:
+        msg, fds, _, _ = socket.recv_fds(self.fd_sock, 64, len(CALL_FDS) + 1)
+      except BlockingIOError:
+        raise RuntimeError(f"no memfds arrived with request {rid}") from None
+      if len(msg) == _RID.size and _RID.unpack(msg)[0] == rid and len(fds) == len(CALL_FDS):
+        return dict(zip(CALL_FDS, fds))
       for fd in fds:
         os.close(fd)
-      raise
-    return fds
+      if len(msg) == _RID.size and _RID.unpack(msg)[0] > rid:
+        raise RuntimeError(f"no memfds arrived with request {rid}")
 
-  def start_call(self, req):
+  def start_call(self, req, fds):
     kind = req["kind"]
     if kind == "session":
-      return self.session_call(req)
+      return self.session_call(req, fds)
     t0 = time.monotonic()
     timeout = req["timeout_s"]
-    taken = []  # what to give back if anything below fails
+    taken = [("fds", list(fds.values()))]  # what to give back if anything below fails
     try:
       uid = self._alloc_uid()
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      out, err, inp = self._memfds(("stdout", "stderr", "stdin"), req["stdin"])
-      taken.append(("fds", (out, err, inp)))
       job = {
         "kind": kind,
         "uid": uid,
         "scratch": scratch,
         "cpu_s": int(timeout) + 1,
-        "code": req.get("code", ""),
-        "payload": req.get("payload"),
         "sys_path": req.get("sys_path", ()),
       }
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err})
+      pid, init = self._fork(job, fds)
     except BaseException:
       self._give_back(taken)
       raise
-    os.close(inp)
+    out, err = fds["out"], fds["err"]
+    os.close(fds["in"])
+    os.close(fds["code"])
     pidfd = os.pidfd_open(pid)
     call = {
       "rid": req["rid"],
@@ -834,25 +917,35 @@ class Template:
       else:
         self.free_uids.append(d["uid"])
 
-  def _read_memfd(self, fd):
+  def _output_size(self, fd):
+    """(bytes written, whether past the cap): the size only, the template never reads them."""
     size = os.fstat(fd).st_size
-    cap = self.lim["max_output_bytes"]
-    data = os.pread(fd, min(size, cap), 0)
-    return data, size > cap
+    return size, size > self.lim["max_output_bytes"]
 
-  def _classify(self, rc, killed, over):
-    if killed == "timeout":
+  def _memory_grew(self, peak_rss_bytes):
+    """Whether a call's kernel-accounted peak resident memory (which starts at the template's
+    own, shared at fork) grew by MEMORY_OBSERVED_FRACTION of the limit or more."""
+    try:
+      with open("/proc/self/statm") as f:
+        base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+      base = 0
+    limit = self.lim["memory_limit_mb"] << 20
+    return peak_rss_bytes - base >= MEMORY_OBSERVED_FRACTION * limit
+
+  @staticmethod
+  def _classify(rc, killed, over, cpu_out=False, mem_out=False):
+    """The status from what the template observed, never from what the call says: `killed`
+    (its own kill), `over` (stdout/stderr bytes past the cap), `cpu_out` (the kernel's CPU
+    account reached RLIMIT_CPU), `mem_out` (the kernel's peak-memory account). Any other
+    ending, whatever its exit code, is `error` unless it exited 0."""
+    if killed == "timeout" or (killed is None and cpu_out):
       return "timeout"
     if over:
       return "output_limit"
-    if rc == MEMORY_EXIT_CODE:
-      return "memory_limit"
-    if rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and killed is None:
-      # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one.
-      return "timeout" if rc == 128 + signal.SIGXCPU else "error"
-    if rc == 128 + signal.SIGXFSZ:
-      return "output_limit"
-    return "ok" if rc == 0 else "error"
+    if rc == 0 and killed is None:
+      return "ok"
+    return "memory_limit" if mem_out else "error"
 
   def finish_call(self, pidfd):
     call = self.calls.get(pidfd)
@@ -865,31 +958,30 @@ class Template:
     del self.calls[pidfd]
     self.sel.unregister(pidfd)
     os.close(pidfd)
-    if os.WIFEXITED(status):
-      rc = os.WEXITSTATUS(status)
-    else:
-      rc = 128 + os.WTERMSIG(status)
-    out, over_o = self._read_memfd(call["out"])
-    err, over_e = self._read_memfd(call["err"])
+    signaled = os.WIFSIGNALED(status)
+    rc = 128 + os.WTERMSIG(status) if signaled else os.WEXITSTATUS(status)
+    _, over_o = self._output_size(call["out"])
+    n_err, over_e = self._output_size(call["err"])
+    err = b""  # what the template adds after the call's own stderr (which the host reads)
     os.close(call["out"])
     os.close(call["err"])
     self._end(call)
-    killed = call["killed"]
-    if killed is None and rc == 128 + signal.SIGKILL:
-      # RLIMIT_CPU's hard limit. A namespace's PID 1 (see _fork) ignores the soft limit's
-      # SIGXCPU, so the CPU time it used tells a CPU timeout from any other SIGKILL.
-      if usage.ru_utime + usage.ru_stime >= call["cpu_s"]:
-        killed = "timeout"
-    status_s = self._classify(rc, killed, over_o or over_e)
-    if rc > 128 and status_s == "error" and rc - 128 < 65:
-      err += f"\nProcess killed by signal {signal.Signals(rc - 128).name}\n".encode()
-    elif rc and status_s == "error" and rc < 128 and not err.strip():
+    # RLIMIT_CPU: the kernel's own CPU account tells a CPU timeout from any other ending (a
+    # namespace's PID 1 ignores the soft limit's SIGXCPU and dies at the hard one).
+    # (within a tick: the kernel checks the limit on its timer, the account may read a bit less)
+    cpu_out = signaled and usage.ru_utime + usage.ru_stime >= call["cpu_s"] - 0.5
+    mem_out = rc != 0 and self._memory_grew(usage.ru_maxrss * 1024)
+    status_s = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
+    if signaled and status_s == "error":
+      name = signal.Signals(rc - 128).name if rc - 128 in signal.valid_signals() else rc - 128
+      err += f"\nProcess killed by signal {name}\n".encode()
+    elif rc and status_s == "error" and not n_err:
       err += f"Process exited with code {rc}\n".encode()
     self.reply(
       call["rid"],
       {
         "status": status_s,
-        "stdout": out,
+        "stdout": b"",
         "stderr": err,
         "exit_code": rc,
         "duration_s": time.monotonic() - call["t0"],
@@ -897,25 +989,26 @@ class Template:
     )
 
   # -- sessions
-  def _start_session(self, sid):
+  def _start_session(self, sid, fds):
     if self.cfg["pidns"] and not self.init_path:
       raise RuntimeError("sessions need /usr/bin/sleep as their namespace's PID 1")
-    taken = []
+    taken = [("fds", list(fds.values()))]
     try:
       uid = self._alloc_uid()
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      fds = self._memfds(("stdout", "stderr", "stdin", "code", "rc"))
-      taken.append(("fds", fds))
-      out, err, inp, code_fd, rc_fd = fds
+      # The exit code of each session call: the template's own (not call data).
+      rc_fd = os.memfd_create("rc", os.MFD_CLOEXEC)
+      taken[0][1].append(rc_fd)
+      out, err, inp, code_fd = fds["out"], fds["err"], fds["in"], fds["code"]
       job = {
         "kind": "session",
         "uid": uid,
         "scratch": scratch,
         "cpu_s": int(self.cfg["session_cpu_s"]),
       }
-      pid, init = self._fork(job, {"in": inp, "out": out, "err": err, "code": code_fd, "rc": rc_fd})
+      pid, init = self._fork(job, {**fds, "rc": rc_fd})
     except BaseException:
       self._give_back(taken)
       raise
@@ -939,10 +1032,17 @@ class Template:
     self.sel.register(pidfd, selectors.EVENT_READ, ("sess_dead", sid))
     return s
 
-  def session_call(self, req):
+  def session_call(self, req, fds):
     sid = req["session_id"]
     t0 = time.monotonic()
     s = self.sessions.get(sid)
+    if s is not None and os.fstat(s["code"]).st_ino != os.fstat(fds["code"]).st_ino:
+      # The host replaced the session's memfds: it no longer knows this interpreter.
+      self.close_session({"kind": "abort_session", "session_id": sid})
+      s = None
+    if s is not None:  # the process already holds these files
+      for fd in fds.values():
+        os.close(fd)
     if s is not None and s["call"] is not None:
       self.reply(
         req["rid"],
@@ -956,31 +1056,22 @@ class Template:
       )
       return
     if s is None:
-      s = self._start_session(sid)
+      s = self._start_session(sid, fds)
     s["call"] = {
       "rid": req["rid"],
       "t0": t0,
       "deadline": t0 + req["timeout_s"],
       "killed": None,
-      "note": req["note"],
-      "code": req["code"],
-      "stdin": req["stdin"],
       "running": False,
     }
     if s["stopped"]:
       self._dispatch(s)
 
   def _dispatch(self, s):
-    """The session process is stopped: load the call into its memfds and resume it."""
+    """The session process is stopped: resume it on the call the host loaded into its memfds
+    (code, stdin; output emptied and rewound) before sending the request."""
     call = s["call"]
-    for fd in (s["out"], s["err"], s["inp"], s["code"], s["rc"]):
-      os.ftruncate(fd, 0)
-    for fd in (s["out"], s["err"], s["inp"]):
-      os.lseek(fd, 0, os.SEEK_SET)  # shared file description: rewinds the child's offset too
-    if call["stdin"]:
-      os.pwrite(s["inp"], call["stdin"], 0)
-    os.pwrite(s["code"], call["code"].encode("utf-8", "surrogatepass"), 0)
-    call["code"] = call["stdin"] = None
+    os.ftruncate(s["rc"], 0)
     call["running"] = True
     s["stopped"] = False
     try:
@@ -1029,6 +1120,7 @@ class Template:
         pass
     except BlockingIOError:
       pass
+    self.sweep_orphans()
     for s in list(self.sessions.values()):
       if s["stopped"]:
         continue
@@ -1057,20 +1149,46 @@ class Template:
         continue
       try:
         raw = os.pread(s["rc"], 16, 0)
+      except OSError:
+        raw = b""
+      if not raw:
+        # The trusted loop writes the exit code before it stops: this stop is the user code's
+        # own, mid-call. Resuming it would run the rest of this call as the next one's (whose
+        # result it could then forge): the session ends here.
+        call["left"] = "the call stopped its own process"
+        self.kill_session(s, "self-stop")
+        continue
+      try:
         rc = int(raw.strip() or b"-1")
-      except (OSError, ValueError):
+      except ValueError:
         rc = -1
       if not 0 <= rc <= 255:
         rc = 1
-      self._session_result(s, rc, dead=False)
+      self._session_result(s, rc, dead=False, peak=self._peak_rss(s["pid"]) if rc else 0)
 
-  def _session_result(self, s, rc, dead):
+  @staticmethod
+  def _peak_rss(pid):
+    """VmHWM of a stopped (still mapped) process, in bytes; 0 when unreadable."""
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        for line in f:
+          if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+      pass
+    return 0
+
+  def _session_result(self, s, rc, dead, peak=0, cpu_out=False):
     call = s["call"]
     s["call"] = None
-    out, over_o = self._read_memfd(s["out"])
-    err, over_e = self._read_memfd(s["err"])
-    status = self._classify(rc, call["killed"], over_o or over_e)
-    if call.get("left"):
+    _, over_o = self._output_size(s["out"])
+    _, over_e = self._output_size(s["err"])
+    err = b""  # appended by the host after the call's own stderr
+    mem_out = rc != 0 and self._memory_grew(peak)
+    status = self._classify(rc, call["killed"], over_o or over_e, cpu_out, mem_out)
+    if call.get("left") and call["killed"] == "self-stop":
+      err += f"\n[{call['left']}]\n".encode()
+    elif call.get("left"):
       err += f"\n[{call['left']}: they are not allowed to outlive it]\n".encode()
     if dead:
       err += b"\n[session terminated: its state is lost; the next call starts a fresh session]\n"
@@ -1080,8 +1198,8 @@ class Template:
       call["rid"],
       {
         "status": status,
-        "stdout": out,
-        "stderr": call["note"] + err,
+        "stdout": b"",
+        "stderr": err,
         "exit_code": rc,
         "duration_s": time.monotonic() - call["t0"],
       },
@@ -1103,14 +1221,17 @@ class Template:
     s = self.sessions.get(sid)
     if s is None:
       return
-    pid, status = os.waitpid(s["pid"], 0 if block else os.WNOHANG)
+    pid, status, usage = os.wait4(s["pid"], 0 if block else os.WNOHANG)
     if pid == 0:  # stale event (the session was closed and restarted in this select batch)
       return
     del self.sessions[sid]
     self.sel.unregister(s["pidfd"])
     rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     if s["call"] is not None and s["call"].get("running"):
-      self._session_result(s, rc, dead=True)
+      cpu_out = os.WIFSIGNALED(status) and (
+        usage.ru_utime + usage.ru_stime >= self.cfg["session_cpu_s"]
+      )
+      self._session_result(s, rc, dead=True, peak=usage.ru_maxrss * 1024, cpu_out=cpu_out)
     elif s["call"] is not None:  # died before it ever ran the call
       call = s["call"]
       self.reply(
@@ -1119,7 +1240,7 @@ class Template:
           "status": "internal_error",
           "stdout": b"",
           "exit_code": rc,
-          "stderr": call["note"] + b"session process failed to start\n",
+          "stderr": b"session process failed to start\n",
           "duration_s": time.monotonic() - call["t0"],
         },
       )
@@ -1162,7 +1283,7 @@ class Template:
         raise EOFError
       else:
         try:
-          self.start_call(req)
+          self.start_call(req, self.recv_call_fds(req["rid"]))
         except BaseException as e:
           self.reply(
             req["rid"],
@@ -1249,7 +1370,13 @@ class Template:
         except OSError:
           pass
       self._kill_uid(r["uid"])
-    wire.rmtree(self.scratch_root)
+    if self.cfg["private_scratch"]:
+      try:
+        os.rmdir(self.scratch_root)  # only ever a mount point here
+      except OSError:
+        pass
+    else:
+      wire.rmtree(self.scratch_root)
 
 
 def _kill_uid_range(lo, hi):
@@ -1312,6 +1439,86 @@ def expose_paths(paths):
       os.close(fd)
     done.append(f"{anc} -> {sorted(fds)}")
   return "; ".join(done)
+
+
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+MNT_DETACH = 2
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+class _CapHeader(ctypes.Structure):
+  _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [
+    ("effective", ctypes.c_uint32),
+    ("permitted", ctypes.c_uint32),
+    ("inheritable", ctypes.c_uint32),
+  ]
+
+
+def _drop_capability_sets():
+  """Empties the bounding, ambient and inheritable sets (the effective and permitted sets the
+  template needs stay, and a call loses them at its uid switch): no exec of any file can give
+  a call's process a capability back."""
+  cap = 0
+  while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+    cap += 1
+  if cap == 0 or ctypes.get_errno() != 22:  # EINVAL: past the last capability
+    raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP({cap}) failed")
+  _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+  hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+  if _libc.capget(ctypes.byref(hdr), data) != 0:
+    raise OSError(ctypes.get_errno(), "capget failed")
+  for d in data:
+    d.inheritable = 0
+  if _libc.capset(ctypes.byref(hdr), data) != 0:
+    raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def harden_template(cfg):
+  """Once per template, before any call; every call inherits it (no per-call cost).
+
+  - oom_score_adj 1000: under memory pressure the kernel's OOM killer takes sandbox processes
+    before the trainer (a call cannot lower it: that needs CAP_SYS_RESOURCE).
+  - As root (every level but `rlimits`), in the template's own mount namespace: a new /proc
+    instance with hidepid=invisible (gid 0 exempt: the template), so a call, which runs as its
+    own uid, sees only its own processes; /dev/pts detached, so /dev/ptmx opens no terminal;
+    the bounding, ambient and inheritable capability sets emptied.
+  Returns (what could not be done, "" when everything was; whether the template's mounts are
+  private, so that each call may mount its own scratch without it reaching the host).
+  """
+  failed = []
+  try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+      f.write("1000")
+  except OSError as e:
+    failed.append(f"oom_score_adj: {e.strerror}")
+  if not cfg["drop_uid"]:
+    return "; ".join(failed), False
+  if _libc.unshare(CLONE_NEWNS) != 0:
+    failed.append(f"unshare(CLONE_NEWNS): errno {ctypes.get_errno()}")
+    return "; ".join(failed), False
+  if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    failed.append(f"mount --make-rprivate /: errno {ctypes.get_errno()}")
+    return "; ".join(failed), False
+  flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+  if _libc.mount(b"proc", b"/proc", b"proc", flags, b"hidepid=invisible,gid=0") != 0:
+    failed.append(f"mount proc hidepid=invisible: errno {ctypes.get_errno()}")
+  for pts in (b"/dev/pts",):
+    if os.path.ismount(pts) and _libc.umount2(pts, MNT_DETACH) != 0:
+      failed.append(f"umount /dev/pts: errno {ctypes.get_errno()}")
+  if os.path.exists("/dev/ptmx") and not os.path.islink("/dev/ptmx"):
+    # A real ptmx node (not bwrap's pts/ptmx link): cover it with /dev/null.
+    if _libc.mount(b"/dev/null", b"/dev/ptmx", None, MS_BIND, None) != 0:
+      failed.append(f"bind /dev/null over /dev/ptmx: errno {ctypes.get_errno()}")
+  try:
+    _drop_capability_sets()
+  except OSError as e:
+    failed.append(f"capabilities: {e}")
+  return "; ".join(failed), True
 
 
 def check_imports(cfg, modules):
@@ -1391,6 +1598,12 @@ def main():
       exposed = expose_paths(cfg["expose_paths"])
     except OSError as e:
       exposed = f"failed: {e}"
+  hardening, cfg["private_scratch"] = harden_template(cfg)
+  # World-writable places a call could otherwise fill or share with another call: each call
+  # gets its own tmpfs bound over all of them (/tmp last: the source is the call's cwd).
+  cfg["shared_tmp_dirs"] = [
+    d for d in ("/var/tmp", "/dev/shm", "/tmp") if os.path.isdir(d) and not os.path.islink(d)
+  ]
   os.environ.update(cfg["template_env"])
   loaded = []
   for name in cfg["preload"]:
@@ -1410,7 +1623,13 @@ def main():
     for line in f:
       if line.startswith("VmSize:"):
         vm = int(line.split()[1]) * 1024
-  cfg["as_limit"] = vm + cfg["limits"]["memory_limit_mb"] * (1 << 20)
+  # memory_limit_mb holds the call's memory, its scratch tmpfs and its two output memfds
+  # (RLIMIT_FSIZE caps each): the address space gets what the other two leave.
+  lim = cfg["limits"]
+  carved = 2 * (lim["max_output_bytes"] + 1)
+  if cfg["private_scratch"]:
+    carved += lim["scratch_bytes"]
+  cfg["as_limit"] = vm + (lim["memory_limit_mb"] << 20) - carved
   prog = seccomp_program(os.uname().machine, cfg["allow_subprocesses"], cfg["allow_sockets"])
   cfg["seccomp"] = build_seccomp(prog) if prog is not None and cfg["use_seccomp"] else None
   if cfg["drop_uid"] and not cfg["pidns"]:
@@ -1429,6 +1648,7 @@ def main():
       "pidns_self": os.getpid() in (1, 2),
       "import_error": import_error,
       "exposed": exposed,
+      "hardening_failed": hardening,
       "seccomp": prog is not None and cfg["use_seccomp"],
     },
   )

@@ -7,7 +7,8 @@ Value encoding (little endian), one tag byte then the body:
   s str (u32 length + UTF-8, lone surrogates allowed) | b bytes (u32 length + raw)
   l list / t tuple (u32 count + values) | d dict (u32 count + key, value pairs)
 A frame is a u32 payload length followed by one encoded value. `decode` checks every length
-against the bytes actually present, the nesting depth, the dict key types and that nothing
+against the bytes actually present, the nesting depth, the dict key types (str, bytes, bool,
+None, ints below 2**60: nothing whose hash a sender can make collide) and that nothing
 trails the value; anything else raises `WireError`. Nothing is ever executed or imported while
 decoding, so bytes written by a sandboxed process can at worst be rejected.
 """
@@ -21,7 +22,12 @@ MAX_BIG_INT_DIGITS = 4300  # Python's own default int<->str limit
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _F64 = struct.Struct("<d")
-_KEY_TYPES = (str, int, float, bytes, bool, type(None), tuple)
+# Dict keys whose hashes a sender cannot make collide: str and bytes hash with the process's
+# random seed; ints below 2**60 hash to themselves. Floats, tuples and big ints hash by
+# arithmetic anyone can invert, so thousands of colliding keys would make one dict insertion
+# loop quadratic on the host's event loop (a 512 KiB frame took 4-5 s): refused.
+_KEY_TYPES = (str, bytes, bool, type(None), int)
+MAX_INT_KEY = 1 << 60
 
 
 class WireError(ValueError):
@@ -64,6 +70,11 @@ def _enc(obj, out, depth):
   elif type(obj) is dict:
     out.append(b"d" + _U32.pack(len(obj)))
     for k, v in obj.items():
+      if type(k) not in _KEY_TYPES or (type(k) is int and not -MAX_INT_KEY < k < MAX_INT_KEY):
+        raise WireError(
+          f"cannot encode a dict key of type {type(k).__name__} (str, bytes, bool, None or "
+          "an int below 2**60)"
+        )
       _enc(k, out, depth + 1)
       _enc(v, out, depth + 1)
   else:
@@ -131,8 +142,11 @@ def _dec(view, pos, depth):
       out = {}
       for _ in range(n):
         k, pos = _dec(view, pos, depth + 1)
-        if not isinstance(k, _KEY_TYPES) or (type(k) is tuple and not _hashable(k)):
-          raise WireError(f"dict key of type {type(k).__name__}")
+        if type(k) not in _KEY_TYPES or (type(k) is int and not -MAX_INT_KEY < k < MAX_INT_KEY):
+          raise WireError(
+            f"dict key of type {type(k).__name__} (str, bytes, bool, None or "
+            f"an int below 2**60 allowed)"
+          )
         out[k], pos = _dec(view, pos, depth + 1)
       return out, pos
     items = []
@@ -141,14 +155,6 @@ def _dec(view, pos, depth):
       items.append(v)
     return (items if tag == b"l" else tuple(items)), pos
   raise WireError(f"unknown tag {tag!r} at offset {pos - 1}")
-
-
-def _hashable(v):
-  try:
-    hash(v)
-    return True
-  except TypeError:
-    return False
 
 
 def frame(obj) -> bytes:

@@ -50,7 +50,7 @@ def test_every_family_answer_matches_its_code_standalone():
   """Each family at each preset: the snippet as its own `python -I` program prints the answer."""
   probs = []
   for preset in ("easy", "medium", "hard"):
-    probs += st.generate(7, 2 * len(st.FAMILIES), difficulty=preset)
+    probs += st.generate(7, 2 * len(st.FAMILIES), families=list(st.FAMILIES), difficulty=preset)
   assert {p.family for p in probs} == set(st.FAMILIES)
   with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
     outs = list(pool.map(lambda p: _run_isolated(p.solution_code), probs))
@@ -127,6 +127,17 @@ def test_families_round_robin_and_difficulty_knobs():
     if p.family == "count_primes":
       assert 1 <= p.params["lo"] < p.params["hi"] <= 500
     assert p.answer.lstrip("-").isdigit()
+
+
+def test_default_families_leave_out_the_mental_ones():
+  """`families=None` keeps drawing the nine tool-needing families (existing splits unchanged);
+  the in-the-head families (issue 30) only when named, with answers a model can guess."""
+  assert set(st.DEFAULT_FAMILIES) == set(st.FAMILIES) - {"add", "mul_last_digit"}
+  assert {p.family for p in st.generate(0, 27)} == set(st.DEFAULT_FAMILIES)
+  probs = st.generate(0, 40, families=["add", "mul_last_digit"], difficulty="easy")
+  for p in probs:
+    a, b = p.params["a"], p.params["b"]
+    assert p.answer == str(a + b if p.family == "add" else (a * b) % 10)
 
 
 def test_bad_arguments_are_named():

@@ -8,6 +8,7 @@ from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
 from rstar_jax.config.checks import ConfigError
 from rstar_jax.distributed import fleet
+from rstar_jax.pipelines import wiring
 
 URLS = [f"http://127.0.0.1:{3000 + i}" for i in range(5)]
 
@@ -52,7 +53,7 @@ def test_http_backend_runs_code_through_the_service():
   async def go():
     async with CodePoolServer(PoolConfig(num_workers=2, num_templates=1), "127.0.0.1", 0) as srv:
       cfg.tool.backend, cfg.tool.urls = "http", [f"http://127.0.0.1:{srv.port}"]
-      pool = fleet.build_tool_pool(from_config_dict(cfg).tool)
+      pool = wiring.tool_pool(from_config_dict(cfg).tool)
       assert type(pool).__name__ == "CodePoolClient"
       await pool.start()
       try:
@@ -67,4 +68,4 @@ def test_http_backend_runs_code_through_the_service():
 def test_local_backend_is_the_default():
   tool = from_config_dict(rstar2_tiny_cpu.get_config("rl")).tool
   assert tool.backend == "local"
-  assert type(fleet.build_tool_pool(tool)).__name__ == "CodePool"
+  assert type(wiring.tool_pool(tool)).__name__ == "CodePool"

@@ -27,7 +27,7 @@ def test_rl_batch_layout():
   np.testing.assert_array_equal(b["attention_mask"][0], [1] * 8 + [0] * 2)
   np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 0, 1, 1, 0, 0, 1, 0, 0])
   # Logprobs sit on the column of the token they score; tool-token logprobs are zeroed.
-  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
+  np.testing.assert_allclose(b["sampler_logprobs"][0], [0, 0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0])
   np.testing.assert_array_equal(b["input_ids"][1, :2], [8, 13])
   np.testing.assert_array_equal(b["loss_mask"][1], [0, 1] + [0] * 8)
   np.testing.assert_allclose(b["advantages"], [1.5, -0.5, 0, 0])
@@ -79,7 +79,7 @@ def test_rl_batch_from_rollout_trajectory():
   b = make_rl_batch([tr], [2.0], pad_to=6)
   np.testing.assert_array_equal(b["input_ids"][0], [1, 2, 3, 4, 5, 0])
   np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 0, 1, 0])
-  np.testing.assert_allclose(b["old_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
+  np.testing.assert_allclose(b["sampler_logprobs"][0], [0, 0, -0.25, 0, -0.75, 0])
 
 
 def _seven_row_batch():
@@ -128,3 +128,37 @@ def test_split_rl_batch_edge_cases():
     split_rl_batch(b, 3, np.random.default_rng(0), rows=2)
   with pytest.raises(ValueError, match="num_mini_batches"):
     split_rl_batch(b, 0, np.random.default_rng(0))
+
+
+def _contract_batch():
+  t0 = Traj([5, 6, 7], [10, 11, 90, 12], [1, 1, 0, 1], [-0.1, -0.2, -9.0, -0.3])
+  t1 = Traj([8], [13], [1], [-0.5])
+  return make_rl_batch([t0, t1], [1.5, -0.5], pad_to=8, pad_id=3)
+
+
+def test_step_inputs_builds_the_keys_the_step_reads():
+  from rstar_jax.learner import steps
+
+  b = _contract_batch()
+  proximal = np.full(b["loss_mask"].shape, -0.4, np.float32)
+  on, m_on = steps.step_inputs(b, steps.StepConfig(), proximal)
+  assert set(on) == set(steps.StepConfig().rl_keys) and "sampler_logprobs" not in on
+  np.testing.assert_allclose(on["old_logprobs"], -0.4 * b["loss_mask"])  # learner's, masked
+  assert set(m_on) == {"sampler_logprob_drift"} and m_on["sampler_logprob_drift"] > 0
+
+  tis = steps.StepConfig(tis_cap=2.0)
+  off, m_off = steps.step_inputs(b, tis, proximal, older_weights=True)
+  assert set(off) == set(tis.rl_keys) and "behaviour_logprobs" in off
+  np.testing.assert_array_equal(off["behaviour_logprobs"], b["sampler_logprobs"])
+  # Importance ratios against the learner's log-probs; the cap comes from the StepConfig.
+  lm = b["loss_mask"] > 0
+  r = np.exp(-0.4 - b["sampler_logprobs"][lm].astype(np.float64))
+  assert m_off["async/is_ratio_max"] == pytest.approx(r.max(), rel=1e-6)
+  assert m_off["async/is_truncated_frac"] == pytest.approx((r > 2.0).mean())
+
+  # Not recomputed: the sampler's log-probs are the old ones, and there is nothing to compare.
+  same, m_none = steps.step_inputs(b, steps.StepConfig(), None, older_weights=True)
+  np.testing.assert_array_equal(same["old_logprobs"], b["sampler_logprobs"])
+  assert m_none == {}
+  with pytest.raises(ValueError, match="proximal log-probs expected shape"):
+    steps.step_inputs(b, steps.StepConfig(), proximal[:, :3])

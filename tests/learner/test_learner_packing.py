@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from rstar_jax.learner import packing, steps
-from rstar_jax.learner.batch import make_rl_batch, make_sft_batch
+from rstar_jax.learner.batch import make_rl_batch, make_sft_batch, rl_inputs
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import qwen3
 from rstar_jax.sharding import make_mesh
@@ -75,7 +75,7 @@ def test_pack_batch_layout():
   np.testing.assert_array_equal(p["segment_ids"][1], [1, 1, 1, 1, 1, 2, 2, 0])
   np.testing.assert_array_equal(p["positions"][1], [0, 1, 2, 3, 4, 0, 1, 0])
   np.testing.assert_array_equal(p["loss_mask"][1], [0, 0, 1, 0, 1, 0, 1, 0])
-  np.testing.assert_allclose(p["old_logprobs"][1], [0, 0, -0.1, 0, -0.3, 0, -0.5, 0])
+  np.testing.assert_allclose(p["sampler_logprobs"][1], [0, 0, -0.1, 0, -0.3, 0, -0.5, 0])
   np.testing.assert_allclose(p["advantages"][1], [1.5] * 5 + [-0.5] * 2 + [0])
   assert p["attention_mask"][2:].sum() == 0
   assert packing.pad_fraction(b) == pytest.approx(1 - 14 / 24)
@@ -116,7 +116,7 @@ def _step(kind, cfg, batch):
 def _batches(kind):
   trajs, adv = _trajs()
   if kind == "rl":
-    b = make_rl_batch(trajs, adv, pad_to=24)
+    b = rl_inputs(make_rl_batch(trajs, adv, pad_to=24), steps.RL_KEYS)
   else:
     b = make_sft_batch(
       [(t.prompt_ids + t.response_ids, [0] * len(t.prompt_ids) + t.loss_mask) for t in trajs],

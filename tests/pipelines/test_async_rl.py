@@ -1,4 +1,4 @@
-"""The asynchronous producer (pipelines/async_rollout.py) against a simulated engine: issue cap,
+"""The asynchronous group source (rollout/async_source.py) against a simulated engine: issue cap,
 staleness drops and regeneration, exact data position, resume mid-overlap, metrics."""
 
 import asyncio
@@ -9,8 +9,12 @@ import pytest
 
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import async_rollout
+from rstar_jax.learner import batch as batch_lib
+from rstar_jax.pipelines import wiring
+from rstar_jax.rollout import async_source
+from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout.interruptible import InterruptibleEngine
+from rstar_jax.rollout.sources import StageFeed, SyncSource
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult, SamplingParams, Trajectory
 
 PROBLEMS = [Problem(problem=f"p{i}", answer=str(i)) for i in range(7)]
@@ -76,7 +80,7 @@ class SimRunner:
 
 
 def _source(runner, k=1, P=2, N=2, mode="continue"):
-  return async_rollout.AsyncRollouts(
+  return async_source.AsyncSource(
     runner, max_staleness=k, partial_rollout=mode, num_samples=N, batch_prompts=P, base_seed=5
   )
 
@@ -85,7 +89,8 @@ async def _steps(src, iterator, n_steps, steps_left, update_s=0.02, key=0):
   """``n_steps`` learner steps: take, "update" (sleep), push. Returns taken problems/metrics."""
   taken, metrics = [], []
   for i in range(n_steps):
-    problems, groups, m = await src.take(key, iterator, PROBLEMS, None, steps_left - i)
+    got = await src.take(src.P, feed=StageFeed(key, iterator, PROBLEMS, None, steps_left - i))
+    problems, groups, m = got.problems, got.groups, got.metrics
     assert len(problems) == src.P and all(len(g) == src.N for g in groups)
     taken += [p.problem for p in problems]
     metrics.append(m)
@@ -116,17 +121,20 @@ def _run_config(**rl):
   return from_config_dict(cfg, "rl")
 
 
-def test_from_config_is_none_at_k0_and_wraps_the_engine_at_k1():
+def test_group_source_is_sync_at_k0_and_wraps_the_engine_at_k1():
   runner = SimRunner(SimEngine(lambda p, i: 0.0))
   raw = runner.engine
   run = _run_config(partial_rollout="restart", max_step_retries=1, tis_cap=3.0)
   assert run.rl.max_staleness == 0  # the default: the synchronous loop
-  assert async_rollout.from_config(run, runner) is None and runner.engine is raw
-  src = async_rollout.from_config(
+  sync = wiring.group_source(run, runner)
+  assert isinstance(sync, SyncSource) and sync.engine is raw and not sync.off_policy
+  src = wiring.group_source(
     _run_config(max_staleness=1, partial_rollout="restart", max_step_retries=1, tis_cap=3.0), runner
   )
-  assert isinstance(runner.engine, InterruptibleEngine) and runner.engine.inner is raw
-  assert src.engine.mode == "restart" and src.N == 4 and src.capacity == 2 and src.tis_cap == 3.0
+  # Wrapped, not swapped: the runner it was given (evaluation's) keeps the raw engine.
+  assert runner.engine is raw and src.runner is not runner and src.runner.engine is src.engine
+  assert isinstance(src.engine, InterruptibleEngine) and src.engine.inner is raw
+  assert src.engine.mode == "restart" and src.N == 4 and src.capacity == 2 and src.off_policy
   assert src.max_retries == 1
 
 
@@ -151,7 +159,7 @@ def test_overlap_bounded_by_k_and_data_position_exact():
   async def main():
     taken, metrics = await _steps(src, it, 5, steps_left=6)
     state = src.state_dict()
-    await src.stop()
+    await src.close()
     return taken, metrics, state
 
   taken, metrics, state = asyncio.run(main())
@@ -193,7 +201,7 @@ def test_stale_group_is_dropped_counted_and_regenerated():
   # The slow prompt was regenerated (same seed) and trained on exactly once, nothing lost.
   assert taken.count(slow) == 1 and collections.Counter(taken) == collections.Counter(_prefix(10))
   assert [s for p, s in runner.seen if p == slow] == [
-    async_rollout.trajectory_seed(async_rollout.group_seed(5, 0), 0)
+    groups_lib.sample_seed(async_source.group_seed(5, 0), 0)
   ] * (1 + int(dropped))
   for m in metrics:  # nothing trained beyond the bound
     assert all(
@@ -214,7 +222,7 @@ def test_resume_mid_overlap_regenerates_in_flight_groups():
     # "Checkpoint" while groups are in flight, then the process dies.
     state, data = src.state_dict(), it.state_dict()
     assert state["pending"], "nothing was in flight: the test would not test the resume"
-    await src.stop()
+    await src.close()
     for p, s in runner.seen:
       seeds.setdefault(p, []).append(s)
     return taken, state, data
@@ -226,7 +234,7 @@ def test_resume_mid_overlap_regenerates_in_flight_groups():
     it = EpochIterator.from_state(PROBLEMS, data)
     taken, _ = await _steps(src, it, 3, steps_left=3)
     end = src.state_dict()
-    await src.stop()
+    await src.close()
     return taken, runner.seen, end, it.state_dict()
 
   taken1, state, data = asyncio.run(first())
@@ -237,7 +245,7 @@ def test_resume_mid_overlap_regenerates_in_flight_groups():
   # seeds they had: the same rollouts, not new draws.
   first_seen = seen2[: 2 * len(state["pending"])]
   want = [
-    (PROBLEMS[i].problem, async_rollout.trajectory_seed(sd, j))
+    (PROBLEMS[i].problem, groups_lib.sample_seed(sd, j))
     for _, i, sd in state["pending"]
     for j in range(2)
   ]
@@ -264,13 +272,13 @@ def test_importance_metrics_match_numpy():
   b = rng.normal(-2, 0.5, (3, 6)).astype(np.float32)
   p = b + rng.normal(0, 0.8, (3, 6)).astype(np.float32)
   mask = (rng.random((3, 6)) > 0.3).astype(np.float32)
-  m = async_rollout.importance_metrics(b, p, mask, cap=2.0)
+  m = batch_lib.importance_metrics(b, p, mask, cap=2.0)
   r = np.exp(p[mask > 0].astype(np.float64) - b[mask > 0])
   assert m["async/is_ratio_mean"] == pytest.approx(r.mean(), rel=1e-6)
   assert m["async/is_ratio_max"] == pytest.approx(r.max(), rel=1e-6)
   assert m["async/is_truncated_frac"] == pytest.approx((r > 2.0).mean())
-  empty = async_rollout.importance_metrics(b, p, np.zeros_like(mask), cap=2.0)
+  empty = batch_lib.importance_metrics(b, p, np.zeros_like(mask), cap=2.0)
   assert empty["async/is_ratio_mean"] == 1.0 and empty["async/is_truncated_frac"] == 0.0
-  off = async_rollout.importance_metrics(b, p, mask, cap=0.0)  # rl.tis_cap = 0: no truncation
+  off = batch_lib.importance_metrics(b, p, mask, cap=0.0)  # rl.tis_cap = 0: no truncation
   assert off["async/is_truncated_frac"] == 0.0
   assert off["async/is_ratio_max"] == pytest.approx(r.max(), rel=1e-6)

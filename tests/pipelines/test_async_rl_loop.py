@@ -17,7 +17,9 @@ from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout.interruptible import InterruptibleEngine
+from rstar_jax.rollout.sources import SyncSource
 
 
 def _config(k, steps=3):
@@ -69,18 +71,18 @@ def _run(cfg, workdir, problems, tok, max_steps):
 
   learner.jitted = dataclasses.replace(learner.jitted, rl_step=spy_step)
 
+  class Recording(agent_runner.AgentRunner):
+    # A subclass, not an instance patch: the asynchronous source rolls out through a copy of
+    # the runner with its engine wrapped, which must still record.
+    async def rollout(self, problem, *, seed, settings):
+      seen.append((problem.problem, seed))
+      return await super().rollout(problem, seed=seed, settings=settings)
+
   async def main():
     async with agent_runner.open_runner(
-      cfg, learner.model_config, learner.params_copy(), tok
+      cfg, learner.model_config, learner.params_copy(), tok, runner_cls=Recording
     ) as runner:
       runner.rewards = _alternating
-      rollout = runner.rollout
-
-      async def recording(problem, *, seed, settings):
-        seen.append((problem.problem, seed))
-        return await rollout(problem, seed=seed, settings=settings)
-
-      runner.rollout = recording
       loop = rl_loop.RLLoop(cfg, learner, runner, str(workdir), problems=problems)
       await loop.run(max_steps=max_steps)
       loop.ckpt.close()
@@ -90,13 +92,17 @@ def _run(cfg, workdir, problems, tok, max_steps):
 
 
 @pytest.mark.slow
-def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path):
+def test_async_loop_resumes_mid_overlap_with_exact_data_position(
+  setup, tmp_path, metrics_doc_check
+):
   problems, tok = setup
   cfg = _config(1)
+  cfg.rl.tis_cap = 2.0  # the off-policy loss reads the sampler's log-probs: the batch has them
   n = cfg.rl.oversample * cfg.rl.group_size
   first, seen1, batches1 = _run(cfg, tmp_path, problems, tok, max_steps=1)
-  assert isinstance(first.runner.engine, InterruptibleEngine)
-  pending = first.pos.async_state["pending"]
+  assert isinstance(first.source.engine, InterruptibleEngine)
+  assert not isinstance(first.runner.engine, InterruptibleEngine)  # wrapped, not swapped
+  pending = first.pos.source_state["pending"]
   # While step 1 trained, the next step's groups (k * P = 2) were issued: still in flight.
   assert len(pending) == 2
   drawn = EpochIterator(problems, seed=0)
@@ -109,18 +115,15 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(setup, tmp_path
   done = EpochIterator(problems, seed=0)
   done.next_batch(6)
   assert second.pos.data_state == done.state_dict()
-  assert second.pos.async_state == {"pending": [], "next_seq": 6}
+  assert second.pos.source_state == {"pending": [], "next_seq": 6}
   # The groups in flight at the stop were regenerated first, with their recorded seeds.
-  from rstar_jax.pipelines import async_rollout
-
   want = collections.Counter(
-    (problems[i].problem, async_rollout.trajectory_seed(sd, j))
-    for _, i, sd in pending
-    for j in range(n)
+    (problems[i].problem, groups_lib.sample_seed(sd, j)) for _, i, sd in pending for j in range(n)
   )
   assert collections.Counter(seen2[: len(want)]) == want
 
   recs = read_jsonl_metrics(tmp_path / "metrics.jsonl")
+  metrics_doc_check(recs)  # the async/ keys are in docs/metrics.md
   assert [r["step"] for r in recs] == [1, 2, 3]
   assert [r["optimizer_step"] for r in recs] == [1, 2, 3]
   for r in recs:
@@ -156,8 +159,9 @@ def test_k0_is_the_synchronous_loop(setup, tmp_path):
   del without.rl["max_staleness"]
   a, _, batches_a = _run(with_field, tmp_path / "a", problems, tok, max_steps=None)
   b, _, batches_b = _run(without, tmp_path / "b", problems, tok, max_steps=None)
-  assert a.async_rl is None and not isinstance(a.runner.engine, InterruptibleEngine)
-  assert a.pos.async_state is None and "behaviour_logprobs" not in batches_a[0]
+  assert isinstance(a.source, SyncSource) and a.source.engine is a.runner.engine
+  assert not isinstance(a.runner.engine, InterruptibleEngine)
+  assert a.pos.source_state == {} and "behaviour_logprobs" not in batches_a[0]
   for x, y in zip(jax.tree.leaves(a.learner.state.params), jax.tree.leaves(b.learner.state.params)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   assert batches_a[0].keys() == batches_b[0].keys()

@@ -64,11 +64,11 @@ def test_changed_roc_mode_stops_with_one_line(tmp_path):
   assert 'rl.roc_mode "paper" -> "random"' in msg
   assert "use a new --workdir, or --discard_stale" in msg
   # The case: SFT epochs changed too, so the SFT side is stale as well.
-  cfg.sft.epochs = 2.0
+  cfg.sft.epochs = 2.5  # the smoke variant's is 80.0
   with pytest.raises(
     StaleRunError,
     match=r"phases sft, eval_sft, rl, eval_rl, report .*"
-    r"sft\.epochs 1\.0 -> 2\.0",
+    r"sft\.epochs 80\.0 -> 2\.5",
   ):
     demo_record.check_demo(_typed(cfg), w)
   # run_demo itself refuses before any work (no phase output is touched or rewritten).
@@ -108,7 +108,7 @@ def test_reused_sft_must_match(tmp_path):
   cfg.sft.epochs = 3.0  # claims another SFT than the one copied
   dst2 = str(tmp_path / "grpo2")
   os.makedirs(os.path.join(dst2, "sft"))
-  with pytest.raises(StaleRunError, match=r"sft\.epochs 1\.0 -> 3\.0"):
+  with pytest.raises(StaleRunError, match=r"sft\.epochs 80\.0 -> 3\.0"):
     demo_record.check_demo(_typed(cfg), dst2)
 
 

@@ -4,6 +4,7 @@ public MATH-500 / AIME JSONL layouts."""
 import asyncio
 import csv
 import json
+import logging
 import pathlib
 
 import pytest
@@ -26,7 +27,6 @@ def _run(cfg):
 
 def test_protocols_resolve_to_their_settings():
   cfg = rstar2_qwen3_14b.get_config("eval")
-  cfg.eval.k, cfg.eval.max_turns = 3, 7  # the protocol overrides these
   run = _run(cfg)
   assert run.eval.protocol == "released"
   s = eval_settings(run)
@@ -36,13 +36,45 @@ def test_protocols_resolve_to_their_settings():
   cfg.eval.protocol = "paper_avg_at_k"
   s = eval_settings(_run(cfg))
   assert (s.temperature, s.top_p, s.max_turns, s.response_budget) == (0.6, 0.95, 30, 30720)
-  cfg.eval.protocol, cfg.eval.temperature, cfg.eval.k = "", 1.0, 4
+  cfg.eval.protocol, cfg.eval.temperature, cfg.eval.k, cfg.eval.max_turns = "", 1.0, 4, 7
   run = _run(cfg)
   assert eval_settings(run).temperature == 1.0 and eval_settings(run).max_turns == 7
   assert eval_protocols.resolve(run.eval) is run.eval and run.eval.k == 4
   cfg.eval.protocol = "avg"
   with pytest.raises(ConfigError, match="eval.protocol"):
     _run(cfg)
+
+
+def test_protocol_keeps_user_values_and_logs_each_replaced_field(caplog):
+  """Issue 29 row 3: before, eval.protocol='released' silently replaced --config.eval.k=2 and
+  eval.response_budget=96 (16 samples of 30,720 tokens)."""
+  cfg = rstar2_qwen3_14b.get_config("eval")
+  cfg.eval.k, cfg.eval.response_budget = 2, 96
+  run = _run(cfg)
+  eff, notes = eval_protocols.resolve_with_notes(run.eval)
+  assert (eff.k, eff.response_budget) == (2, 96)  # the user's values win
+  assert (eff.temperature, eff.top_p, eff.max_turns) == (0.0, 1.0, 5)  # the rest: the protocol
+  assert eval_settings(run).response_budget == 96
+  assert "eval.temperature: 0.6 -> 0.0 (eval.protocol='released')" in notes
+  assert "eval.k: keeping the given 2 (eval.protocol='released' sets 16)" in notes
+  eval_protocols._LOGGED.clear()
+  with caplog.at_level(logging.INFO, logger=eval_protocols.__name__):
+    eval_protocols.resolve(run.eval)
+    eval_protocols.resolve(run.eval)  # each field is logged once, not per evaluation
+  logged = [r.getMessage() for r in caplog.records]
+  assert sorted(logged) == sorted(notes) and len(logged) == len(set(logged))
+
+
+def test_strict_protocol_names_the_conflicting_field():
+  cfg = rstar2_qwen3_14b.get_config("eval")
+  cfg.eval.protocol_strict = True
+  assert eval_protocols.resolve(_run(cfg).eval).k == 16  # nothing given: no conflict
+  cfg.eval.response_budget = 96
+  with pytest.raises(ConfigError) as e:
+    eval_protocols.resolve(_run(cfg).eval)
+  msg = str(e.value)
+  assert "\n" not in msg.strip() and "eval.response_budget" in msg and "96" in msg
+  assert "30720" in msg
 
 
 class _FakeRunner:

@@ -21,6 +21,7 @@ from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 
@@ -206,10 +207,11 @@ class _FakeRunner:
 def test_lost_tool_worker_is_retried_not_kept():
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   probs = [Problem(problem="p1", answer="1"), Problem(problem="p2", answer="2")]
-  groups, retries = asyncio.run(
-    rl_loop.collect_rollouts(_FakeRunner(), probs, 3, 11, settings, max_retries=2)
+  made = asyncio.run(
+    groups_lib.make_groups(_FakeRunner(), probs, [11, 12], 3, settings, max_retries=2)
   )
-  assert len(groups) == 2 and all(len(g) == 3 for g in groups)
+  groups, retries = made.groups, made.retries
+  assert made.generated == 6 and len(groups) == 2 and all(len(g) == 3 for g in groups)
   assert all(t.tool_calls[0].status == "ok" for g in groups for t in g)
   assert retries == 6
 
@@ -222,8 +224,8 @@ def test_rollout_that_keeps_failing_raises_naming_it():
   settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
   with pytest.raises(RuntimeError, match=r"problem 0 sample 0 failed 2 times.*engine down"):
     asyncio.run(
-      rl_loop.collect_rollouts(
-        Broken(), [Problem(problem="p", answer="1")], 1, 0, settings, max_retries=1
+      groups_lib.make_groups(
+        Broken(), [Problem(problem="p", answer="1")], [0], 1, settings, max_retries=1
       )
     )
 
@@ -304,7 +306,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   loop.ckpt.close()
 
 
-def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
+def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path, metrics_doc_check):
   """The same loop with rollout.engine="sglang" against the mock SGLang HTTP server: rollouts
   over HTTP, and the weight push stages an HF directory the server loads (version 1)."""
   from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
@@ -345,6 +347,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path):
   assert last["optimizer_step"] == 1 and last["weight_version"] == 1
   assert last["batch/pad_fraction_packed"] <= last["batch/pad_fraction_unpacked"]  # packed
   assert len(server.weight_updates) == 1 and str(server.weight_version) == "1"
+  assert "push/bytes" in metrics_doc_check(read_jsonl_metrics(tmp_path / "metrics.jsonl"))
 
 
 def test_resume_after_steps_without_update(setup, tmp_path):

@@ -284,3 +284,28 @@ def test_packed_plan_compiles_packed_inputs_and_scales_flops():
   assert r["batch_bytes"] > 0 and p["fits"]
   with pytest.raises(ValueError, match="packed_fill"):
     plan_lib.Hardware(packed_fill=1.5)
+
+
+def test_lora_plan_reports_memory_saved_against_full_finetuning():
+  cfg = tiny_cfg()
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora_rank=4))
+  plan = run_plan(cfg, {"fsdp": 8})
+  lo, r = plan["lora"], plan["steps"]["rl"]
+  n = plan["param_count"]
+  # LoRA state: the frozen f32 base (no moments) + adapters with Adam's mu and nu.
+  # r * (in + out) per adapted kernel: q, k, v, o, gate, up, down; 2 layers, r = 4.
+  per_layer = (128 + 128) + 2 * (128 + 64) + (128 + 128) + 3 * (128 + 256)
+  assert lo["adapter_params"] == 2 * 4 * per_layer
+  # LoRA state: the frozen f32 base split 8 ways with no moments, plus the adapters with
+  # Adam's mu and nu (split like their kernels' non-rank axis: some are replicated here).
+  base_share, adapters = 4 * n / 8, 3 * 4 * lo["adapter_params"]
+  assert base_share + adapters / 8 <= r["state_bytes"] * (1 + TOL)
+  assert r["state_bytes"] <= (base_share + adapters) * (1 + TOL)
+  assert lo["full_finetune_state_bytes"]["rl"] == pytest.approx(
+    direct_state_bytes(plan, 8), rel=TOL
+  )
+  assert (
+    lo["saved_bytes"]["rl"] == lo["full_finetune_per_device_bytes"]["rl"] - r["per_device_bytes"]
+  )
+  assert lo["saved_bytes"]["rl"] > 0.3 * lo["full_finetune_state_bytes"]["rl"]
+  assert "LoRA r=4" in plan_lib.format_table(plan)

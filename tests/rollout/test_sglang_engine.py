@@ -219,3 +219,103 @@ def test_sampling_mapping_rejects_id_stops():
     sampling_to_sglang(SamplingParams(4, stop=((1, 2),)))
   assert sampling_to_sglang(SamplingParams(4, stop=("</tool_call>",)))["stop"] == ["</tool_call>"]
   assert "sampling_seed" not in sampling_to_sglang(SamplingParams(4))
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket() as s:  # bound and closed: nothing listens there afterwards
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_wait_healthy_times_out_with_progress_and_one_line(caplog):
+  """Servers that never answer: progress lines while waiting, then one line naming the URL
+  after rollout.server_timeout_s (before: a silent 600 s wait with no setting)."""
+  import logging
+  import time
+
+  from rstar_jax.errors import UserError
+
+  url = f"http://127.0.0.1:{_free_port()}"
+  eng = SGLangEngine([url], server_timeout_s=1.2)
+
+  async def go():
+    try:
+      await eng.wait_healthy(poll_s=0.1, log_every_s=0.4)
+    finally:
+      await eng.close()
+
+  t0 = time.monotonic()
+  with caplog.at_level(logging.INFO), pytest.raises(UserError) as e:
+    asyncio.run(go())
+  assert 1.2 <= time.monotonic() - t0 < 8
+  msg = str(e.value)
+  assert "\n" not in msg and url in msg and "rollout.server_timeout_s" in msg
+  waiting = [r.getMessage() for r in caplog.records if "waiting for 1 of 1" in r.getMessage()]
+  assert len(waiting) >= 2 and url in waiting[0]
+
+
+def test_wait_healthy_fails_at_once_on_an_unresolvable_host(monkeypatch):
+  import socket
+  import time
+
+  from rstar_jax.rollout.sglang_engine import ServersUnavailable
+
+  # The resolver's answer for a typo'd host, without a DNS query leaving the machine.
+  real = socket.getaddrinfo
+
+  def getaddrinfo(host, *a, **k):
+    if host == "rstar-no-such-host.invalid":
+      raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    return real(host, *a, **k)
+
+  monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+  url = "http://rstar-no-such-host.invalid:30000"
+  eng = SGLangEngine([url], server_timeout_s=300)
+
+  async def go():
+    try:
+      await eng.wait_healthy()
+    finally:
+      await eng.close()
+
+  t0 = time.monotonic()
+  with pytest.raises(
+    ServersUnavailable, match=r"cannot resolve host 'rstar-no-such-host\.invalid'"
+  ):
+    asyncio.run(go())
+  assert time.monotonic() - t0 < 10
+
+
+def test_wait_healthy_ctrl_c_is_one_line():
+  """A cancellation (what asyncio.run does on Ctrl-C) while waiting is one error naming the
+  servers waited for, not a chain of tracebacks."""
+  from rstar_jax.rollout.sglang_engine import ServersUnavailable
+
+  url = f"http://127.0.0.1:{_free_port()}"
+  eng = SGLangEngine([url], server_timeout_s=300)
+
+  async def go():
+    task = asyncio.ensure_future(eng.wait_healthy(poll_s=0.05))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    try:
+      return await task
+    finally:
+      await eng.close()
+
+  with pytest.raises(ServersUnavailable, match=rf"interrupted .* waiting for SGLang .*{url}"):
+    asyncio.run(go())
+
+
+def test_server_timeout_is_a_setting():
+  from rstar_jax.config import RolloutConfig
+  from rstar_jax.pipelines.agent_runner import build_engine
+
+  assert RolloutConfig().server_timeout_s == 600.0
+  from rstar_jax.config import RunConfig
+
+  run = RunConfig(rollout=RolloutConfig(engine="sglang", server_timeout_s=7.0))
+  eng = build_engine(run, None, None, None)
+  assert eng.server_timeout_s == 7.0

@@ -159,29 +159,39 @@ def _post(runner, server, path, raw):
 
 
 @pytest.mark.parametrize(
-  "raw",
+  "raw, refused",
   [
-    '{"requests": [{"code": "1", "timeout_s": NaN}]}',
-    '{"requests": [{"code": "1", "timeout_s": Infinity}]}',
-    '{"requests": [{"code": "1", "timeout_s": -Infinity}]}',
-    '{"requests": [{"code": "1", "timeout_s": 1e309}]}',
-    '{"requests": [{"code": "1", "timeout_s": 3e6}]}',
-    '{"requests": [{"code": "1", "timeout_s": true}]}',
-    '{"requests": [{"code": "1"}], "queue_timeout_s": NaN}',
-    '{"requests": [{"code": "1"}], "queue_timeout_s": -1}',
-    '{"requests": [{"code": "1", "session_id": ""}]}',
+    # A non-JSON constant or a bad batch-level field: the whole body is a 400.
+    ('{"requests": [{"code": "1", "timeout_s": NaN}]}', "body"),
+    ('{"requests": [{"code": "1", "timeout_s": Infinity}]}', "body"),
+    ('{"requests": [{"code": "1", "timeout_s": -Infinity}]}', "body"),
+    ('{"requests": [{"code": "1"}], "queue_timeout_s": NaN}', "body"),
+    ('{"requests": [{"code": "1"}], "queue_timeout_s": -1}', "body"),
+    # A bad item field: that item alone is invalid_request (issue 27), naming the field.
+    ('{"requests": [{"code": "1", "timeout_s": 1e309}]}', "requests[0].timeout_s"),
+    ('{"requests": [{"code": "1", "timeout_s": 3e6}]}', "requests[0].timeout_s"),
+    ('{"requests": [{"code": "1", "timeout_s": true}]}', "requests[0].timeout_s"),
+    ('{"requests": [{"code": "1", "session_id": ""}]}', "requests[0].session_id"),
   ],
 )
-def test_http_refuses_non_finite_and_out_of_range(runner, server, raw):
+def test_http_refuses_non_finite_and_out_of_range(runner, server, raw, refused):
   status, text = _post(runner, server, "/execute_batch", raw)
-  assert status == 400, text
-  assert "error" in json.loads(text)
+  if refused == "body":
+    assert status == 400 and "error" in json.loads(text), text
+  else:
+    assert status == 200, text
+    (r,) = json.loads(text)["results"]
+    assert r["status"] == "invalid_request" and refused in r["stderr"], r
 
 
 def test_http_bad_batch_flood_does_not_wedge(runner, server):
   bad = json.dumps({"requests": [{"code": "1", "timeout_s": 1e9}] * 1032})
+  calls = server.pool.stats["calls"]
   for _ in range(3):
-    assert _post(runner, server, "/execute_batch", bad)[0] == 400
+    status, text = _post(runner, server, "/execute_batch", bad)
+    assert status == 200
+    assert {r["status"] for r in json.loads(text)["results"]} == {"invalid_request"}
+  assert server.pool.stats["calls"] == calls  # none of them ran
   assert _post(runner, server, "/close_session", '{"session_id": NaN}')[0] == 400
   good = json.dumps({"requests": [{"code": f"print({i})"} for i in range(40)]})
   status, text = _post(runner, server, "/execute_batch", good)

@@ -36,14 +36,14 @@ def _wait_no_sandbox_pids(pool, seconds=5.0):
   return sandbox_pids(*pool_uid_range(pool))
 
 
-# Below "namespaces" the scratch dirs live on the host's /tmp, where 1,200 nested mkdirs take
-# seconds: those levels run in the slow tier.
+# At "rlimits" the scratch dirs live on the host's /tmp, where 1,200 nested mkdirs take seconds:
+# that level runs in the slow tier (every root level gives each call its own tmpfs).
 _HOST_FS = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
   "level",
-  [pytest.param(lv, marks=() if lv == "namespaces" else _HOST_FS) for lv in ISOLATION_LEVELS],
+  [pytest.param(lv, marks=_HOST_FS if lv == "rlimits" else ()) for lv in ISOLATION_LEVELS],
 )
 def test_deep_tree_does_not_kill_the_template(runner, level):
   # 1,200 levels, unreadable top, a symlink out: the template's cleanup must neither recurse,

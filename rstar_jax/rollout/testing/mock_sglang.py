@@ -16,6 +16,14 @@ multiprocessing reductions, ``load_format`` None | "direct" | "flattened_bucket"
 are kept in ``weights`` (HF name -> numpy array, bf16 as ml_dtypes bf16), merged per update as
 SGLang's ``load_weights`` does, so tests compare them byte for byte with the learner's params.
 
+LoRA (SGLang's ``LoadLoRAAdapterReqInput`` / ``UnloadLoRAAdapterReqInput``, replies
+``LoRAUpdateOutput`` {success, error_message, loaded_adapters}): POST /load_lora_adapter
+{lora_name, lora_path, pinned} reads the PEFT directory (adapter_config.json +
+adapter_model.safetensors) into ``loras``; POST /unload_lora_adapter {lora_name}; /generate
+with ``lora_path`` must name a loaded adapter (HTTP 400 otherwise, as SGLang's registry
+refuses an unknown name). ``effective_weights(name)`` gives the weights a request with that
+adapter runs with (W + alpha/r * B @ A), for comparison with the learner's merged params.
+
 Fault injection: `fail_next(path, n, status=500, skip=0)` (the call after `skip` good ones
 fails), `generate_delay_s`, `healthy = False`, `hang_next_generate(n)` (sleep far past any client
 timeout), `die_on_distributed_call = k` (the process exits on its k-th distributed update, as a
@@ -65,6 +73,8 @@ class MockSGLangServer:
     self.aborted: list[str] = []
     self.weight_updates: list[dict] = []
     self.weights: dict[str, Any] = {}  # every tensor received so far (HF names)
+    self.loras: dict[str, dict] = {}  # loaded LoRA adapters: name -> {path, config, tensors}
+    self.lora_calls: list[tuple[str, dict]] = []  # ("load" | "unload", body)
     self.memory_events: list[tuple] = []  # ("release" | "resume", tags)
     self.memory_released: set = set()
     self.die_on_distributed_call = 0
@@ -102,6 +112,8 @@ class MockSGLangServer:
     r.add_post("/update_weights_from_distributed", self._update_distributed)
     r.add_post("/destroy_weights_update_group", self._destroy_group)
     r.add_post("/update_weight_version", self._update_version)
+    r.add_post("/load_lora_adapter", self._load_lora)
+    r.add_post("/unload_lora_adapter", self._unload_lora)
     for path in ("/release_memory_occupation", "/resume_memory_occupation"):
       r.add_post(path, self._memory)
       r.add_get(path, self._memory)
@@ -182,6 +194,11 @@ class MockSGLangServer:
     sp = body.get("sampling_params") or {}
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
       return web.json_response({"error": "input_ids must be a list of int"}, status=400)
+    lora_path = body.get("lora_path")
+    if lora_path is not None and lora_path not in self.loras:
+      return web.json_response(
+        {"error": {"message": f"LoRA adapter {lora_path!r} is not loaded"}}, status=400
+      )
     while self.paused_mode is not None and not self._closing:  # held at the door
       await asyncio.sleep(0.002)
     rid = body.get("rid") or f"auto{len(self.requests)}"
@@ -337,6 +354,59 @@ class MockSGLangServer:
     self.weight_version = str(body["new_version"])
     return web.json_response({"success": True, "message": "ok"})
 
+  def _lora_reply(self, error: str | None = None) -> web.Response:
+    loaded = {n: v["path"] for n, v in self.loras.items()}
+    body = {"success": error is None, "error_message": error, "loaded_adapters": loaded}
+    return web.json_response(body, status=200 if error is None else 400)
+
+  async def _load_lora(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/load_lora_adapter")) is not None:
+      return f
+    body = await request.json()
+    self.lora_calls.append(("load", body))
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not name or not path:
+      return self._lora_reply("lora_name and lora_path are required")
+    if name in self.loras:
+      return self._lora_reply(f"The LoRA adapter with name {name} is already loaded.")
+    try:
+      loaded = await asyncio.to_thread(_load_peft_dir, path)
+    except Exception as e:  # noqa: BLE001 - reported the way SGLang does
+      return self._lora_reply(f"{type(e).__name__}: {e}")
+    self.loras[name] = {"path": path, "pinned": bool(body.get("pinned")), **loaded}
+    return self._lora_reply()
+
+  async def _unload_lora(self, request: web.Request) -> web.Response:
+    if (f := self._fault("/unload_lora_adapter")) is not None:
+      return f
+    body = await request.json()
+    self.lora_calls.append(("unload", body))
+    name = body.get("lora_name")
+    if name not in self.loras:
+      return self._lora_reply(f"LoRA adapter {name} is not loaded")
+    del self.loras[name]
+    return self._lora_reply()
+
+  def effective_weights(self, name: str | None) -> dict:
+    """HF name -> the weight a request with adapter ``name`` computes with (float32 for the
+    adapted ones): PEFT's W + alpha / r * B @ A."""
+    import numpy as np
+
+    out = dict(self.weights)
+    if name is None:
+      return out
+    lo = self.loras[name]
+    scale = lo["config"]["lora_alpha"] / lo["config"]["r"]
+    prefix = "base_model.model."
+    for key, a in lo["tensors"].items():
+      if not key.endswith(".lora_A.weight"):
+        continue
+      b = lo["tensors"][key.replace(".lora_A.", ".lora_B.")]
+      w_name = key[len(prefix) :].replace(".lora_A.weight", ".weight")
+      w = np.asarray(out[w_name], np.float32)
+      out[w_name] = w + scale * (np.asarray(b, np.float32) @ np.asarray(a, np.float32))
+    return out
+
   async def _memory(self, request: web.Request) -> web.Response:
     body = await request.json() if request.can_read_body else {}
     tags = tuple((body or {}).get("tags") or ("kv_cache", "weights"))
@@ -421,6 +491,25 @@ def _load_hf_dir(path: str, check_finite: bool = True) -> dict:
   ):
     raise ValueError(f"{path}: non-finite weights")
   return tensors
+
+
+def _load_peft_dir(path: str) -> dict:
+  """A PEFT LoRA directory: its adapter_config.json and adapter_model.safetensors."""
+  from safetensors.numpy import load_file
+
+  if not path or not os.path.isdir(path):
+    raise FileNotFoundError(f"lora_path {path!r} is not a directory")
+  with open(os.path.join(path, "adapter_config.json")) as f:
+    config = json.load(f)
+  for k in ("r", "lora_alpha", "target_modules"):
+    if k not in config:
+      raise KeyError(f"{path}/adapter_config.json lacks {k!r}")
+  tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
+  if not tensors or any(
+    not (k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight")) for k in tensors
+  ):
+    raise ValueError(f"{path}: adapter_model.safetensors holds no (or non-LoRA) tensors")
+  return {"config": config, "tensors": tensors}
 
 
 def _to_numpy(t) -> Any:

@@ -1,6 +1,6 @@
-"""Asynchronous RL: rollouts for the next steps overlap the learner's update (``rl.max_staleness``).
+"""Asynchronous RL's group source: rollouts for the next steps overlap the learner's update.
 
-With ``rl.max_staleness = k >= 1`` the RL loop stops waiting for itself: `AsyncRollouts` runs a
+With ``rl.max_staleness = k >= 1`` the RL loop stops waiting for itself: `AsyncSource` runs a
 producer on the event loop that keeps up to ``k * batch_prompts`` prompt groups issued but not
 yet trained on (each group = one problem's ``oversample * group_size`` trajectories); the
 learner takes ``batch_prompts`` finished groups per step, in completion order, and runs its
@@ -28,26 +28,29 @@ Per-step metrics (`take`): ``async/lag_{d}_tokens`` (generated tokens trained on
 ``async/lag_mean``, ``async/dropped_stale_trajectories`` / ``_groups``,
 ``async/learner_idle_frac`` (share of the time since the previous step the learner spent
 waiting for groups), ``async/rollout_idle_frac`` (share of it with no group in flight),
-``async/groups_in_flight`` / ``_buffered``, ``async/restarted_trajectories``, and, from
-`with_behaviour_logprobs`, ``async/is_ratio_mean`` / ``_max`` / ``async/is_truncated_frac``.
+``async/groups_in_flight`` / ``_buffered``, ``async/restarted_trajectories``. The learner adds
+``async/is_ratio_*`` (`learner.batch.importance_metrics`) because the source is ``off_policy``.
 
-k = 0 never builds any of this: the loop runs the synchronous code unchanged.
+The source wraps the runner's engine in its own `InterruptibleEngine` (the runner it was given
+keeps the raw engine: evaluation and the hard-subset sampling never see the wrapper) and makes
+every group with `groups.make_group` (the seed, retry and restart rules). k = 0 never builds any
+of this: the loop gets a `sources.SyncSource`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import numpy as np
-
+from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout import interruptible
+from rstar_jax.rollout.sources import StageFeed
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +68,6 @@ class GroupTicket:
 def group_seed(base_seed: int, seq: int) -> int:
   """Deterministic rollout seed of group ``seq`` (independent of timing)."""
   return (int(base_seed) * 2_654_435_761 + 97_531 * (int(seq) + 1)) % (2**31 - 1)
-
-
-def trajectory_seed(seed0: int, j: int) -> int:
-  """Seed of sample ``j`` of a group (the synchronous loop's formula for problem 0)."""
-  return (seed0 + j * 104_729) % (2**31 - 1)
 
 
 def oldest_version(traj) -> int | None:
@@ -94,32 +92,6 @@ def staleness_metrics(
   return out
 
 
-def importance_metrics(
-  behaviour_logprobs: np.ndarray, proximal_logprobs: np.ndarray, loss_mask: np.ndarray, cap: float
-) -> dict[str, float]:
-  """Token importance ratios pi_prox / pi_behav = exp(proximal - behaviour) on loss tokens.
-
-  Args:
-    behaviour_logprobs: [N, T] the sampler's log-probs (the policy that generated).
-    proximal_logprobs: [N, T] the learner's recomputed log-probs (the policy being trained).
-    loss_mask: [N, T] 1 on generated tokens.
-    cap: truncation cap of truncated importance sampling (``rl.tis_cap``; 0 = off, nothing is
-      truncated).
-  Returns:
-    async/is_ratio_mean, async/is_ratio_max, async/is_truncated_frac (ratio > cap; 0 when off).
-  """
-  m = np.asarray(loss_mask) > 0
-  if not m.any():
-    return {"async/is_ratio_mean": 1.0, "async/is_ratio_max": 1.0, "async/is_truncated_frac": 0.0}
-  d = np.asarray(proximal_logprobs, np.float64)[m] - np.asarray(behaviour_logprobs, np.float64)[m]
-  r = np.exp(np.clip(d, -50.0, 50.0))
-  return {
-    "async/is_ratio_mean": float(r.mean()),
-    "async/is_ratio_max": float(r.max()),
-    "async/is_truncated_frac": float((r > cap).mean()) if cap > 0 else 0.0,
-  }
-
-
 class _IdleClock:
   """Accumulates the time during which a condition held (e.g. no rollout in flight)."""
 
@@ -140,11 +112,12 @@ class _IdleClock:
     return self.total + extra
 
 
-class AsyncRollouts:
-  """The producer side of the asynchronous loop (module docstring).
+class AsyncSource:
+  """The producer side of the asynchronous loop (module docstring), a `sources.GroupSource`.
 
   Args:
-    runner: the `AgentRunner` (its engine is wrapped in an `InterruptibleEngine`).
+    runner: the `AgentRunner`; the source rolls out through a copy of it whose engine is
+      wrapped in an `InterruptibleEngine` (``self.engine``: the loop pushes weights there).
     max_staleness: k >= 1.
     partial_rollout: "continue" | "restart".
     num_samples: trajectories per group (N = oversample * G).
@@ -152,6 +125,8 @@ class AsyncRollouts:
     base_seed: seeds the groups' rollout seeds.
     max_retries: failed attempts of one trajectory before the step raises.
   """
+
+  off_policy = True  # groups may be sampled by weights older than the ones trained
 
   def __init__(
     self,
@@ -165,11 +140,13 @@ class AsyncRollouts:
     max_retries: int = 3,
   ):
     if max_staleness < 1:
-      raise ValueError(f"AsyncRollouts.max_staleness: expected >= 1, got {max_staleness}")
-    self.runner = runner
-    if not isinstance(runner.engine, interruptible.InterruptibleEngine):
-      runner.engine = interruptible.InterruptibleEngine(runner.engine, partial_rollout)
-    self.engine: interruptible.InterruptibleEngine = runner.engine
+      raise ValueError(f"AsyncSource.max_staleness: expected >= 1, got {max_staleness}")
+    engine = runner.engine
+    if not isinstance(engine, interruptible.InterruptibleEngine):
+      engine = interruptible.InterruptibleEngine(engine, partial_rollout)
+    self.engine: interruptible.InterruptibleEngine = engine
+    self.runner = copy.copy(runner)  # shares tokenizer, pool and prompt cache; not the engine
+    self.runner.engine = engine
     self.k = int(max_staleness)
     self.N = int(num_samples)
     self.P = int(batch_prompts)
@@ -194,8 +171,6 @@ class AsyncRollouts:
     self._counters = collections.Counter()
     self._last_take_end: float | None = None
     self._idle_at_last = 0.0
-    self.tis_cap = 0.0  # rl.tis_cap (0 = off): the truncated-fraction metric; the learner's loss
-    # reads it from StepConfig (rl.off_policy_loss)
 
   # ------------------------------------------------------------------ checkpoint state
 
@@ -270,8 +245,15 @@ class AsyncRollouts:
   async def _run_group(self, g: GroupTicket) -> None:
     try:
       problem = self._dataset[g.problem_index]
-      trajs = await asyncio.gather(
-        *(self._trajectory(problem, trajectory_seed(g.seed, j)) for j in range(self.N))
+      trajs = await groups_lib.make_group(
+        self.runner,
+        problem,
+        g.seed,
+        self.N,
+        self._settings,
+        max_retries=self.max_retries,
+        counters=self._counters,
+        name=f"{getattr(problem, 'problem', problem)!r:.60} (group {g.seq})",
       )
     except asyncio.CancelledError:
       raise
@@ -285,64 +267,30 @@ class AsyncRollouts:
       self._idle.set(not self._tasks)
       self._cond.notify_all()
 
-  async def _trajectory(self, problem, seed: int):
-    """One trajectory with retries (engine errors, lost tool workers) and restarts (a push in
-    "restart" mode aborted it)."""
-    failures = 0
-    last_err: Any = None
-    while True:
-      ticket = interruptible.RolloutTicket()
-      token = interruptible.CURRENT_TICKET.set(ticket)
-      try:
-        traj = await self.runner.rollout(problem, seed=seed, settings=self._settings)
-      except asyncio.CancelledError:
-        raise
-      except Exception as e:  # noqa: BLE001 - retried like the synchronous loop does
-        traj, last_err = None, e
-      finally:
-        interruptible.CURRENT_TICKET.reset(token)
-      if ticket.restarted:
-        self._counters["restarted_trajectories"] += 1
-        continue
-      if traj is not None and not any(c.status == "internal_error" for c in traj.tool_calls):
-        return traj
-      if traj is not None:
-        last_err = RuntimeError("tool call ended with internal_error (worker lost)")
-      failures += 1
-      self._counters["retries"] += 1
-      if failures > self.max_retries:
-        raise RuntimeError(
-          f"rollout of {getattr(problem, 'problem', problem)!r:.60} (seed "
-          f"{seed}) failed {failures} times; last error: {last_err!r}"
-        )
-      log.warning("async rollout failed (attempt %d): %r; retrying", failures, last_err)
-      await asyncio.sleep(min(0.1 * 2 ** (failures - 1), 2.0))
-
   # ------------------------------------------------------------------ learner side
 
   def _group_lag(self, trajs) -> int:
     vs = [v for v in (oldest_version(t) for t in trajs) if v is not None]
     return max((self.engine.lag(v) for v in vs), default=0)
 
-  async def take(
-    self, stage_key, iterator, dataset, settings, steps_left: int
-  ) -> tuple[list, list[list], dict[str, float]]:
+  async def take(self, n: int, *, seed: int = 0, feed: StageFeed) -> groups_lib.Groups:
     """The next ``batch_prompts`` fresh finished groups, in completion order.
 
     Args:
-      stage_key: identifies the stage; a new key starts the stage's producer.
-      iterator / dataset: the stage's `EpochIterator` and the list it iterates.
-      settings: the stage's `RolloutSettings`.
-      steps_left: learner steps left in the stage, this one included (bounds the issuing).
-    Returns:
-      (problems [P], groups [P][N] trajectories, metrics).
+      n: groups per step; must be ``batch_prompts`` (the issue cap is built on it).
+      seed: unused (each group's seed comes from ``base_seed`` and its issue number).
+      feed: the loop's stage; a new ``feed.key`` starts the stage's producer, and
+        ``feed.steps_left`` (this step included) bounds the issuing.
     """
-    if self._producer is None or self._stage_key != stage_key:
+    del seed
+    if n != self.P:
+      raise ValueError(f"AsyncSource.take: n expected batch_prompts={self.P}, got {n}")
+    if self._producer is None or self._stage_key != feed.key:
       if self._producer is not None:
         if self._pending or self._tasks:
           raise RuntimeError("async rollouts: a new stage started with groups still in flight")
         self._producer.cancel()
-      self._begin_stage(stage_key, iterator, dataset, settings, steps_left)
+      self._begin_stage(feed.key, feed.iterator, feed.dataset, feed.settings, feed.steps_left)
     t0 = time.monotonic()
     taken: list[tuple[GroupTicket, list]] = []
     stale_trajs = stale_groups = 0
@@ -389,9 +337,16 @@ class AsyncRollouts:
       }
     )
     problems = [self._dataset[g.problem_index] for g, _ in taken]
-    return problems, [ts for _, ts in taken], metrics
+    # The producer generates ahead; a step is charged with the groups it consumes.
+    return groups_lib.Groups(
+      problems,
+      [ts for _, ts in taken],
+      retries=int(metrics["async/rollout_retries"]),
+      generated=len(problems) * self.N,
+      metrics=metrics,
+    )
 
-  async def stop(self) -> None:
+  async def close(self) -> None:
     """Cancels the producer and every group in flight (their tickets stay pending, so a
     checkpoint written after this regenerates them)."""
     tasks = ([self._producer] if self._producer is not None else []) + list(self._tasks.values())
@@ -408,37 +363,3 @@ class AsyncRollouts:
     self._finished.clear()
     self._reissue = collections.deque(sorted(self._pending.values(), key=lambda g: g.seq))
     self._stage_key = None
-
-  # ------------------------------------------------------------------ batch / loss inputs
-
-  def with_behaviour_logprobs(
-    self, batch: dict, sharded: dict, proximal: np.ndarray, metrics: dict
-  ) -> tuple[dict, dict]:
-    """Adds ``behaviour_logprobs`` (the sampler's, [N, T], masked) next to the recomputed
-    proximal ``old_logprobs`` for off-policy losses (truncated IS, decoupled PPO), and logs the
-    importance-ratio statistics. Losses that do not read the key are unchanged."""
-    behaviour = np.asarray(batch["old_logprobs"], np.float32)
-    metrics.update(importance_metrics(behaviour, proximal, batch["loss_mask"], self.tis_cap))
-    sharded = dict(
-      sharded, behaviour_logprobs=jax.device_put(behaviour, sharded["old_logprobs"].sharding)
-    )
-    return dict(batch, behaviour_logprobs=behaviour), sharded
-
-
-def from_config(run, runner) -> AsyncRollouts | None:
-  """`AsyncRollouts` for a typed `RunConfig` with ``rl.max_staleness >= 1``; None (the
-  synchronous loop) at 0."""
-  rl = run.rl
-  if rl.max_staleness == 0:
-    return None
-  out = AsyncRollouts(
-    runner,
-    max_staleness=rl.max_staleness,
-    partial_rollout=rl.partial_rollout,
-    num_samples=rl.oversample * rl.group_size,
-    batch_prompts=run.train.batch_prompts,
-    base_seed=run.train.seed,
-    max_retries=rl.max_step_retries,
-  )
-  out.tis_cap = rl.tis_cap
-  return out
