@@ -1,6 +1,7 @@
-"""One prepared accelerator check: learner step MFU, sampler vs transformers, DLPack, tiny RL.
+"""One prepared accelerator check: learner step MFU, decode vs transformers and roofline, DLPack, tiny RL.
 
-  bash scripts/gpu_check.sh --out report.json            # on one GPU, < 8 minutes
+  bash scripts/gpu_check.sh --out report.json            # on one GPU, < 10 minutes
+  bash scripts/gpu_check.sh --sections decode --out r.json   # the decode section alone
   bash scripts/gpu_check.sh --smoke --out report.json    # CPU, small sizes (CI smoke test)
 
 Needs only JAX, torch and transformers (no SGLang, nothing downloaded: random weights). Each
@@ -12,9 +13,12 @@ hang loses only that section; the JSON report is rewritten after every section. 
                shape) in bf16 compute with remat, for attention xla / blockwise / fused:
                tokens/s and MFU = model FLOPs (6 x matmul params x tokens + causal attention)
                / time / peak.
-  sampler      JaxSampler decode tokens/s against transformers ``generate`` (torch, bf16, same
-               GPU, same random weights), batch 1 and 64, greedy, fixed output length; the
-               ratio is JAX / torch.
+  decode       JaxSampler decode (benchmarks/sampler.py's measurements, Qwen3-0.6B shape, bf16,
+               < 4 min): tokens/s at batch 1 / 8 / 64 against transformers ``generate`` (same
+               GPU, same random weights, greedy, fixed output length; ratio JAX / torch), ms
+               per step against the roofline (bytes per step / bandwidth measured on the
+               device), max_len 256 vs 8192 for 130-token rows, prefill tokens of a 10-turn
+               conversation under ``trajectory_lease``.
   dlpack       JAX -> torch hand-off of a 1 GiB array via DLPack: GB/s and whether it is
                zero-copy (same device pointer on both sides).
   rl_loop      2 RL steps of the tiny recipe (configs/rstar2_tiny_cpu.py: embedded JaxSampler,
@@ -35,10 +39,10 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("env", "learner", "sampler", "dlpack", "rl_loop")
-# Seconds per section on a GPU (sum < 8 min including process starts); smoke mode on CPU.
-BUDGET = {"env": 40, "learner": 170, "sampler": 130, "dlpack": 30, "rl_loop": 100}
-SMOKE_BUDGET = {"env": 60, "learner": 240, "sampler": 240, "dlpack": 60, "rl_loop": 300}
+SECTIONS = ("env", "learner", "decode", "dlpack", "rl_loop")
+# Seconds per section on a GPU (sum < 10 min including process starts); smoke mode on CPU.
+BUDGET = {"env": 40, "learner": 170, "decode": 230, "dlpack": 30, "rl_loop": 100}
+SMOKE_BUDGET = {"env": 60, "learner": 240, "decode": 300, "dlpack": 60, "rl_loop": 300}
 
 # Dense bf16 peak TFLOP/s per device kind (vendor datasheets, no sparsity).
 PEAK_TFLOPS = {
@@ -224,102 +228,98 @@ def section_learner(args) -> dict:
   return out
 
 
-def _hf_model(dims, dtype, device):
-  import torch
-  import transformers
+def _sampler_bench():
+  """benchmarks/sampler.py as a module (the decode section reuses its measurements)."""
+  import importlib.util
 
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3Config(
-    vocab_size=dims["vocab_size"],
-    hidden_size=dims["hidden_size"],
-    intermediate_size=dims["intermediate_size"],
-    num_hidden_layers=dims["num_hidden_layers"],
-    num_attention_heads=dims["num_attention_heads"],
-    num_key_value_heads=dims["num_key_value_heads"],
-    head_dim=dims["head_dim"],
-    max_position_embeddings=4096,
-    tie_word_embeddings=True,
+  spec = importlib.util.spec_from_file_location(
+    "sampler_bench", os.path.join(ROOT, "benchmarks", "sampler.py")
   )
-  model = transformers.Qwen3ForCausalLM(cfg).to(dtype=dtype).eval()
-  model.generation_config.eos_token_id = None
-  model.generation_config.pad_token_id = 0
-  return model.to(device)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
 
 
-def section_sampler(args) -> dict:
-  import asyncio
-
+def section_decode(args) -> dict:
+  """JaxSampler decode on the device: tokens/s at batch 1 / 8 / 64 against transformers
+  ``generate`` (same device, same random weights, greedy, fixed output length), ms per step
+  against the bandwidth roofline (bandwidth measured here), max_len 256 vs 8192 for short rows,
+  and the prefill tokens of a 10-turn conversation under ``trajectory_lease``."""
   import jax
-  import jax.numpy as jnp
-  import numpy as np
   import torch
 
-  from rstar_jax.models import qwen3
-  from rstar_jax.rollout.jax_sampler import JaxSampler
-  from rstar_jax.rollout.types import GenerateRequest, SamplingParams
-
-  dims = TINY if args.smoke else QWEN3_0P6B
+  bench = _sampler_bench()
   gpu = torch.cuda.is_available() and not args.smoke
   device = "cuda" if gpu else "cpu"
-  tdtype = torch.bfloat16 if gpu else torch.float32
+  dims = TINY if args.smoke else QWEN3_0P6B
   jdtype = "bfloat16" if gpu else "float32"
   prompt_len, new = (16, 16) if args.smoke else (64, 128)
-  batches = (1, 4) if args.smoke else (1, 64)
+  batches = (1, 4) if args.smoke else (1, 8, 64)
+  lens = (64, 512) if args.smoke else (256, 8192)
+  # Larger pages on the accelerator: fewer window buckets, so fewer compiles in the budget.
+  page = 16 if args.smoke else 64
+  model, config, params, n_params = bench.build_models(
+    dims, torch.bfloat16 if gpu else torch.float32, device, jdtype
+  )
+  from rstar_jax.models import qwen3
+
+  params = qwen3.inference_params(params, config)
+  bw = bench.measure_bandwidth(64 if args.smoke else 1024)
   out = {
     "model": "tiny" if args.smoke else "qwen3-0.6b-shape",
+    "params": n_params,
+    "device": jax.devices()[0].device_kind,
     "torch_device": device,
     "dtype": jdtype,
     "prompt_len": prompt_len,
     "new_tokens": new,
-    "greedy": True,
+    "page_size": page,
+    "bandwidth": bw,
     "results": {},
   }
-  model = _hf_model(dims, tdtype, device)
-  with tempfile.TemporaryDirectory() as tmp:
-    model.save_pretrained(tmp)
-    config = qwen3.Qwen3Config.from_hf(tmp, dtype=jdtype)
-    params = qwen3.load_hf_params(tmp, config, dtype=jnp.dtype(jdtype))
-  params = qwen3.inference_params(params, config)
-  rng = np.random.default_rng(0)
-  deadline = time.monotonic() + args.budget - 15
-  for b in batches:
+  deadline = time.monotonic() + args.budget - 20
+
+  def guarded(name, fn):
     if time.monotonic() > deadline:
-      out["results"][f"batch{b}"] = {"skipped": "section time budget spent"}
-      continue
-    r = {}
+      out["results"][name] = {"skipped": "section time budget spent"}
+      return
     try:
-      prompts = rng.integers(1, dims["vocab_size"], (b, prompt_len)).tolist()
-      ids = torch.tensor(prompts, device=device)
+      out["results"][name] = fn()
+    except Exception as e:  # noqa: BLE001 (one part failing keeps the others)
+      out["results"][name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
 
-      def hf_run():
-        with torch.no_grad():
-          o = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)  # noqa: B023
-        if gpu:
-          torch.cuda.synchronize()
-        return o[:, prompt_len:].tolist()
-
-      sampler = JaxSampler(config, params, max_batch=b, max_len=prompt_len + new, decode_chunk=32)
-
-      def jax_run():
-        reqs = [GenerateRequest(p, SamplingParams(new, temperature=0.0)) for p in prompts]  # noqa: B023
-        return [x.output_ids for x in asyncio.run(sampler.generate(reqs))]  # noqa: B023
-
-      outs = {}
-      for name, fn in (("transformers", hf_run), ("jax_sampler", jax_run)):
-        t0 = time.perf_counter()
-        fn()  # warm-up / compile
-        warm = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        outs[name] = fn()
-        dt = time.perf_counter() - t0
-        r[name] = {"warmup_s": round(warm, 2), "time_s": dt, "tokens_per_s": b * new / dt}
-      r["jax_over_torch"] = r["jax_sampler"]["tokens_per_s"] / r["transformers"]["tokens_per_s"]
-      same = [a == c for a, c in zip(outs["transformers"], outs["jax_sampler"])]
-      r["greedy_rows_identical"] = float(np.mean(same))
-    except Exception as e:  # noqa: BLE001
-      r["error"] = f"{type(e).__name__}: {e}"[:2000]
-    out["results"][f"batch{b}"] = r
-  del jax
+  make = bench.make_sampler
+  bench.make_sampler = lambda *a, **kw: make(*a, page_size=page, **kw)
+  for b in batches:
+    guarded(
+      f"batch{b}",
+      lambda b=b: bench.throughput(
+        model,
+        config,
+        params,
+        batch=b,
+        prompt_len=prompt_len,
+        new_tokens=new,
+        repeats=1,
+        bandwidth=bw["gb_per_s"],
+        decode_chunk=32,
+        device=device,
+        itemsize=2 if gpu else 4,
+      ),
+    )
+  guarded(
+    "max_len",
+    lambda: bench.max_len_scaling(
+      config,
+      params,
+      batch=2 if args.smoke else 8,
+      lens=lens,
+      repeats=1,
+      decode_chunk=32,
+      **(dict(prompt_len=8, new=24) if args.smoke else {}),
+    ),
+  )
+  guarded("prefill_10_turns", lambda: bench.conversation_prefill(config, params))
   return out
 
 
@@ -417,9 +417,9 @@ def _child_env(name: str, smoke: bool) -> dict:
   env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   env.setdefault("HF_HUB_OFFLINE", "1")
   env.setdefault("TRANSFORMERS_OFFLINE", "1")
-  # JAX must not take the whole GPU: torch shares it in the sampler / dlpack sections.
+  # JAX must not take the whole GPU: torch shares it in the decode / dlpack sections.
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  if name in ("sampler", "dlpack"):
+  if name in ("decode", "dlpack"):
     env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = env.get("GPU_CHECK_JAX_MEM_FRACTION", "0.45")
   if smoke:
     env["JAX_PLATFORMS"] = "cpu"

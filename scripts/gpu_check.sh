@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared accelerator check (benchmarks/gpu_check.py): one JSON report, < 8 minutes on one GPU.
+# Prepared accelerator check (benchmarks/gpu_check.py): one JSON report, < 10 minutes on one GPU
+# (the decode section alone, < 4 minutes: --sections decode).
 #
 #   bash scripts/gpu_check.sh --out $OUT/gpu_check.json     # GPU (run from anywhere)
 #   bash scripts/gpu_check.sh --smoke --out /tmp/gc.json    # CPU, small sizes (CI smoke test)
@@ -11,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# JAX allocates on demand, so torch can share the GPU in the sampler and DLPack sections.
+# JAX allocates on demand, so torch can share the GPU in the decode and DLPack sections.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 cd "$ROOT"
 exec "$PY" benchmarks/gpu_check.py "$@"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Finite stand-in for -inf: keeps softmax / categorical free of NaNs on fully masked rows.
 NEG_INF = -1e30
@@ -62,13 +63,22 @@ def _first_n_ties(gt: jax.Array, tie: jax.Array, n_ties: jax.Array) -> jax.Array
   return gt | (tie & (rank <= n_ties[:, None]))
 
 
-def top_k_top_p_keep_mask(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+def top_k_top_p_keep_mask(
+  logits: jax.Array,
+  top_k: jax.Array,
+  top_p: jax.Array,
+  *,
+  use_top_k: bool | None = None,
+  use_top_p: bool | None = None,
+) -> jax.Array:
   """Which tokens survive top-k then top-p filtering.
 
   Args:
     logits: [B, V] float32, already temperature-scaled.
     top_k: [B] int32; ``<= 0`` (or ``>= V``) disables.
     top_p: [B] float32 in (0, 1]; ``>= 1`` disables.
+    use_top_k, use_top_p: static: False skips that filter's bisection for every row (no row
+      asks for it), True runs it; None decides on the device with a ``lax.cond``.
   Returns:
     keep: [B, V] bool. Token j of row b survives when its rank (descending logit, ties by
     lower id) is ``< top_k`` and the top-k-renormalised probability mass of the tokens ranked
@@ -103,9 +113,14 @@ def top_k_top_p_keep_mask(logits: jax.Array, top_k: jax.Array, top_p: jax.Array)
     # A tied token is kept while the mass ranked before it (larger + earlier ties) < top_p.
     return gt | (tie & (mass_gt + (tie_rank - 1) * tie_p < top_p[:, None]))
 
-  keep_k = jax.lax.cond(jnp.any(k < V), top_k_mask, lambda x: all_true, logits)
+  def static_or_cond(use, needed, fn, x):
+    if use is None:
+      return jax.lax.cond(needed, fn, lambda x: all_true, x)
+    return fn(x) if use else all_true
+
+  keep_k = static_or_cond(use_top_k, jnp.any(k < V), top_k_mask, logits)
   probs = jax.nn.softmax(jnp.where(keep_k, logits, NEG_INF), axis=-1)
-  keep_p = jax.lax.cond(jnp.any(top_p < 1.0), top_p_mask, lambda x: all_true, probs)
+  keep_p = static_or_cond(use_top_p, jnp.any(top_p < 1.0), top_p_mask, probs)
   return keep_k & (keep_p | (top_p[:, None] >= 1.0))
 
 
@@ -120,6 +135,31 @@ def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.
     lambda x: jnp.where(top_k_top_p_keep_mask(x, top_k, top_p), x, NEG_INF),
     lambda x: x,
     logits,
+  )
+
+
+# Static sampling variants of ``sample_tokens`` (the host picks one per decode call from the
+# rows' settings, so the compiled step holds no ``lax.cond``): name -> (draw, top-k, top-p).
+VARIANTS = {
+  "greedy": (False, False, False),
+  "sample": (True, False, False),
+  "top_k": (True, True, False),
+  "top_p": (True, False, True),
+  "top_k_top_p": (True, True, True),
+}
+
+
+def pick_variant(temperature, top_k, top_p, vocab_size: int) -> str:
+  """The cheapest ``VARIANTS`` entry that serves every row ([B] host arrays of the active
+  rows' settings; an empty batch is greedy)."""
+  t, k, p = np.asarray(temperature), np.asarray(top_k), np.asarray(top_p)
+  draw = t > 0
+  if not draw.any():
+    return "greedy"
+  use_k = bool(np.any(draw & (k > 0) & (k < vocab_size)))
+  use_p = bool(np.any(draw & (p < 1.0)))
+  return {(False, False): "sample", (True, False): "top_k", (False, True): "top_p"}.get(
+    (use_k, use_p), "top_k_top_p"
   )
 
 
@@ -163,7 +203,13 @@ def argmax_first(x: jax.Array) -> jax.Array:
 
 
 def sample_tokens(
-  logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array
+  logits: jax.Array,
+  keys: jax.Array,
+  temperature: jax.Array,
+  top_k: jax.Array,
+  top_p: jax.Array,
+  *,
+  variant: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """One sampling step for a batch of rows with per-row settings.
 
@@ -172,6 +218,9 @@ def sample_tokens(
     keys: [B] typed PRNG keys (see ``row_keys``).
     temperature: [B] float32; 0 = greedy.
     top_k: [B] int32 (``<= 0`` = off); top_p: [B] float32 (``>= 1`` = off).
+    variant: static, a ``VARIANTS`` name that covers every row's settings (see
+      ``pick_variant``): the step then has no ``lax.cond``, whose predicate XLA:GPU copies to
+      the host every token. None: decided on the device (the conds below).
   Returns:
     tokens: [B] int32.
     logprobs: [B] float32, the log-probability of each token under the RAW model
@@ -183,6 +232,20 @@ def sample_tokens(
   """
   logits = logits.astype(jnp.float32)
   greedy = argmax_first(logits)
+  if variant is not None:
+    if variant not in VARIANTS:
+      raise ValueError(
+        f"sample_tokens: variant expected one of {sorted(VARIANTS)}, got {variant!r}"
+      )
+    do_draw, use_k, use_p = VARIANTS[variant]
+    if not do_draw:
+      return greedy, token_logprobs(logits, greedy)
+    x = scale_by_temperature(logits, temperature)
+    if use_k or use_p:
+      keep = top_k_top_p_keep_mask(x, top_k, top_p, use_top_k=use_k, use_top_p=use_p)
+      x = jnp.where(keep, x, NEG_INF)
+    tokens = jnp.where(temperature > 0, _inverse_cdf_sample(x, keys), greedy)
+    return tokens, token_logprobs(logits, tokens)
 
   def draw(_):
     filtered = filter_logits(scale_by_temperature(logits, temperature), top_k, top_p)

@@ -273,34 +273,42 @@ def test_stop_strings_use_the_tokenizer(sampler, model):
     _gen(no_tok, [GenerateRequest(prompt, SamplingParams(4, stop=("w1",)))])
 
 
-def test_no_recompilation_within_a_bucket_and_cache_growth_keeps_rows(model, full_logprobs):
+def test_no_recompilation_within_a_bucket_and_longer_requests_reuse_the_cache(model, full_logprobs):
   config, params = model
   eng = JaxSampler(
-    config, params, max_batch=2, max_len=None, prefill_buckets=(16, 32), decode_chunk=4
+    config,
+    params,
+    max_batch=2,
+    max_len=None,
+    kv_budget_tokens=256,
+    page_size=16,
+    prefill_buckets=(16, 32),
+    decode_chunk=4,
   )
+  # Without max_len one request may use the whole token budget; the pool is allocated once.
+  assert eng.max_len == 256 and eng.free_pages == 16
   _gen(eng, [_req(9, 6, temperature=0.0, prompt_seed=1)])
-  assert eng.max_len == 64 and dict(eng.compile_counts) == {"prefill": 1, "decode": 1}
-  # Other lengths in the same bucket, other sampling settings, more stop ids: no new trace.
-  _gen(eng, [_req(12, 9, seed=3, temperature=0.8, top_p=0.9, prompt_seed=2)])
+  assert dict(eng.compile_counts) == {"prefill": 1, "decode": 1}
+  # Other lengths in the same bucket and window, other sampling settings (the same static
+  # variant), more stop ids than the device checks: no new trace.
+  _gen(eng, [_req(12, 4, seed=3, temperature=0.0, prompt_seed=2)])
   _gen(
     eng,
-    [
-      _req(
-        16, 3, seed=4, temperature=1.2, top_k=7, prompt_seed=3, stop_token_ids=(1, 2, 3, 4, 5, 6)
-      )
-    ],
+    [_req(10, 3, seed=4, temperature=0.0, prompt_seed=3, stop_token_ids=(1, 2, 3, 4, 5, 6))],
   )
   assert dict(eng.compile_counts) == {"prefill": 1, "decode": 1}
-  _gen(eng, [_req(20, 4, temperature=0.0, prompt_seed=4)])  # next bucket: prefill only
-  assert dict(eng.compile_counts) == {"prefill": 2, "decode": 1}
+  _gen(eng, [_req(20, 4, temperature=0.0, prompt_seed=4)])  # next prefill bucket and window
+  assert dict(eng.compile_counts) == {"prefill": 2, "decode": 2}
   _gen(eng, [_req(3, 4, prompt_seed=5, seed=1), _req(5, 6, prompt_seed=6, seed=2)])  # 2 rows
-  assert dict(eng.compile_counts) == {"prefill": 3, "decode": 1}
+  # 2-row prefill; the "sample" variant at window 1
+  assert dict(eng.compile_counts) == {"prefill": 3, "decode": 3}
 
-  # A request that needs a longer cache arrives while another row is decoding: the cache
-  # grows (one new prefill and decode trace) and the row in flight is unaffected.
+  # A much longer request arrives while another row is decoding: the pool is not rebuilt
+  # and the row in flight is unaffected; only window buckets it had not used compile.
   a = _req(9, 40, temperature=0.0, prompt_seed=7)
   b = _req(12, 100, temperature=0.0, prompt_seed=8)
   a_alone = _gen(eng, [a])[0]
+  before = eng.compile_counts["decode"]
 
   async def main():
     task_a = asyncio.create_task(eng.generate([a]))
@@ -310,10 +318,16 @@ def test_no_recompilation_within_a_bucket_and_cache_growth_keeps_rows(model, ful
     return (await task_a)[0], res_b[0]
 
   res_a, res_b = asyncio.run(main())
-  assert eng.max_len == 128 and dict(eng.compile_counts) == {"prefill": 4, "decode": 2}
   assert res_a.output_ids == a_alone.output_ids
   assert len(res_b.output_ids) == 100
   _check_logprobs(full_logprobs, b, res_b)
+  # ``a`` alone attended over at most 8 + 40 = 48 cached tokens (windows of 1..3 pages);
+  # ``b`` over 11 + 100 = 111 = 7 pages: only the buckets 4, 6 and 8 are new.
+  assert eng.compile_counts["decode"] - before == 3
+  # The same again: every window is compiled now.
+  counts = dict(eng.compile_counts)
+  asyncio.run(main())
+  assert dict(eng.compile_counts) == counts and eng.free_pages == 16
 
 
 def test_update_weights_swaps_params_and_versions(sampler, model, full_logprobs):

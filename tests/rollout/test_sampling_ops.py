@@ -221,3 +221,55 @@ class TokenLogprobsTest(parameterized.TestCase):
     )[:, 0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4)
     assert np.all(np.isfinite(np.asarray(got)))
+
+
+class StaticVariantTest(parameterized.TestCase):
+  """The decode step's static sampling variants (no ``lax.cond``) against the on-device
+  decision, for every variant that covers the rows' settings."""
+
+  # (temperature, top_k, top_p) per row -> the cheapest variant that serves them.
+  @parameterized.parameters(
+    ([(0.0, 5, 0.5), (0.0, -1, 1.0)], "greedy"),
+    ([(0.0, 5, 0.5), (1.0, -1, 1.0)], "sample"),
+    ([(0.7, 300, 1.0), (1.0, 0, 1.0)], "sample"),  # k >= V and k <= 0 filter nothing
+    ([(0.7, 5, 1.0), (1.0, -1, 1.0)], "top_k"),
+    ([(0.7, -1, 0.9), (0.0, 5, 1.0)], "top_p"),
+    ([(0.7, 5, 1.0), (1.0, -1, 0.8)], "top_k_top_p"),
+  )
+  def test_pick_and_every_covering_variant_match_the_dynamic_path(self, rows, want):
+    V = 300
+    t, k, p = (np.array(x) for x in zip(*rows))
+    assert ops.pick_variant(t, k, p, V) == want
+    covering = {
+      "greedy": list(ops.VARIANTS),
+      "sample": ["sample", "top_k", "top_p", "top_k_top_p"],
+      "top_k": ["top_k", "top_k_top_p"],
+      "top_p": ["top_p", "top_k_top_p"],
+      "top_k_top_p": ["top_k_top_p"],
+    }[want]
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(len(rows), V)).astype(np.float32) * 3)
+    args = (jnp.asarray(t, jnp.float32), jnp.asarray(k, jnp.int32), jnp.asarray(p, jnp.float32))
+    for step in range(4):
+      keys = ops.row_keys(jnp.asarray([[1, 2], [3, 4]], jnp.uint32), jnp.full(2, step))
+      ref_t, ref_l = ops.sample_tokens(logits, keys, *args)
+      for v in covering:
+        if v == "greedy" and want != "greedy":
+          continue
+        got_t, got_l = jax.jit(ops.sample_tokens, static_argnames="variant")(
+          logits, keys, *args, variant=v
+        )
+        np.testing.assert_array_equal(got_t, ref_t, err_msg=v)
+        np.testing.assert_allclose(got_l, ref_l, rtol=1e-6, err_msg=v)
+
+  def test_unknown_variant_fails_clearly(self):
+    z = jnp.zeros((1, 4))
+    with self.assertRaisesRegex(ValueError, "variant expected one of"):
+      ops.sample_tokens(
+        z,
+        ops.row_keys(jnp.zeros((1, 2), jnp.uint32), jnp.zeros(1, jnp.int32)),
+        jnp.ones(1),
+        jnp.zeros(1, jnp.int32),
+        jnp.ones(1),
+        variant="beam",
+      )

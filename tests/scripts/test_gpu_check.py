@@ -10,6 +10,42 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _run(tmp_path, *extra):
+  out = tmp_path / "report" / "gpu_check.json"
+  env = dict(os.environ, PYTHON=sys.executable)
+  env.pop("XLA_FLAGS", None)  # one CPU device, as on a one-GPU machine
+  p = subprocess.run(
+    ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--smoke", "--out", str(out), *extra],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+  )
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  return json.loads(out.read_text())
+
+
+def _check_decode(res):
+  assert res["ok"], (res.get("error"), res.get("stderr_tail", "")[-2000:])
+  assert res["bandwidth"]["gb_per_s"] > 0
+  r = res["results"]
+  for b in ("batch1", "batch4"):
+    assert r[b]["jax_tokens_per_s"] > 0 and r[b]["transformers_tokens_per_s"] > 0, r[b]
+    assert r[b]["roofline_ms_per_step"] > 0 and r[b]["fraction_of_roofline"] > 0
+    assert r[b]["greedy_rows_identical"] == 1.0  # float32, same weights: same greedy tokens
+  assert r["max_len"]["max_len_64_ms_per_token"] > 0 and r["max_len"]["ratio"] > 0
+  conv = r["prefill_10_turns"]
+  # Under the lease the 10 turns prefill far less than the sum of their inputs.
+  assert 0 < conv["prefill_tokens"] < conv["sum_of_turn_inputs"] // 3, conv
+
+
+def test_gpu_check_smoke_decode_section(tmp_path):
+  """The decode section alone (what the next GPU run measures), on CPU at tiny sizes."""
+  report = _run(tmp_path, "--sections", "decode")
+  assert set(report["sections"]) == {"decode"}
+  _check_decode(report["sections"]["decode"])
+
+
 @pytest.mark.slow
 def test_gpu_check_smoke_writes_every_section(tmp_path):
   out = tmp_path / "report" / "gpu_check.json"
@@ -25,7 +61,7 @@ def test_gpu_check_smoke_writes_every_section(tmp_path):
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   report = json.loads(out.read_text())
   sections = report["sections"]
-  assert set(sections) == {"env", "learner", "sampler", "dlpack", "rl_loop"}
+  assert set(sections) == {"env", "learner", "decode", "dlpack", "rl_loop"}
   for name, res in sections.items():
     assert res["ok"], (name, res.get("error"), res.get("stderr_tail", "")[-2000:])
   learner = sections["learner"]["results"]
@@ -33,9 +69,6 @@ def test_gpu_check_smoke_writes_every_section(tmp_path):
     assert learner[impl]["tokens_per_s"] > 0, (impl, learner[impl])
   # Same init, same batch: the three attentions give the same first loss.
   assert abs(learner["blockwise"]["loss"] - learner["xla"]["loss"]) < 1e-4
-  for b in ("batch1", "batch4"):
-    r = sections["sampler"]["results"][b]
-    assert r["jax_sampler"]["tokens_per_s"] > 0 and r["transformers"]["tokens_per_s"] > 0
-    assert r["greedy_rows_identical"] == 1.0  # float32, same weights: same greedy tokens
+  _check_decode(sections["decode"])
   assert sections["dlpack"]["zero_copy"] and sections["dlpack"]["values_ok"]
   assert sections["rl_loop"]["rl_step"] == 2

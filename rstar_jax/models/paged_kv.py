@@ -1,0 +1,157 @@
+"""Paged KV cache for the rollout engine: one page pool sized by a token budget, per-row page
+tables, and attention over a static window of each row's pages.
+
+Why paged (not one [slots, max_len] buffer): memory is ``budget`` tokens however long a single
+request may be, so a 16k-token response budget no longer means 16k positions for every slot;
+and a trajectory's pages can be kept between its tool turns and handed to whichever decode row
+serves its next turn (prefix reuse) without copying.
+
+Why a window: attention reads the first ``W`` positions of each row (``W`` = the page table's
+static width, a bucket chosen on the host from the rows' lengths), so its cost follows the
+valid length, not the longest length the engine could hold; a bounded set of widths bounds the
+compiled variants.
+
+Layout: per layer k and v pools [N, P, Hkv, Dh] (N pages of P tokens). A row's window is the
+gather ``pool[page_table[b]]`` -> [B, W, Hkv, Dh], the [batch, seq, heads, dim] layout that
+``jax.nn.dot_product_attention`` (cuDNN on CUDA) takes without a transpose.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rstar_jax.models import attention as attention_lib
+from rstar_jax.models import qwen3
+
+DECODE_IMPLEMENTATIONS = ("xla", "fused")
+
+_logged: set[str] = set()
+
+
+class PagedKV(NamedTuple):
+  """k, v: tuples of L arrays [N, P, Hkv, Dh] (keys after RoPE)."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+  @property
+  def num_pages(self) -> int:
+    return self.k[0].shape[0]
+
+  @property
+  def page_size(self) -> int:
+    return self.k[0].shape[1]
+
+
+def pool_bytes(config, num_pages: int, page_size: int, dtype) -> int:
+  """Bytes of ``init_pool(config, num_pages, page_size, dtype)``."""
+  per = page_size * config.num_key_value_heads * config.head_dim * jnp.dtype(dtype).itemsize
+  return 2 * config.num_hidden_layers * num_pages * per
+
+
+def init_pool(config, num_pages: int, page_size: int, dtype=jnp.float32) -> PagedKV:
+  shape = (num_pages, page_size, config.num_key_value_heads, config.head_dim)
+  n = config.num_hidden_layers
+  return PagedKV(
+    k=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
+    v=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
+  )
+
+
+def attend_window(q, k, v, allowed, implementation: str = "xla"):
+  """GQA attention of T queries over a window of W cached positions.
+
+  Args:
+    q: [B, T, Hq, Dh]; k, v: [B, W, Hkv, Dh]; allowed: [B, T, W] bool.
+    implementation: "xla" (two dot_generals, float32 scores) or "fused"
+      (``jax.nn.dot_product_attention``: cuDNN where the backend has it, else its XLA path).
+  Returns:
+    [B, T, Hq * Dh] in q.dtype. A query with no allowed key gets an unspecified finite value.
+  """
+  B, T, Hq, Dh = q.shape
+  Hkv = k.shape[2]
+  k, v = k.astype(q.dtype), v.astype(q.dtype)
+  if implementation == "fused":
+    reason = attention_lib.fused_unavailable_reason(q.dtype)
+    if reason is None:
+      try:
+        o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation="cudnn")
+        return o.reshape(B, T, Hq * Dh)
+      except (NotImplementedError, ValueError, RuntimeError) as e:  # raised while tracing
+        reason = f"cuDNN rejected the call: {type(e).__name__}: {e}"
+    if reason not in _logged:
+      _logged.add(reason)
+      logging.getLogger(__name__).info("decode attention 'fused': %s; XLA path", reason)
+    o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation="xla")
+    return o.reshape(B, T, Hq * Dh)
+  if implementation != "xla":
+    raise ValueError(
+      f"decode attention: expected one of {DECODE_IMPLEMENTATIONS}, got {implementation!r}"
+    )
+  G = Hq // Hkv
+  qg = q.reshape(B, T, Hkv, G, Dh)
+  s = jnp.einsum("btkgd,bwkd->bkgtw", qg, k, preferred_element_type=jnp.float32) * (Dh**-0.5)
+  s = jnp.where(allowed[:, None, None], s, attention_lib.MASK_VALUE)
+  w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+  o = jnp.einsum("bkgtw,bwkd->btkgd", w, v)
+  return o.reshape(B, T, Hq * Dh)
+
+
+def forward_paged(
+  params,
+  config,
+  input_ids: jax.Array,
+  input_mask: jax.Array,
+  pool: PagedKV,
+  page_table: jax.Array,
+  lengths: jax.Array,
+  *,
+  implementation: str = "xla",
+  logits: bool = True,
+):
+  """Forward of T new tokens per row that appends them to the rows' pages and attends over
+  each row's window; pure (jit with config / implementation / logits static, donate pool).
+
+  Args:
+    params: ``qwen3.inference_params`` (or stacked) layout.
+    input_ids: [B, T] int32; input_mask: [B, T] bool, a prefix of each row (right padding;
+      a row with no valid token writes nothing).
+    pool: PagedKV.
+    page_table: [B, n] int32 page ids; the window is W = n * P positions. Every position a
+      row writes (``lengths[b] + t`` for its valid tokens) must lie in the window, on a page
+      it owns; entries past a row's pages may name any page (never attended).
+    lengths: [B] int32 tokens already cached per row (the first new token's position).
+    logits: False skips the LM head (prefill of tokens whose logits nobody reads).
+  Returns:
+    (logits [B, T, V] float32 or None, pool).
+  """
+  c = config
+  B, T = input_ids.shape
+  N, P = pool.num_pages, pool.page_size
+  W = page_table.shape[1] * P
+  mask = input_mask.astype(bool)
+  positions = lengths[:, None] + jnp.arange(T)[None, :]  # [B, T]
+  page = jnp.take_along_axis(page_table, jnp.minimum(positions // P, page_table.shape[1] - 1), 1)
+  page = jnp.where(mask, page, N)  # out of range: mode="drop" skips padding writes
+  off = positions % P
+  allowed = jnp.arange(W)[None, None, :] <= positions[:, :, None]  # [B, T, W]
+  x = qwen3._embed(params, input_ids, c)
+  ks, vs = list(pool.k), list(pool.v)
+  for i in range(c.num_hidden_layers):
+    p = qwen3.layer_params(params, i)
+    h = qwen3.rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
+    q, k, v = qwen3._qkv(h, p["self_attn"], positions, c)
+    ks[i] = ks[i].at[page, off].set(k.astype(ks[i].dtype), mode="drop")
+    vs[i] = vs[i].at[page, off].set(v.astype(vs[i].dtype), mode="drop")
+    kw = ks[i][page_table].reshape(B, W, c.num_key_value_heads, c.head_dim)
+    vw = vs[i][page_table].reshape(B, W, c.num_key_value_heads, c.head_dim)
+    att = attend_window(q, kw, vw, allowed, implementation)
+    x = x + qwen3._dense(att, p["self_attn"]["o_proj"])
+    h = qwen3.rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
+    x = x + qwen3._mlp(h, p["mlp"])
+  out = qwen3._logits(params, x, c) if logits else None
+  return out, PagedKV(k=tuple(ks), v=tuple(vs))
