@@ -14,14 +14,13 @@ before any field is checked, so ``--config.imports=my_pkg.my_losses
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from rstar_jax.config import schema
 from rstar_jax.config.checks import ConfigError, did_you_mean
+from rstar_jax.config.imports import ImportsError, import_user_modules
 
 Problems = list[tuple[str, str]]
 
@@ -139,18 +138,14 @@ def module_names(value: Any) -> tuple[str, ...]:
 
 
 def import_modules(names: Any) -> tuple[str, ...]:
-  """Imports each module of ``names`` (current directory first on ``sys.path``, as ``python
-  -m`` from a checkout); returns the names. A module that fails is one `ConfigError` line."""
+  """Imports each module of ``names`` through the one import path of user modules
+  (`config.imports.import_user_modules`, also what ``reward.imports`` uses); returns the names.
+  A module that fails is one `ConfigError` line."""
   names = module_names(names)
-  if names and os.getcwd() not in sys.path and "" not in sys.path:
-    sys.path.insert(0, os.getcwd())
-  for name in names:
-    try:
-      importlib.import_module(name)
-    except Exception as e:  # a broken user module is as fatal as a missing one
-      raise ConfigError(
-        [("imports", f"cannot import module {name!r}: {type(e).__name__}: {e}")]
-      ) from None
+  try:
+    import_user_modules(names)
+  except ImportsError as e:
+    raise ConfigError([("imports", str(e).split(": ", 1)[1])]) from None
   return names
 
 

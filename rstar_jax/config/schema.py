@@ -684,7 +684,7 @@ class RewardConfig(_Section):
   imports: tuple[str, ...] = field(
     (),
     MODULE_NAMES,
-    "Modules imported before the reward registry is read (a user's module registering rewards / verifiers).",
+    "Modules imported before the reward registry is read (a user's module registering rewards / verifiers); the top-level `imports` field imports through the same path.",
   )
 
   def _cross(self):

@@ -40,6 +40,13 @@ class LoopPosition:
   recent_outcomes: list | None = None
   source_state: dict | None = None  # the group source's (asynchronous: issued, not trained)
 
+  def advance(self, stage_steps: int) -> None:
+    """Counts one RL step; the next stage starts when this one has had ``stage_steps``."""
+    self.stage_step += 1
+    self.rl_step += 1
+    if self.stage_step >= stage_steps:
+      self.stage_index, self.stage_step, self.stage_started = self.stage_index + 1, 0, False
+
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
 

@@ -101,9 +101,8 @@ class RLLoop:
     self._recent_window = max(
       [s.recent_steps for s in self.stages if s.data == "recent"], default=0
     )
-    self.G = run.rl.group_size
+    self.G, self.P = run.rl.group_size, run.train.batch_prompts
     self.N = run.rl.oversample * self.G
-    self.P = run.train.batch_prompts
     rm = learner.row_multiple
     self.rows = -(-self.P * self.G // rm) * rm
     self.collapse = rl_metrics.CollapseMonitor(window=run.rl.collapse_window)
@@ -170,20 +169,13 @@ class RLLoop:
     last: dict = {}
     done = 0
     try:
-      while self.pos.stage_index < len(self.stages):
-        if max_steps is not None and done >= max_steps:
-          break
+      while self.pos.stage_index < len(self.stages) and (max_steps is None or done < max_steps):
         stage = self.stages[self.pos.stage_index]
         if not self.pos.stage_started:
           await self._start_stage(stage)
         last = await self.step(stage)
         done += 1
-        self.pos.stage_step += 1
-        self.pos.rl_step += 1
-        if self.pos.stage_step >= stage.steps:
-          self.pos.stage_index += 1
-          self.pos.stage_step = 0
-          self.pos.stage_started = False
+        self.pos.advance(stage.steps)
         every = self.config.train.checkpoint_every
         if (every and self.pos.rl_step % every == 0) or self.pos.stage_index >= len(self.stages):
           self.save()

@@ -163,7 +163,17 @@ def test_agent_runner_scores_with_the_configured_reward(user_module):
   cfg.reward.imports = user_module
   cfg.reward.name = "length_bonus"
   run = from_config_dict(cfg)
-  tok = types.SimpleNamespace(pad_token_id=0)
+  # from_config reads the tokenizer's pad and <|im_end|> ids only
+  class Tok:
+    pad_token_id, unk_token_id = 0, None
+
+    def convert_tokens_to_ids(self, token):
+      return 1
+
+    def __len__(self):
+      return 2
+
+  tok = Tok()
   runner = agent_runner.AgentRunner.from_config(run, None, None, tok)
   trajs = [types.SimpleNamespace(response_text=t) for t in ("short", "a much longer response")]
   # the integer fast path answers ctx.verify("4", "4") without a worker
