@@ -599,6 +599,8 @@ class _Template:
       # Without bubblewrap, make the interpreter readable by sandbox uids (e.g. under
       # /root, mode 700) in the template's own mount namespace; not at "rlimits".
       "expose_paths": _bwrap_binds(c) if level in ("pidns", "uid") else [],
+      # Bound back read-only over a call's scratch where they lie under /tmp & co.
+      "keep_paths": _bwrap_binds(c),
       "preload": tuple(c.preload),
       "warmup_code": c.warmup_code if c.preload else "",
       "template_env": dict(_THREAD_ENV),

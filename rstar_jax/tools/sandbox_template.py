@@ -524,6 +524,8 @@ def _mount_private_scratch(cfg, uid):
   other call can enter or fill it. Returns the call's home."""
   if _libc.unshare(CLONE_NEWNS) != 0:
     raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for the call's scratch failed")
+  # Handles taken in the call's own namespace (a bind source must belong to it).
+  keeps = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in cfg.get("tmp_keeps", ())]
   size = cfg["limits"]["scratch_bytes"]
   opts = b"size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d" % (
     size,
@@ -541,7 +543,26 @@ def _mount_private_scratch(cfg, uid):
       raise OSError(ctypes.get_errno(), f"bind the call's scratch over {d} failed")
     if d == "/tmp":
       home = "/tmp"
+  # What the call imports from (the interpreter, this package, extra binds) may live under a
+  # directory the scratch now covers (a checkout in /tmp): bound back read-only, then the
+  # handles on it are closed so the call holds none.
+  for path, fd in keeps:
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    target = path.encode()
+    if _libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND | MS_REC, None) != 0:
+      raise OSError(ctypes.get_errno(), f"bind {path} back over the call's scratch failed")
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+    if _libc.mount(None, target, None, flags, None) != 0:
+      raise OSError(ctypes.get_errno(), f"remount {path} read-only failed")
+    os.close(fd)
   return home
+
+
+def _under(paths, covered):
+  """The ``paths`` that lie under one of the ``covered`` directories (and exist)."""
+  return [
+    p for p in paths if any(p == d or p.startswith(d + "/") for d in covered) and os.path.exists(p)
+  ]
 
 
 def _user_main(cfg, job):
@@ -1445,6 +1466,7 @@ PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 MNT_DETACH = 2
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_REMOUNT = 1, 32
 
 
 class _CapHeader(ctypes.Structure):
@@ -1604,6 +1626,7 @@ def main():
   cfg["shared_tmp_dirs"] = [
     d for d in ("/var/tmp", "/dev/shm", "/tmp") if os.path.isdir(d) and not os.path.islink(d)
   ]
+  cfg["tmp_keeps"] = _under(cfg.get("keep_paths", ()), cfg["shared_tmp_dirs"])
   os.environ.update(cfg["template_env"])
   loaded = []
   for name in cfg["preload"]:

@@ -259,7 +259,7 @@ def test_agent_loop_ten_turns_prefill_only_new_tokens_through_the_lease_hook(tok
   loop_cfg = AgentLoopConfig(max_turns=10, response_budget=1400, seed=0)
   fmt = cf.get_format(loop_cfg.chat_format)
   prompt = cf.prompt_ids(tokenizer, fmt, "q0")
-  tool_turn = cf.format_tool_turn_ids(tokenizer, fmt, ["x"])  # ends like the prompt
+  tool_turn = cf.tool_turn_ids(tokenizer, fmt, ["x"])  # ends like the prompt
   call_open, call_close = (
     tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")
   )

@@ -136,3 +136,19 @@ def use_level_runner():
     return level_runner
 
   return runner
+
+
+def bound_back_names(pool_config: PoolConfig | None = None) -> set[str]:
+  """First names, under /tmp & co, of the host paths a call imports from (a checkout or venv in
+  /tmp): they are bound back read-only into every call's scratch, so a scratch listing shows
+  them and nothing else the host has there."""
+  from rstar_jax.tools.code_pool import _bwrap_binds
+
+  tests_dir = os.path.dirname(os.path.abspath(__file__))
+  cfg = pool_config or PoolConfig(extra_ro_binds=(tests_dir,))
+  out = set()
+  for p in _bwrap_binds(cfg):
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+      if p.startswith(d + "/"):
+        out.add(p[len(d) + 1 :].split("/")[0])
+  return out

@@ -11,7 +11,7 @@ import struct
 import time
 
 import pytest
-from pool_helpers import level_available, level_pool, use_level_runner
+from pool_helpers import bound_back_names, level_available, level_pool, use_level_runner
 
 from rstar_jax.tools import wire
 from rstar_jax.tools.code_pool import ISOLATION_LEVELS
@@ -112,11 +112,39 @@ def test_scratch_is_private_bounded_and_gone_with_the_call(runner, lpool):
   assert r.status == "ok" and "full 28" in r.stdout and "True" in r.stdout, r  # ENOSPC
   peek = (
     "import os\nseen = []\nfor d in ('.', '/tmp', '/dev/shm', '/var/tmp'):\n"
-    "    if os.path.isdir(d):\n        seen += os.listdir(d)\nprint(sorted(seen))"
+    "    if os.path.isdir(d):\n        seen += os.listdir(d)\n"
+    f"print(sorted(n for n in seen if n not in {sorted(bound_back_names(lpool.config))!r}))"
   )
   r = runner.run(lpool.execute(peek))
   assert (r.status, r.stdout) == ("ok", "[]\n"), r  # the next call starts empty
   assert lpool._templates[0].restarts == 0
+
+
+@pytest.mark.parametrize("level", ["namespaces", "pidns", "uid"])
+def test_a_checkout_under_tmp_stays_importable_and_read_only(runner, level):
+  """The scratch covers /tmp; what calls import from (a checkout, a venv) may live there (CI
+  clones into /tmp): it is bound back read-only, so run_function and imports still work."""
+  import tempfile
+
+  home = tempfile.mkdtemp(prefix="rstar_checkout_", dir="/tmp")
+  os.chmod(home, 0o755)
+  with open(os.path.join(home, "tmp_checkout_mod.py"), "w") as f:
+    f.write("def triple(x):\n  return 3 * x\n")
+  pool = level_pool(runner, level, extra_ro_binds=(home,))
+  try:
+    code = (
+      f"import sys\nsys.path.insert(0, {home!r})\nimport tmp_checkout_mod\n"
+      "print(tmp_checkout_mod.triple(14))\ntry:\n"
+      f"    open({os.path.join(home, 'tmp_checkout_mod.py')!r}, 'a').write('x')\n"
+      "    print('wrote')\nexcept OSError as e:\n    print('blocked')"
+    )
+    r = runner.run(pool.execute(code))
+    assert (r.status, r.stdout) == ("ok", "42\nblocked\n"), r
+  finally:
+    runner.run(pool.close())
+    import shutil
+
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_scratch_counts_toward_the_memory_limit():
