@@ -163,6 +163,7 @@ def test_agent_runner_scores_with_the_configured_reward(user_module):
   cfg.reward.imports = user_module
   cfg.reward.name = "length_bonus"
   run = from_config_dict(cfg)
+
   # from_config reads the tokenizer's pad and <|im_end|> ids only
   class Tok:
     pad_token_id, unk_token_id = 0, None
