@@ -90,6 +90,24 @@ def synthetic_data(**overrides) -> ml_collections.ConfigDict:
   return data
 
 
+def one_digit_mul() -> dict:
+  """`SyntheticDataConfig` fields of one-digit products (a fresh dict per call): a ~70k-parameter
+  model copies the operands into its code after a few dozen SFT steps (the tiny recipes' and
+  the :debug overlays' tasks)."""
+  return dict(
+    seed=0,
+    families=["mul"],
+    difficulty=dict(
+      operand_digits=1,
+      modulus_digits=2,
+      exponent_digits=2,
+      range_max=1_000,
+      n_max=40,
+      index_max=500,
+    ),
+  )
+
+
 def data_config(**overrides) -> ml_collections.ConfigDict:
   return section(schema.DataConfig, **overrides)
 
@@ -155,21 +173,7 @@ def debug_overlay(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.rl.group_size, c.rl.min_pos, c.rl.min_neg = 2, 1, 1
   c.rl.ppo_mini_batches = min(c.rl.ppo_mini_batches, 2)
   c.data.train_path = c.data.sft_path = ""
-  c.data.synthetic = section(
-    schema.SyntheticDataConfig,
-    seed=0,
-    n_train=4,
-    n_eval=2,
-    families=["mul"],
-    difficulty=dict(
-      operand_digits=1,
-      modulus_digits=2,
-      exponent_digits=2,
-      range_max=1_000,
-      n_max=40,
-      index_max=500,
-    ),
-  )
+  c.data.synthetic = section(schema.SyntheticDataConfig, **one_digit_mul(), n_train=4, n_eval=2)
   if "coldstart" in c:
     c.coldstart.min_tool_calls, c.coldstart.max_trajectories = 0, 0
     c.coldstart.require_all_calls_ok = False

@@ -39,20 +39,7 @@ def synthetic_data() -> ml_collections.ConfigDict:
   # The paths stay empty: seeded synthetic tasks, disjoint train / held-out. One-digit operands:
   # a ~70k-parameter model copies them into the code after a few dozen SFT steps (3-digit
   # "easy" operands stay at chance: no RL signal).
-  return common.synthetic_data(
-    seed=0,
-    n_train=4,
-    n_eval=8,
-    families=["mul"],
-    difficulty=dict(
-      operand_digits=1,
-      modulus_digits=2,
-      exponent_digits=2,
-      range_max=1_000,
-      n_max=40,
-      index_max=500,
-    ),
-  )
+  return common.synthetic_data(**common.one_digit_mul(), n_train=4, n_eval=8)
 
 
 def get_config(mode: str = "rl") -> ml_collections.ConfigDict:

@@ -102,12 +102,19 @@ def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
 
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   w = tmp_path / "rl"
+  # The tiny recipe's 4 steps can all finish between the first logged step and the signal
+  # (later steps take ~0.3 s): a long first stage keeps the run training when SIGINT lands.
+  recipe = tmp_path / "long_tiny.py"
+  recipe.write_text(
+    "from configs import rstar2_tiny_cpu\n\n\ndef get_config():\n"
+    "  c = rstar2_tiny_cpu.get_config()\n  c.stages[0]['steps'] = 10_000\n  return c\n"
+  )
   proc = subprocess.Popen(
     [
       sys.executable,
       "-m",
       "launchers.train",
-      "--config=configs/rstar2_tiny_cpu.py",
+      f"--config={recipe}",
       f"--workdir={w}",
       "--config.mesh.num_devices=1",
     ],
