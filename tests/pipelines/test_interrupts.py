@@ -123,6 +123,9 @@ def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
+    # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: give the run Ctrl-C's default back.
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
   try:
     deadline = time.monotonic() + 400
