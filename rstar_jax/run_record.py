@@ -51,6 +51,7 @@ DEFAULT_IGNORE = (
   "rollout.colocated",
   "rollout.staging_dir",
   "rollout.sglang_urls",
+  "train.device_memory_gib",  # a start-up check's budget (planning/fit.py)
 )
 
 

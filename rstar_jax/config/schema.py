@@ -559,6 +559,11 @@ class TrainConfig(_Section):
     IS_BOOL,
     "RL and SFT: pack several trajectories per row (segment ids, per-segment positions; rstar_jax/learner/packing.py). RL packs only with rl.loss_agg = 'token-mean'.",
   )
+  device_memory_gib: float = field(
+    0.0,
+    num_range(),
+    "Per-device memory (GiB) the learner's step on its largest batch must fit, checked before anything is allocated (rstar_jax/planning/fit.py). 0 = the device's free memory (an accelerator reports it; on a CPU the check is skipped); < 0 = no check.",
+  )
 
 
 @_section

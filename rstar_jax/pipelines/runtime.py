@@ -108,34 +108,39 @@ def initial_params(run: RunConfig, model_config: qwen3.Qwen3Config, mesh=None):
 
 
 def build_learner(
-  run: RunConfig, *, total_steps: int | None = None, params=None, base_ref: str = ""
+  run: RunConfig,
+  *,
+  total_steps: int | None = None,
+  params=None,
+  base_ref: str = "",
+  check_memory: bool = True,
 ) -> Learner:
   """Model config, optimizer, jitted steps on the config's mesh, and a fresh sharded state.
 
   With ``model.lora_rank > 0`` the params become `lora.LoraParams` (``params`` or the config's
   model as the frozen base, fresh adapters) and only the adapters train; ``base_ref`` names
   that base in checkpoints and PEFT exports (default ``model.hf_dir``, else the init seed).
+  ``check_memory``: first check that the step on the run's largest batch fits the device
+  (`planning.fit`; a one-line error before params or optimizer state are allocated).
   """
   model_config = run.model.qwen3_config()
   oc = run.optim.learner_config(total_steps)
   tx = optim.make_optimizer(oc)
   mesh = mesh_from(run)
-  if params is None:
-    params = initial_params(run, model_config, mesh)
-  else:
-    # The steps donate the state: copy so the caller's arrays (e.g. the SFT result) survive.
-    params = jax.tree.map(jnp.copy, params)
   base_ref = base_ref or (
     os.path.abspath(run.model.hf_dir)
     if run.model.hf_dir
     else f"init_params(train.seed={run.train.seed})"
   )
   lora_cfg = run.model.lora_config(base_ref, run.train.seed)
+  # Steps and optimizer come from shapes alone, so the memory check below runs before any
+  # allocation and compiles the very jit objects the loop then calls.
   if lora_cfg is None:
     js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=run.step_config(oc))
+    abstract_params = None
   else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
-    params = lora.make_params(params, model_config, lora_cfg, jax.random.key(run.train.seed + 1))
-    tx = lora.optimizer(tx, params)
+    abstract_params = lora.abstract_params(model_config, lora_cfg, run.model.param_dtype)
+    tx = lora.optimizer(tx, abstract_params)
     js = lora.make_jitted_steps(
       model_config,
       lora_cfg,
@@ -144,6 +149,22 @@ def build_learner(
       config=run.step_config(oc),
       param_dtype=run.model.param_dtype,
     )
+  if check_memory and run.mode in ("rl", "sft"):
+    from rstar_jax.planning import fit, plan  # issue 29: a batch that cannot fit is one line
+
+    abstract = (
+      plan.abstract_state(model_config, tx, run.model.param_dtype)
+      if abstract_params is None
+      else jax.eval_shape(lambda p: TrainState.create(p, tx, 0), abstract_params)
+    )
+    fit.check_learner_fits(run, js, abstract, model_config)
+  if params is None:
+    params = initial_params(run, model_config, mesh)
+  else:
+    # The steps donate the state: copy so the caller's arrays (e.g. the SFT result) survive.
+    params = jax.tree.map(jnp.copy, params)
+  if lora_cfg is not None:
+    params = lora.make_params(params, model_config, lora_cfg, jax.random.key(run.train.seed + 1))
   state = js.shard_state(TrainState.create(params, tx, run.train.seed))
   push_adapters = lora_cfg is not None and run.rollout.lora_push == "adapters"
   return Learner(model_config, oc, tx, js, state, push_adapters=push_adapters)
@@ -248,4 +269,4 @@ def build_learner_for_restore(run: RunConfig) -> Learner:
   total = None
   if run.optim.schedule == "cosine" and not run.optim.total_steps:
     total = run.optim.warmup_steps + 1
-  return build_learner(run, total_steps=total)
+  return build_learner(run, total_steps=total, check_memory=False)  # restores, never steps

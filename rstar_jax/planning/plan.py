@@ -130,13 +130,17 @@ def data_parallel_size(mesh_sizes: dict[str, int]) -> int:
 
 
 def rl_shape(cfg: RunConfig, mesh_sizes: dict[str, int], stage_index: int = 0) -> StepShape:
-  """Worst-case RL step: batch_prompts x group_size rows (kept after RoC), padded to the
-  bucket of max_prompt_tokens + the stage's response budget, rows rounded up to the row
-  multiple (data-parallel size x micro-batches) as the loop does."""
+  """Worst-case RL update: batch_prompts x group_size rows (kept after RoC; split over
+  ``rl.ppo_mini_batches`` updates), padded to the bucket of max_prompt_tokens + the stage's
+  response budget, rows rounded up to the row multiple (data-parallel size x micro-batches)
+  as the loop does."""
   budget = cfg.stages[stage_index].response_budget if cfg.stages else cfg.rollout.response_budget
   seq = length_bucket(cfg.rollout.max_prompt_tokens + budget, cfg.train.length_bucket)
   m = cfg.train.micro_batches
-  rows = _round_up(cfg.train.batch_prompts * cfg.rl.group_size, data_parallel_size(mesh_sizes) * m)
+  row_multiple = data_parallel_size(mesh_sizes) * m
+  rows = _round_up(cfg.train.batch_prompts * cfg.rl.group_size, row_multiple)
+  # rl.ppo_mini_batches > 1: each update gets its share of the rows (`RLLoop.update`'s rule).
+  rows = _round_up(-(-rows // cfg.rl.ppo_mini_batches), row_multiple)
   return StepShape(kind="rl", rows=rows, seq_len=seq, num_micro_batches=m)
 
 
@@ -265,6 +269,23 @@ def abstract_batch(
   return out
 
 
+def memory_bytes(compiled) -> dict[str, int]:
+  """Per-device bytes of a compiled step (``memory_analysis()``); ``peak_bytes`` is
+  argument + output - alias + temp (donated state buffers are reused for the new state)."""
+  mem = compiled.memory_analysis()
+  arg = int(mem.argument_size_in_bytes)
+  out = int(mem.output_size_in_bytes)
+  alias = int(mem.alias_size_in_bytes)
+  temp = int(mem.temp_size_in_bytes)
+  return {
+    "argument_bytes": arg,
+    "output_bytes": out,
+    "alias_bytes": alias,
+    "temp_bytes": temp,
+    "peak_bytes": arg + out - alias + temp,
+  }
+
+
 def compile_step(
   shape: StepShape,
   model_config: qwen3.Qwen3Config,
@@ -297,20 +318,11 @@ def compile_step(
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   hlo = compiled.as_text()
-  arg = int(mem.argument_size_in_bytes)
-  out = int(mem.output_size_in_bytes)
-  alias = int(mem.alias_size_in_bytes)
-  temp = int(mem.temp_size_in_bytes)
   return {
-    "argument_bytes": arg,
-    "output_bytes": out,
-    "alias_bytes": alias,
-    "temp_bytes": temp,
-    "peak_bytes": arg + out - alias + temp,
+    **memory_bytes(compiled),
     "state_bytes": sharded_bytes(state, js.state_shardings),
     "params_bytes": sharded_bytes(state.params, js.state_shardings.params),
     "batch_bytes": sharded_bytes(batch, {k: v.sharding for k, v in batch.items()}),
