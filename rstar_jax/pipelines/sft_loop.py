@@ -41,13 +41,40 @@ log = logging.getLogger(__name__)
 Sequence_ = tuple[list[int], list[int]]
 
 
-def encode_example(example: Any, tokenizer, chat_format_name: str | None = None) -> Sequence_:
+def chat_settings(run: RunConfig) -> dict[str, Any]:
+  """How SFT renders a chat's prompt: as RL's prompt builder (`AgentRunner.from_config`) and
+  the export's chat template (`hf_export.trained_chat_template`) do, from the run's
+  ``rollout`` section: ``chat_format``, ``system_prompt`` ('' = the format's) and
+  ``with_tools``. An SFT'd policy thus starts RL on the prompts it was fine-tuned on."""
+  r = run.rollout
+  return {
+    "chat_format_name": r.chat_format,
+    "system_prompt": r.system_prompt or None,
+    "with_tools": r.with_tools,
+  }
+
+
+def encode_example(
+  example: Any,
+  tokenizer,
+  chat_format_name: str | None = None,
+  system_prompt: str | None = None,
+  with_tools: bool = True,
+) -> Sequence_:
   """(ids, loss_mask) of one SFT item: a ChatExample, a Trajectory or an (ids, mask) pair.
-  ``chat_format_name``: render chats in that format (the RL run's ``rollout.chat_format``)."""
+  Chats render in ``chat_format_name`` with ``system_prompt`` (None = the format's) and the
+  tool block when ``with_tools`` (`chat_settings` gives the run's); a chat's own system
+  message replaces ``system_prompt``."""
   if isinstance(example, ChatExample):
     from rstar_jax.tokenization import chat_format
 
-    rc = chat_format.render_chat_ids(tokenizer, list(example.messages), fmt=chat_format_name)
+    rc = chat_format.render_chat_ids(
+      tokenizer,
+      list(example.messages),
+      system_prompt=system_prompt,
+      with_tools=with_tools,
+      fmt=chat_format_name,
+    )
     return rc.input_ids, rc.full_loss_mask
   if hasattr(example, "prompt_ids") and hasattr(example, "response_ids"):
     ids = list(example.prompt_ids) + list(example.response_ids)
@@ -61,14 +88,15 @@ def encode_example(example: Any, tokenizer, chat_format_name: str | None = None)
 
 
 def encode_all(
-  examples: Sequence[Any], tokenizer, max_seq_len: int, chat_format_name: str | None = None
+  examples: Sequence[Any], tokenizer, max_seq_len: int, **render: Any
 ) -> tuple[list[Sequence_], int]:
-  """Encodes every item; items longer than ``max_seq_len`` or with no trained token are
-  dropped (counted and logged, never truncated: a cut trajectory teaches a cut answer)."""
+  """Encodes every item (``render``: `encode_example`'s chat settings, e.g. `chat_settings`);
+  items longer than ``max_seq_len`` or with no trained token are dropped (counted and logged,
+  never truncated: a cut trajectory teaches a cut answer)."""
   out, dropped = [], 0
   for i, ex in enumerate(examples):
     try:
-      ids, mask = encode_example(ex, tokenizer, chat_format_name)
+      ids, mask = encode_example(ex, tokenizer, **render)
     except (ValueError, TypeError, KeyError) as e:
       src = getattr(ex, "extra", {}) or {}
       where = f" ({src['source']})" if "source" in src else ""
@@ -144,8 +172,7 @@ def run_sft(
         data_sources.train_problems(run) if run.data.synthetic is not None else [], chats
       ),
     )
-  fmt = run.rollout.chat_format
-  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len, None if fmt == "rstar2" else fmt)
+  seqs, dropped = encode_all(examples, tokenizer, s.max_seq_len, **chat_settings(run))
   bs = s.batch_size
   total = sft_total_steps(len(seqs), bs, s.epochs)
   warm = int(round(s.warmup_ratio * total))

@@ -77,3 +77,62 @@ def test_resume_is_bit_identical(setup, tmp_path):
   rb = read_jsonl_metrics(tmp_path / "b" / "sft_metrics.jsonl")
   assert [r["step"] for r in rb] == [1, 2, 3]
   assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
+
+
+@pytest.mark.parametrize("with_tools", [True, False])
+def test_sft_prompt_is_rls_prompt_with_the_configured_system_prompt(setup, with_tools, tmp_path):
+  """Before: SFT rendered every chat with the format's default system prompt and tool block,
+  ignoring ``rollout.system_prompt`` / ``with_tools`` that RL's prompts and the export use."""
+  import dataclasses
+
+  from rstar_jax.data.problems import Problem
+  from rstar_jax.pipelines.agent_runner import AgentRunner
+
+  cfg, examples, tok = setup
+  sp = "Solve it step by step; check arithmetic with the python tool."
+  run = dataclasses.replace(
+    cfg, rollout=dataclasses.replace(cfg.rollout, system_prompt=sp, with_tools=with_tools)
+  )
+  chat = examples[0]
+  assert chat.messages[0]["role"] == "user"  # no system message of its own
+  ids, mask = sft_loop.encode_example(chat, tok, **sft_loop.chat_settings(run))
+  rl_prompt = AgentRunner.from_config(run, None, None, tok).prompt_ids(
+    Problem(problem=chat.messages[0]["content"], answer="0")
+  )
+  assert ids[: len(rl_prompt)] == rl_prompt and not any(mask[: len(rl_prompt)])
+  head = tok.decode(ids[: len(rl_prompt)])
+  assert head.startswith(f"<|im_start|>system\n{sp}")
+  assert ("<tools>" in head) == with_tools
+  # The run's SFT data is rendered so: run_sft encodes with these settings.
+  seen = {}
+  real = sft_loop.encode_all
+
+  def spy(examples, tokenizer, max_seq_len, **render):
+    seen.update(render)
+    return real(examples, tokenizer, max_seq_len, **render)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(sft_loop, "encode_all", spy)
+    mp.setattr(sft_loop.runtime, "build_learner", _stop)  # the rendering is all this needs
+    with pytest.raises(_Stop):
+      sft_loop.run_sft(run, str(tmp_path), tokenizer=tok, examples=examples[:2])
+  assert seen == sft_loop.chat_settings(run)
+
+
+def test_default_system_prompt_renders_as_before(setup):
+  """At the default ``rollout.system_prompt`` ('') and ``with_tools`` (True) the SFT data is
+  unchanged: the format's own system prompt and tool block, as `render_chat_ids` gives them."""
+  cfg, examples, tok = setup
+  assert cfg.rollout.system_prompt == "" and cfg.rollout.with_tools
+  for ex in examples[:3]:
+    old = chat_format.render_chat_ids(tok, list(ex.messages), fmt=None)
+    ids, mask = sft_loop.encode_example(ex, tok, **sft_loop.chat_settings(cfg))
+    assert (ids, mask) == (old.input_ids, old.full_loss_mask)
+
+
+class _Stop(Exception):
+  pass
+
+
+def _stop(*a, **k):
+  raise _Stop
