@@ -64,12 +64,17 @@ def budget_bytes(run, devices) -> tuple[int | None, str]:
 
 
 def worst_shape(run, mesh_sizes: dict[str, int]) -> plan.StepShape:
-  """The largest batch the run's loop passes to one step: the planner's shapes (`rl_shape`
-  over every stage, the longest wins; `sft_shape`)."""
+  """The largest batch the run's loop passes to one step: the planner's shapes (`sft_shape`;
+  `rl_shape` over every stage, the longest wins), with an RL step's rows split over
+  ``rl.ppo_mini_batches`` updates as `RLLoop.update` splits them (the planner keeps all the
+  step's rows in one update: an upper bound)."""
   if run.mode == "sft":
     return plan.sft_shape(run, mesh_sizes)
   shapes = [plan.rl_shape(run, mesh_sizes, i) for i in range(max(len(run.stages), 1))]
-  return max(shapes, key=lambda s: (s.seq_len, s.rows))
+  shape = max(shapes, key=lambda s: (s.seq_len, s.rows))
+  row_multiple = plan.data_parallel_size(mesh_sizes) * shape.num_micro_batches
+  per_update = -(-shape.rows // run.rl.ppo_mini_batches)
+  return dataclasses.replace(shape, rows=-(-per_update // row_multiple) * row_multiple)
 
 
 def packed_rows(run, kind: str) -> bool:

@@ -130,17 +130,13 @@ def data_parallel_size(mesh_sizes: dict[str, int]) -> int:
 
 
 def rl_shape(cfg: RunConfig, mesh_sizes: dict[str, int], stage_index: int = 0) -> StepShape:
-  """Worst-case RL update: batch_prompts x group_size rows (kept after RoC; split over
-  ``rl.ppo_mini_batches`` updates), padded to the bucket of max_prompt_tokens + the stage's
-  response budget, rows rounded up to the row multiple (data-parallel size x micro-batches)
-  as the loop does."""
+  """Worst-case RL step: batch_prompts x group_size rows (kept after RoC), padded to the
+  bucket of max_prompt_tokens + the stage's response budget, rows rounded up to the row
+  multiple (data-parallel size x micro-batches) as the loop does."""
   budget = cfg.stages[stage_index].response_budget if cfg.stages else cfg.rollout.response_budget
   seq = length_bucket(cfg.rollout.max_prompt_tokens + budget, cfg.train.length_bucket)
   m = cfg.train.micro_batches
-  row_multiple = data_parallel_size(mesh_sizes) * m
-  rows = _round_up(cfg.train.batch_prompts * cfg.rl.group_size, row_multiple)
-  # rl.ppo_mini_batches > 1: each update gets its share of the rows (`RLLoop.update`'s rule).
-  rows = _round_up(-(-rows // cfg.rl.ppo_mini_batches), row_multiple)
+  rows = _round_up(cfg.train.batch_prompts * cfg.rl.group_size, data_parallel_size(mesh_sizes) * m)
   return StepShape(kind="rl", rows=rows, seq_len=seq, num_micro_batches=m)
 
 

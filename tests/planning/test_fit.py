@@ -76,10 +76,8 @@ def test_worst_shape_is_the_loops_largest_batch():
   # Two PPO mini-batches: each update gets half the rows (RLLoop.update's rule).
   import dataclasses
 
-  halves = plan.rl_shape(
-    dataclasses.replace(run, rl=dataclasses.replace(run.rl, ppo_mini_batches=2)), sizes
-  )
-  assert halves.rows == -(-shape.rows // 2)
+  two = dataclasses.replace(run, rl=dataclasses.replace(run.rl, ppo_mini_batches=2))
+  assert fit.worst_shape(two, sizes).rows == -(-shape.rows // 2)
   sft = _run("sft")
   s = fit.worst_shape(sft, sizes)
   assert (s.kind, s.rows, s.seq_len) == (
