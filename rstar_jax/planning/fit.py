@@ -82,6 +82,12 @@ def packed_rows(run, kind: str) -> bool:
   return bool(run.train.pack_rows) and (kind == "sft" or run.rl.loss_agg == "token-mean")
 
 
+def gib(n: float) -> str:
+  """Bytes as GiB, with the digits a small budget needs (0.001 GiB is not "0.00")."""
+  g = n / plan.GIB
+  return f"{g:.2f} GiB" if g >= 0.1 else f"{g:.2g} GiB"
+
+
 def _sampler_bytes(run, model_config, abstract_state, js) -> tuple[int, str]:
   if run.mode != "rl" or run.rollout.engine != "jax":
     return 0, ""
@@ -94,8 +100,8 @@ def _sampler_bytes(run, model_config, abstract_state, js) -> tuple[int, str]:
   shardings = getattr(js.state_shardings.params, "base", js.state_shardings.params)
   copy = plan.sharded_bytes(params, shardings)
   note = (
-    f" + JaxSampler {kv / plan.GIB:.2f} GiB KV cache (rollout.max_batch="
-    f"{run.rollout.max_batch} x max_len={max_len}) and {copy / plan.GIB:.2f} GiB params copy"
+    f"; + the JaxSampler's {gib(kv)} KV cache (rollout.max_batch={run.rollout.max_batch} x "
+    f"max_len={max_len}) and {gib(copy)} params copy"
   )
   return kv + copy, note
 
@@ -120,9 +126,10 @@ def _advice(run, shape: plan.StepShape) -> str:
 def _fail(run, shape, rows_per_micro, estimate, what, budget, source, extra_note):
   raise BatchDoesNotFit(
     f"train: the learner's {shape.kind}_step on its largest batch ({shape.rows} rows x "
-    f"{shape.seq_len} tokens, {shape.num_micro_batches} micro-batches of {rows_per_micro} "
-    f"rows per device) needs {estimate / plan.GIB:.2f} GiB per device ({what}{extra_note}), "
-    f"more than the {budget / plan.GIB:.2f} GiB budget ({source}); {_advice(run, shape)}"
+    f"{shape.seq_len} tokens; train.micro_batches={shape.num_micro_batches}, "
+    f"{rows_per_micro} rows per device per micro-batch) needs {gib(estimate)} per device "
+    f"({what}{extra_note}), more than the {gib(budget)} budget ({source}); "
+    f"{_advice(run, shape)}"
   )
 
 
@@ -156,7 +163,8 @@ def check_learner_fits(run, js, abstract_state, model_config) -> dict[str, Any] 
   batch_b = plan.sharded_bytes(batch, {k: v.sharding for k, v in batch.items()})
   floor = state_b + batch_b + extra
   if floor > budget:  # hopeless without compiling: params + optimizer state + batch alone
-    _fail(run, shape, rows_per_micro, floor, "state + batch alone", budget, source, extra_note)
+    what = "params, optimizer state and batch alone"
+    _fail(run, shape, rows_per_micro, floor, what, budget, source, extra_note)
   t0 = time.perf_counter()
   compiled = js.lower(f"{shape.kind}_step", state, batch).compile()
   mem = plan.memory_bytes(compiled)
@@ -179,7 +187,7 @@ def check_learner_fits(run, js, abstract_state, model_config) -> dict[str, Any] 
       shape,
       rows_per_micro,
       estimate,
-      "compiled step peak: args + outputs - aliased + temp",
+      "compiled step peak: arguments + outputs - aliased + temporaries",
       budget,
       source,
       extra_note,

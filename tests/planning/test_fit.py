@@ -113,7 +113,7 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
   with pytest.raises(fit.BatchDoesNotFit) as e:
     runtime.build_learner(_run(mode, device_memory_gib=tiny), total_steps=10)
   msg = str(e.value)
-  assert "\n" not in msg and "state + batch alone" in msg
+  assert "\n" not in msg and "params, optimizer state and batch alone" in msg
   shape = f["shape"]
   assert f"{shape['rows']} rows x {shape['seq_len']} tokens" in msg
   assert "train.micro_batches" in msg and "config.mesh.fsdp" in msg
@@ -123,8 +123,10 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
   with pytest.raises(fit.BatchDoesNotFit, match=r"compiled step peak") as e:
     runtime.build_learner(_run(mode, device_memory_gib=mid), total_steps=10)
   assert "\n" not in str(e.value)
-  assert f"{f['estimate_bytes'] / plan.GIB:.2f} GiB per device" in str(e.value)
-  assert f"more than the {mid:.2f} GiB budget (train.device_memory_gib=" in str(e.value)
+  assert f"needs {fit.gib(f['estimate_bytes'])} per device" in str(e.value)
+  assert f"more than the {fit.gib(int(mid * plan.GIB))} budget (train.device_memory_gib=" in str(
+    e.value
+  )
 
 
 def test_no_budget_skips_and_logs_once(caplog, monkeypatch):
@@ -201,7 +203,10 @@ def test_launcher_batch_that_cannot_fit_is_one_line(tmp_path):
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   lines = [ln for ln in proc.stderr.splitlines() if "rl_step on its largest batch" in ln]
-  assert len(lines) == 1 and "budget (train.device_memory_gib=0.0001)" in lines[0], proc.stderr
+  assert (
+    len(lines) == 1
+    and "more than the 0.0001 GiB budget (train.device_memory_gib=0.0001)" in lines[0]
+  ), proc.stderr
   assert not os.path.exists(tmp_path / "run" / "ckpt")
 
 
@@ -223,6 +228,7 @@ def test_lora_state_is_checked_before_allocation(no_allocation):
   cfg.train.device_memory_gib = 1e-4
   run = from_config_dict(cfg, "sft", check_inputs=False)
   with pytest.raises(
-    fit.BatchDoesNotFit, match=r"sft_step on its largest batch .*\(state \+ batch alone"
+    fit.BatchDoesNotFit,
+    match=r"sft_step on its largest batch .*\(params, optimizer state and batch alone",
   ):
     runtime.build_learner(run, total_steps=10)
