@@ -194,7 +194,7 @@ def check_learner_fits(run, js, abstract_state, model_config) -> dict[str, Any] 
     )
   log.info(
     "learner memory: %s_step on %d rows x %d tokens needs %.2f GiB of %.2f GiB per device "
-    "(%s; compiled in %.1f s, reused by the loop for that shape)",
+    "(%s; compiled in %.1f s, the executable the loop runs when a batch has that shape)",
     shape.kind,
     shape.rows,
     shape.seq_len,
