@@ -86,7 +86,7 @@ def test_sft_prompt_is_rls_prompt_with_the_configured_system_prompt(setup, with_
   import dataclasses
 
   from rstar_jax.data.problems import Problem
-  from rstar_jax.pipelines.agent_runner import AgentRunner
+  from rstar_jax.pipelines import wiring
 
   cfg, examples, tok = setup
   sp = "Solve it step by step; check arithmetic with the python tool."
@@ -96,9 +96,15 @@ def test_sft_prompt_is_rls_prompt_with_the_configured_system_prompt(setup, with_
   chat = examples[0]
   assert chat.messages[0]["role"] == "user"  # no system message of its own
   ids, mask = sft_loop.encode_example(chat, tok, **sft_loop.chat_settings(run))
-  rl_prompt = AgentRunner.from_config(run, None, None, tok).prompt_ids(
-    Problem(problem=chat.messages[0]["content"], answer="0")
-  )
+  # RL's prompt builder: the runner the run config describes (issue 28 moves its builder from
+  # AgentRunner.from_config to wiring.make_runner).
+  if hasattr(wiring, "make_runner"):
+    runner = wiring.make_runner(run, None, None, tok)
+  else:
+    from rstar_jax.pipelines.agent_runner import AgentRunner
+
+    runner = AgentRunner.from_config(run, None, None, tok)
+  rl_prompt = runner.prompt_ids(Problem(problem=chat.messages[0]["content"], answer="0"))
   assert ids[: len(rl_prompt)] == rl_prompt and not any(mask[: len(rl_prompt)])
   head = tok.decode(ids[: len(rl_prompt)])
   assert head.startswith(f"<|im_start|>system\n{sp}")
