@@ -345,22 +345,49 @@ def _user_traceback(exc):
 
 
 def _new_std_streams():
+  sys.stdin, sys.stdout, sys.stderr = _std_streams()
+
+
+def _std_streams():
   # closefd=False: the fds belong to the process, a new wrapper per call must not close them.
-  sys.stdin = io.TextIOWrapper(
-    io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+  return (
+    io.TextIOWrapper(
+      io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+    ),
+    io.TextIOWrapper(
+      io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+      encoding="utf-8",
+      errors="backslashreplace",
+      write_through=False,
+    ),
+    io.TextIOWrapper(
+      io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+      encoding="utf-8",
+      errors="backslashreplace",
+      write_through=True,
+    ),
   )
-  sys.stdout = io.TextIOWrapper(
-    io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-    encoding="utf-8",
-    errors="backslashreplace",
-    write_through=False,
-  )
-  sys.stderr = io.TextIOWrapper(
-    io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-    encoding="utf-8",
-    errors="backslashreplace",
-    write_through=True,
-  )
+
+
+# A plain call's std streams, built once in the template (on /dev/null, seekable like the
+# memfds the call's fds 0-2 become): every call is forked from the same untouched, empty
+# wrappers, so building them (codec lookup, buffers: ~80 copy-on-write faults) is not per call.
+_PREBUILT_STREAMS = None
+
+
+def _prebuild_std_streams():
+  global _PREBUILT_STREAMS
+  devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+  saved = [os.dup(fd) for fd in (0, 1, 2)]
+  try:
+    for fd in (0, 1, 2):
+      os.dup2(devnull, fd)
+    _PREBUILT_STREAMS = _std_streams()
+  finally:
+    for fd, keep in zip((0, 1, 2), saved):
+      os.dup2(keep, fd)
+      os.close(keep)
+    os.close(devnull)
 
 
 def _flush_std():
@@ -458,11 +485,16 @@ def _drop_to_user(cfg, uid, scratch, cpu_s):
   if cfg["seccomp"] is not None:
     install_seccomp(cfg["seccomp"])
   os.chdir(scratch)
+  if not cfg.get("call_env_set"):  # rlimits level: the scratch dir differs per call
+    _set_call_env(cfg, scratch)
+
+
+def _set_call_env(cfg, home):
   os.environ.clear()
   os.environ.update(cfg["user_env"])
-  os.environ["HOME"] = scratch
-  os.environ["TMPDIR"] = scratch
-  os.environ["PWD"] = scratch
+  os.environ["HOME"] = home
+  os.environ["TMPDIR"] = home
+  os.environ["PWD"] = home
 
 
 def _wait_as_init(user_pid):
@@ -567,7 +599,10 @@ def _under(paths, covered):
 
 def _user_main(cfg, job):
   _drop_to_user(cfg, job["uid"], job.get("home") or job["scratch"], job["cpu_s"])
-  _new_std_streams()
+  if _PREBUILT_STREAMS is not None:
+    sys.stdin, sys.stdout, sys.stderr = _PREBUILT_STREAMS
+  else:
+    _new_std_streams()
   kind = job["kind"]
   if kind in ("exec", "func"):
     data = os.pread(3, os.fstat(3).st_size, 0)  # the host wrote it; only this process reads it
@@ -1658,6 +1693,12 @@ def main():
   if cfg["drop_uid"] and not cfg["pidns"]:
     _kill_uid_range(cfg["uid_lo"], cfg["uid_hi"])  # leftovers of a dead predecessor
   tpl = Template(cfg, ctl_in, ctl_out)
+  if cfg["private_scratch"]:
+    # Every call's home is the same path (its own tmpfs there): its environment is set here
+    # once and inherited, instead of rebuilt in each call (~90 copy-on-write faults a call).
+    _set_call_env(cfg, "/tmp" if "/tmp" in cfg["shared_tmp_dirs"] else cfg["scratch_root"])
+    cfg["call_env_set"] = True
+  _prebuild_std_streams()
   gc.collect()
   gc.freeze()  # keep the preloaded heap out of the children's GC passes: fewer CoW faults
   write_frame(
