@@ -34,7 +34,7 @@ import io
 import linecache
 import os
 import resource
-import selectors
+import select
 import signal
 import socket
 import struct
@@ -715,6 +715,31 @@ def check_request(req):
   return req
 
 
+class _Poller:
+  """epoll with one payload per fd (the template's hot loop: no `selectors` key objects).
+  The payloads of a batch are taken when it is polled, so a handler that unregisters or
+  reuses an fd number cannot redirect a later event of the same batch."""
+
+  def __init__(self):
+    self.ep = select.epoll()
+    self.data = {}
+
+  def register(self, fd, data):
+    self.ep.register(fd, select.EPOLLIN)
+    self.data[fd] = data
+
+  def unregister(self, fd):
+    self.ep.unregister(fd)
+    del self.data[fd]
+
+  def poll(self, timeout):
+    try:
+      events = self.ep.poll(-1 if timeout is None else timeout)
+    except InterruptedError:
+      return []
+    return [self.data[fd] for fd, _ in events if fd in self.data]
+
+
 class Template:
   def __init__(self, cfg, ctl_in, ctl_out):
     self.cfg = cfg
@@ -725,7 +750,7 @@ class Template:
     self.free_uids = collections.deque(range(cfg["uid_lo"], cfg["uid_hi"]))
     self.calls = {}  # pidfd -> call record (exec/func)
     self.sessions = {}  # session_id -> session record
-    self.sel = selectors.DefaultSelector()
+    self.sel = _Poller()
     self.buf = bytearray()
     self.fd_sock = socket.socket(fileno=cfg["fd_sock"])
     self.fd_sock.set_inheritable(False)  # not into the posix_spawn'ed PID 1s
@@ -745,8 +770,18 @@ class Template:
     # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
     self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     self.subreaper = not cfg["drop_uid"] and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
+    self._watch_children()
+
+  def _watch_children(self, force=False):
+    """SIGCHLD wakes the loop only while someone needs it: sessions (they report a call's end
+    by stopping) and the rlimits level's orphan sweep. A plain call's end comes from its
+    pidfd, so without sessions its exit costs no signal delivery, handler run or extra wakeup."""
+    want = bool(self.sessions) or self.subreaper or force
+    if want != getattr(self, "_sigchld_on", None):
+      # SIG_DFL, not SIG_IGN: ignoring SIGCHLD would make the kernel reap our children.
+      signal.signal(signal.SIGCHLD, (lambda *_: None) if want else signal.SIG_DFL)
+      self._sigchld_on = want
 
   # -- resources
   def _alloc_uid(self):
@@ -881,7 +916,7 @@ class Template:
     except ProcessLookupError:
       pass
     self.reaping[ipidfd] = (ipid, uid, scratch)
-    self.sel.register(ipidfd, selectors.EVENT_READ, ("init", ipidfd))
+    self.sel.register(ipidfd, ("init", ipidfd))
 
   def on_init_dead(self, ipidfd):
     entry = self.reaping.get(ipidfd)
@@ -961,7 +996,7 @@ class Template:
       "cpu_s": job["cpu_s"],
     }
     self.calls[pidfd] = call
-    self.sel.register(pidfd, selectors.EVENT_READ, ("call", pidfd))
+    self.sel.register(pidfd, ("call", pidfd))
 
   def _give_back(self, taken):
     d = dict(taken)
@@ -1064,6 +1099,7 @@ class Template:
         "scratch": scratch,
         "cpu_s": int(self.cfg["session_cpu_s"]),
       }
+      self._watch_children(force=True)  # before its first stop
       pid, init = self._fork(job, {**fds, "rc": rc_fd})
     except BaseException:
       self._give_back(taken)
@@ -1085,7 +1121,7 @@ class Template:
       "stopped": False,
     }
     self.sessions[sid] = s
-    self.sel.register(pidfd, selectors.EVENT_READ, ("sess_dead", sid))
+    self.sel.register(pidfd, ("sess_dead", sid))
     return s
 
   def session_call(self, req, fds):
@@ -1281,6 +1317,7 @@ class Template:
     if pid == 0:  # stale event (the session was closed and restarted in this select batch)
       return
     del self.sessions[sid]
+    self._watch_children()
     self.sel.unregister(s["pidfd"])
     rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
     if s["call"] is not None and s["call"].get("running"):
@@ -1380,13 +1417,12 @@ class Template:
 
   def run(self):
     os.set_blocking(self.ctl_in, False)
-    self.sel.register(self.ctl_in, selectors.EVENT_READ, ("ctl", None))
-    self.sel.register(self.sig_r, selectors.EVENT_READ, ("sigchld", None))
+    self.sel.register(self.ctl_in, ("ctl", None))
+    self.sel.register(self.sig_r, ("sigchld", None))
     try:
       while True:
         timeout = self.check_deadlines()
-        for key, _ in self.sel.select(timeout):
-          what, arg = key.data
+        for what, arg in self.sel.poll(timeout):
           if what == "ctl":
             self.on_control()
           elif what == "call":

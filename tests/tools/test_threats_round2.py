@@ -441,8 +441,12 @@ def test_each_call_starts_from_the_templates_untouched_env_and_streams(runner, l
     assert r.status == "ok", r  # (reconfigure flushed its own bytes: its output, not leaked)
     r = runner.run(lpool.execute(f"EXPECTED = {expected!r}\n" + _CHECK, stdin="abcdef"))
     assert (r.status, r.stdout, r.stderr) == ("ok", want, "\u00e9\n"), r
-  r = runner.run(
-    lpool.execute(f"EXPECTED = {expected!r}\n" + _CHECK, stdin="abcdef", session_id="fresh")
-  )
-  runner.run(lpool.close_session("fresh"))
-  assert (r.status, r.stdout, r.stderr) == ("ok", want, "\u00e9\n"), r
+  # Twice: the template listens for session stops only while it has a session.
+  for sid in ("fresh", "fresh-again"):
+    r = runner.run(
+      lpool.execute(f"EXPECTED = {expected!r}\n" + _CHECK, stdin="abcdef", session_id=sid)
+    )
+    assert (r.status, r.stdout, r.stderr) == ("ok", want, "\u00e9\n"), r
+    r = runner.run(lpool.execute("print(sys.stdin.read())", stdin="x", session_id=sid))
+    assert (r.status, r.stdout) == ("ok", "x\n"), r
+    assert runner.run(lpool.close_session(sid))
