@@ -445,6 +445,20 @@ def exec_user_code(code, namespace):
     return 1
 
 
+def _warm_user_path():
+  """Runs once in the template what every call's first pass through `exec_user_code` would
+  otherwise set up in its own process (linecache's entry, the parse / compile / eval paths):
+  ~25 fewer copy-on-write faults per call. Nothing of a call's is involved."""
+  probe = "x = 1\nx\n"
+  tree = ast.parse(probe, USER_FILENAME, "exec")
+  last = ast.Expression(tree.body.pop().value)
+  ns = _fresh_namespace()
+  exec(compile(tree, USER_FILENAME, "exec"), ns)
+  eval(compile(last, USER_FILENAME, "eval"), ns)
+  linecache.cache[USER_FILENAME] = (len(probe), None, probe.splitlines(True), USER_FILENAME)
+  del linecache.cache[USER_FILENAME]
+
+
 def _fresh_namespace():
   return {"__name__": "__main__", "__builtins__": builtins}
 
@@ -1735,6 +1749,7 @@ def main():
     _set_call_env(cfg, "/tmp" if "/tmp" in cfg["shared_tmp_dirs"] else cfg["scratch_root"])
     cfg["call_env_set"] = True
   _prebuild_std_streams()
+  _warm_user_path()
   gc.collect()
   gc.freeze()  # keep the preloaded heap out of the children's GC passes: fewer CoW faults
   write_frame(
