@@ -747,10 +747,7 @@ class _Poller:
     del self.data[fd]
 
   def poll(self, timeout):
-    try:
-      events = self.ep.poll(-1 if timeout is None else timeout)
-    except InterruptedError:
-      return []
+    events = self.ep.poll(-1 if timeout is None else timeout)  # EINTR: retried by Python
     return [self.data[fd] for fd, _ in events if fd in self.data]
 
 
@@ -781,10 +778,11 @@ class Template:
       for name in os.listdir(self.scratch_root):
         wire.rmtree(os.path.join(self.scratch_root, name))
     self.serial = 0
-    # Session processes report the end of a call by stopping: SIGCHLD wakes the selector.
+    # Session processes report the end of a call by stopping: SIGCHLD wakes the poller.
     self.sig_r, self.sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     self.subreaper = not cfg["drop_uid"] and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     signal.set_wakeup_fd(self.sig_w, warn_on_full_buffer=False)
+    self._sigchld_on = None
     self._watch_children()
 
   def _watch_children(self, force=False):
@@ -792,7 +790,7 @@ class Template:
     by stopping) and the rlimits level's orphan sweep. A plain call's end comes from its
     pidfd, so without sessions its exit costs no signal delivery, handler run or extra wakeup."""
     want = bool(self.sessions) or self.subreaper or force
-    if want != getattr(self, "_sigchld_on", None):
+    if want != self._sigchld_on:
       # SIG_DFL, not SIG_IGN: ignoring SIGCHLD would make the kernel reap our children.
       signal.signal(signal.SIGCHLD, (lambda *_: None) if want else signal.SIG_DFL)
       self._sigchld_on = want
