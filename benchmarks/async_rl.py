@@ -39,8 +39,8 @@ from configs import rstar2_tiny_cpu  # noqa: E402
 from rstar_jax.config import from_config_dict  # noqa: E402
 from rstar_jax.data.problems import Problem  # noqa: E402
 from rstar_jax.pipelines import rl_loop, runtime  # noqa: E402
-from rstar_jax.pipelines.agent_runner import AgentRunner  # noqa: E402
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics  # noqa: E402
+from rstar_jax.rollout.agent_runner import AgentRunner  # noqa: E402
 from rstar_jax.rollout.types import GenerateResult  # noqa: E402
 from rstar_jax.tokenization import chat_format as cf  # noqa: E402
 from rstar_jax.tokenization.bpe import train_bpe_tokenizer  # noqa: E402

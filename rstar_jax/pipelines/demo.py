@@ -27,7 +27,7 @@ from typing import Any
 from rstar_jax.config import ColdStartConfig as ColdStartSection
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner
+from rstar_jax.pipelines import wiring
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +167,11 @@ async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict
   from rstar_jax.pipelines import evaluation
 
   mc = cfg.model.qwen3_config()
-  async with agent_runner.open_runner(cfg, mc, params, tokenizer) as runner:
+  async with wiring.open_runner(cfg, mc, params, tokenizer) as runner:
     return await evaluation.evaluate(
       runner,
       problems,
-      agent_runner.eval_settings(cfg),
+      wiring.eval_settings(cfg, tokenizer=tokenizer),
       k=k,
       seed=seed,
       progress_every_s=cfg.train.progress_every_s,
@@ -223,7 +223,7 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   )
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       rcfg, learner.model_config, learner.params_copy(), tokenizer
     ) as runner:
       loop = rl_loop.RLLoop(

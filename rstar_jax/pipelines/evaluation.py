@@ -25,8 +25,9 @@ from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.models import lora
 from rstar_jax.pipelines import rl_metrics
-from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
 from rstar_jax.pipelines.metrics_log import Progress
+from rstar_jax.rollout.agent_loop import RolloutSettings
+from rstar_jax.rollout.agent_runner import AgentRunner
 from rstar_jax.rollout.sources import SyncSource
 
 # Problem i's group is seeded seed * 1_000_003 + 17 + i * 7_919: the rule of the reports
@@ -144,7 +145,7 @@ def run_eval(
   ``eval.max_problems``.
   """
   from rstar_jax.learner.checkpoint import Checkpointer
-  from rstar_jax.pipelines import agent_runner, data_sources, eval_protocols, runtime
+  from rstar_jax.pipelines import data_sources, eval_protocols, runtime, wiring
 
   if problems is None:
     problems = data_sources.eval_problems(run)
@@ -169,7 +170,7 @@ def run_eval(
   runtime.check_vocab(tokenizer, model_config)
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       run,
       model_config,
       hostdata.local_params(params),  # [multi-process]
@@ -179,7 +180,7 @@ def run_eval(
       return await evaluate(
         runner,
         problems,
-        agent_runner.eval_settings(run),
+        wiring.eval_settings(run, tokenizer=tokenizer),
         k=eval_protocols.resolve(run.eval).k,
         seed=run.eval.seed,
         progress_every_s=run.train.progress_every_s,

@@ -48,7 +48,8 @@ def _config(mode):
 def run_rl(workdir, steps):
   import jax
 
-  from rstar_jax.pipelines import agent_runner, rl_loop
+  from rstar_jax.pipelines import rl_loop
+  from rstar_jax.rollout import agent_runner
 
   async def rule_rewards(self, trajs, answers):
     return [float(sum(t.response_ids) % 2) for t in trajs]

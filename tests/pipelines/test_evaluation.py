@@ -9,7 +9,9 @@ import pytest
 
 from rstar_jax.config import from_config_dict
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner, evaluation
+from rstar_jax.pipelines import evaluation
+from rstar_jax.rollout import agent_runner
+from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import GenerateResult
 from rstar_jax.tokenization import bpe, chat_format
 from rstar_jax.tools.code_pool import CodePool
@@ -63,9 +65,7 @@ def test_evaluate_metrics_with_real_tools_and_verifier(tokenizer, tmp_path):
   async def main():
     async with CodePool(num_workers=2) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, CODES), pool, tokenizer)
-      settings = agent_runner.RolloutSettings(
-        response_budget=400, max_turns=3, temperature=0.6, top_p=0.95
-      )
+      settings = RolloutSettings(response_budget=400, max_turns=3, temperature=0.6, top_p=0.95)
       return await evaluation.evaluate(runner, PROBLEMS, settings, k=2, seed=1, keep_samples=2)
 
   report = asyncio.run(main())
@@ -86,7 +86,7 @@ def test_truncation_counted_when_budget_is_too_small(tokenizer):
   async def main():
     async with CodePool(num_workers=1) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, CODES), pool, tokenizer)
-      settings = agent_runner.RolloutSettings(response_budget=8, max_turns=3)
+      settings = RolloutSettings(response_budget=8, max_turns=3)
       return await evaluation.evaluate(runner, PROBLEMS[:1], settings, k=1)
 
   m = asyncio.run(main())["metrics"]
