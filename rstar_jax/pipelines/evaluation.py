@@ -23,8 +23,9 @@ import numpy as np
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
+from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.models import lora
-from rstar_jax.pipelines import rl_metrics
+from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics, wiring
 from rstar_jax.pipelines.metrics_log import Progress
 from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.agent_runner import AgentRunner
@@ -144,8 +145,6 @@ def run_eval(
   ``problems``, else ``run.eval.path`` / ``data.synthetic`` held-out split, capped at
   ``eval.max_problems``.
   """
-  from rstar_jax.learner.checkpoint import Checkpointer
-  from rstar_jax.pipelines import data_sources, eval_protocols, runtime, wiring
 
   if problems is None:
     problems = data_sources.eval_problems(run)
@@ -161,13 +160,13 @@ def run_eval(
     )
   model_config = run.model.qwen3_config()
   if params is None and checkpoint_dir:
-    learner = runtime.build_learner_for_restore(run)
+    learner = wiring.build_learner_for_restore(run)
     with Checkpointer(checkpoint_dir) as ck:
       learner.state, _ = ck.restore(learner.state)
     params = lora.merged(learner.state.params)  # LoRA: the merged weights
   elif params is None:
-    params = runtime.initial_params(run, model_config)
-  runtime.check_vocab(tokenizer, model_config)
+    params = wiring.initial_params(run, model_config)
+  data_sources.check_vocab(tokenizer, model_config)
 
   async def main():
     async with wiring.open_runner(

@@ -51,8 +51,8 @@ from rstar_jax.pipelines import stages as stages_lib
 from rstar_jax.pipelines.evaluation import evaluate
 from rstar_jax.pipelines.loop_state import LoopPosition
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
-from rstar_jax.pipelines.runtime import Learner
 from rstar_jax.pipelines.step_data import Rollouts, Scores, Selected
+from rstar_jax.pipelines.wiring import Learner
 from rstar_jax.rollout.agent_runner import AgentRunner
 from rstar_jax.rollout.sources import GroupSource, StageFeed, SyncSource, WeightTransfer
 
@@ -64,7 +64,7 @@ class RLLoop:
 
   Args:
     run: typed run config (mode "rl").
-    learner: model, optimizer, jitted steps and live state (`runtime.build_learner`).
+    learner: model, optimizer, jitted steps and live state (`wiring.build_learner`).
     runner: shared engine, code pool, tokenizer and reward (`rollout.agent_runner.AgentRunner`).
     workdir: checkpoints (``ckpt/``), metrics (``metrics.jsonl``, ``tb/``).
     problems: the training problems (default: ``run.data.train_path``).

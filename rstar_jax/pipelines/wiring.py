@@ -1,6 +1,11 @@
-"""Builds the run's parts from a typed `RunConfig`: the rollout settings, the engine, the code
-pool, the agent runner, the group source, the training set, and the learner and tokenizer of an
-RL run.
+"""Builds the run's parts from a typed `RunConfig`: the learner (model, mesh, optimizer, jitted
+steps, state), the rollout settings, the engine, the code pool, the agent runner, the group
+source, the training set, and the pieces of an RL run (`rl_setup`).
+
+Where the policy comes from (``config.model``):
+  * ``hf_dir`` non-empty: an HF directory (config.json + safetensors [+ tokenizer.json]);
+  * otherwise a tiny Qwen3 built from the ``model`` dims and randomly initialised from
+    ``train.seed`` (CPU demo, tests).
 
 The one place a config section becomes an object: the loops take the objects and never read the
 config to decide how a part is built.
@@ -17,13 +22,17 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from rstar_jax.config import RunConfig, StageConfig, ToolConfig
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import fleet
 from rstar_jax.errors import UserError
-from rstar_jax.pipelines import data_sources, eval_protocols, runtime
+from rstar_jax.learner import optim, steps
+from rstar_jax.learner.train_state import TrainState
+from rstar_jax.models import lora, qwen3
+from rstar_jax.pipelines import data_sources, eval_protocols
 from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.agent_runner import AgentRunner
@@ -31,6 +40,7 @@ from rstar_jax.rollout.async_source import AsyncSource
 from rstar_jax.rollout.jax_sampler import JaxSampler
 from rstar_jax.rollout.sglang_engine import SGLangEngine
 from rstar_jax.rollout.sources import GroupSource, SyncSource
+from rstar_jax.sharding.mesh import make_mesh
 from rstar_jax.tokenization import chat_format
 from rstar_jax.tools import noise as tool_noise
 from rstar_jax.tools.client import CodePoolClient
@@ -78,6 +88,106 @@ def tool_pool(tool: ToolConfig):
       ray.init(address=tool.ray_address or "auto")
     return RayCodePool(PoolConfig(**limits))
   raise ValueError(f"tool.backend: expected one of {TOOL_BACKENDS}, got {backend!r}")
+
+
+# ---------------------------------------------------------------------------------- learner
+
+
+def mesh_from(run: RunConfig) -> jax.sharding.Mesh:
+  """The learner mesh; ``mesh.num_devices`` (0 = all) uses only the first n devices."""
+  n = run.mesh.num_devices
+  return make_mesh(run.mesh.axes, jax.devices()[:n] if n else None)
+
+
+def data_parallel_size(js: steps.JittedSteps) -> int:
+  out = 1
+  for a in js.data_axes:
+    out *= js.mesh.shape[a]
+  return out
+
+
+@dataclasses.dataclass
+class Learner:
+  """The trainable side of a run: model config, optimizer, jitted steps and the live state."""
+
+  model_config: qwen3.Qwen3Config
+  optim_config: optim.OptimConfig
+  tx: Any
+  jitted: steps.JittedSteps
+  state: TrainState
+  push_adapters: bool = False  # LoRA with rollout.lora_push=adapters
+
+  @property
+  def row_multiple(self) -> int:
+    return data_parallel_size(self.jitted) * self.jitted.num_micro_batches
+
+  def params_copy(self):
+    """A copy of the params that survives the next (donating) step, e.g. for the sampler;
+    with LoRA the merged weights (samplers and pushes get plain Qwen3 params), or with
+    ``rollout.lora_push=adapters`` the `lora.LoraParams` themselves (the SGLang engine then
+    pushes the adapters; the JaxSampler merges them)."""
+    if self.push_adapters:
+      return jax.tree.map(jnp.copy, self.state.params)
+    return lora.merged_copy(self.state.params)
+
+
+def initial_params(run: RunConfig, model_config: qwen3.Qwen3Config, mesh=None):
+  dtype = jnp.dtype(run.model.param_dtype)
+  if run.model.hf_dir:
+    return qwen3.load_hf_params(run.model.hf_dir, model_config, mesh=mesh, dtype=dtype)
+  return qwen3.init_params(model_config, jax.random.key(run.train.seed), dtype=dtype)
+
+
+def build_learner(
+  run: RunConfig, *, total_steps: int | None = None, params=None, base_ref: str = ""
+) -> Learner:
+  """Model config, optimizer, jitted steps on the config's mesh, and a fresh sharded state.
+
+  With ``model.lora_rank > 0`` the params become `lora.LoraParams` (``params`` or the config's
+  model as the frozen base, fresh adapters) and only the adapters train; ``base_ref`` names
+  that base in checkpoints and PEFT exports (default ``model.hf_dir``, else the init seed).
+  """
+  model_config = run.model.qwen3_config()
+  oc = run.optim.learner_config(total_steps)
+  tx = optim.make_optimizer(oc)
+  mesh = mesh_from(run)
+  if params is None:
+    params = initial_params(run, model_config, mesh)
+  else:
+    # The steps donate the state: copy so the caller's arrays (e.g. the SFT result) survive.
+    params = jax.tree.map(jnp.copy, params)
+  base_ref = base_ref or (
+    os.path.abspath(run.model.hf_dir)
+    if run.model.hf_dir
+    else f"init_params(train.seed={run.train.seed})"
+  )
+  lora_cfg = run.model.lora_config(base_ref, run.train.seed)
+  if lora_cfg is None:
+    js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=run.step_config(oc))
+  else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
+    params = lora.make_params(params, model_config, lora_cfg, jax.random.key(run.train.seed + 1))
+    tx = lora.optimizer(tx, params)
+    js = lora.make_jitted_steps(
+      model_config,
+      lora_cfg,
+      mesh,
+      tx=tx,
+      config=run.step_config(oc),
+      param_dtype=run.model.param_dtype,
+    )
+  state = js.shard_state(TrainState.create(params, tx, run.train.seed))
+  push_adapters = lora_cfg is not None and run.rollout.lora_push == "adapters"
+  return Learner(model_config, oc, tx, js, state, push_adapters=push_adapters)
+
+
+def build_learner_for_restore(run: RunConfig) -> Learner:
+  """A Learner whose state has the right structure to restore a checkpoint into (the schedule
+  length does not change the optimizer state's structure, so a cosine schedule without
+  ``total_steps`` gets a placeholder)."""
+  total = None
+  if run.optim.schedule == "cosine" and not run.optim.total_steps:
+    total = run.optim.warmup_steps + 1
+  return build_learner(run, total_steps=total)
 
 
 # ---------------------------------------------------------------- rollout settings, engine, runner
@@ -252,7 +362,7 @@ def rl_setup(
   eval_problems: Sequence[Problem] | None = None,
   tokenizer: Any = None,
   params: Any = None,
-) -> tuple[Sequence[Problem], Sequence[Problem] | None, Any, runtime.Learner]:
+) -> tuple[Sequence[Problem], Sequence[Problem] | None, Any, Learner]:
   """(problems, eval_problems, tokenizer, learner) of an RL run: each from the config unless
   given (``eval_problems`` only when ``train.eval_every``; a from-scratch model's tokenizer
   is trained into ``workdir``)."""
@@ -263,6 +373,6 @@ def rl_setup(
     eval_problems = data_sources.eval_problems(run)
   if tokenizer is None:
     tokenizer = data_sources.ensure_tokenizer(run, workdir, data_sources.tokenizer_corpus(problems))
-  learner = runtime.build_learner(run, params=params)
-  runtime.check_vocab(tokenizer, learner.model_config)
+  learner = build_learner(run, params=params)
+  data_sources.check_vocab(tokenizer, learner.model_config)
   return problems, eval_problems, tokenizer, learner

@@ -92,10 +92,10 @@ def save_params(out, workdir):
 
 def main():
   mode, workdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import launch
 
-  runtime.setup_logging()
-  runtime.maybe_initialize_distributed()
+  launch.setup_logging()
+  launch.maybe_initialize_distributed()
   import jax
 
   if mode == "rl":

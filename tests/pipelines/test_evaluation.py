@@ -126,7 +126,7 @@ class PlannedEngine(ScriptedEngine):
 
 def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path, roc_mode="paper"):
   from configs import rstar2_tiny_cpu
-  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines import rl_loop, wiring
 
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
@@ -145,7 +145,7 @@ def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path
     )
   ]
   cfg = from_config_dict(cfg)
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
   problems = [Problem(problem="What is 6 times 7?", answer="42")]
 
   async def main():
@@ -177,7 +177,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   import signal
 
   from configs import rstar2_tiny_cpu
-  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines import rl_loop, wiring
 
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
@@ -197,7 +197,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   q = "What is 6 times 7?"
   codes = {q: "import time\ntime.sleep(1.0)\nprint(6 * 7)"}
   cfg = from_config_dict(cfg)
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
 
   async def main():
     async with CodePool(num_workers=4) as pool:

@@ -19,7 +19,7 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import data_sources, rl_loop, runtime, wiring
+from rstar_jax.pipelines import data_sources, rl_loop, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout.agent_loop import RolloutSettings
@@ -92,7 +92,7 @@ class FlakyEngine:
 
 def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
   cfg = from_config_dict(cfg, "rl")
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
 
   async def main():
     engine = wiring.build_engine(cfg, learner.model_config, learner.params_copy(), tokenizer)
@@ -240,7 +240,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   cfg.rl.group_size, cfg.rl.oversample = 2, 2  # groups of 4 below, RoC keeps 2
   cfg.rl.roc_mode = "released"
   run = from_config_dict(cfg)
-  learner = runtime.build_learner(run)
+  learner = wiring.build_learner(run)
 
   class Runner(_FakeRunner):
     pad_id = 0
@@ -331,7 +331,7 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path, metrics_d
       drop_solved_k_of_k=0,
     )
   ]
-  learner = runtime.build_learner(from_config_dict(cfg))
+  learner = wiring.build_learner(from_config_dict(cfg))
 
   async def main():
     async with MockSGLangServer(vocab_size=1024) as server:
@@ -372,7 +372,7 @@ def test_resume_after_steps_without_update(setup, tmp_path):
 
   def run(max_steps):
     rc = from_config_dict(cfg)
-    learner = runtime.build_learner(rc)
+    learner = wiring.build_learner(rc)
 
     async def main():
       async with wiring.open_runner(rc, learner.model_config, learner.params_copy(), tok) as runner:

@@ -11,7 +11,7 @@ from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.models import qwen3_hf_layout as layout
-from rstar_jax.pipelines import data_sources, rl_loop, runtime, wiring
+from rstar_jax.pipelines import data_sources, rl_loop, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
 
@@ -54,7 +54,7 @@ def test_rl_loop_pushes_through_transport(transport, delta, tmp_path, tok_dir):
       drop_solved_k_of_k=0,
     )
   ]
-  learner = runtime.build_learner(from_config_dict(cfg))
+  learner = wiring.build_learner(from_config_dict(cfg))
 
   async def main():
     async with MockSGLangServer(vocab_size=1024) as server:
