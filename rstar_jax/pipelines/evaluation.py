@@ -100,7 +100,11 @@ async def evaluate(
   }
   report: dict[str, Any] = {
     "metrics": metrics,
-    "settings": dataclasses.asdict(settings),
+    # The settings seed is set per trajectory from evaluate(seed=) and max_concurrent is
+    # run_agent_loop's: neither describes this evaluation.
+    "settings": {
+      k: v for k, v in dataclasses.asdict(settings).items() if k not in ("seed", "max_concurrent")
+    },
     "per_problem": [
       {"problem": p.problem, "answer": p.answer, "num_correct": int((r[i] > 0).sum())}
       for i, p in enumerate(problems)
