@@ -124,6 +124,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   claim = variant.split("_")[0]
   if claim in CLAIM_VARIANTS:
     CLAIM_VARIANTS[claim](c)
+    _claim_lengths(c)
   if claim == "lora":
     _lora(c)
   if variant in ("smoke", "lora_smoke"):
@@ -241,6 +242,15 @@ def _sparse(c: ml_collections.ConfigDict) -> None:
   c.coldstart.style = "sparse"
   c.coldstart.min_tool_calls = 1
   c.coldstart.max_calls = 1
+
+
+def _claim_lengths(c: ml_collections.ConfigDict) -> None:
+  """Each claim variant trains its own tokenizer on its own cold start, so a question can take
+  more tokens than under the demo's (the noisy one's splits "primes" apart: 58 > 56), and a
+  held-out prompt over the limit would stop the SFT evaluation. The same room for every claim
+  arm keeps their held-out sets identical."""
+  c.rollout.max_prompt_tokens = 72
+  c.rollout.max_len = c.rollout.max_prompt_tokens + c.rollout.response_budget
 
 
 CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse}

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rstar_jax.config import ColdStartConfig as ColdStartSection
-from rstar_jax.config import RunConfig
+from rstar_jax.config import ConfigError, RunConfig
 from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import load_sft_jsonl, write_sft_jsonl
@@ -161,6 +161,32 @@ def phase_sft(cfg, workdir: str, chats, tokenizer):
   else:
     _say(f"sft: reusing {hf}")
   return qwen3.load_hf_params(hf, model_config)
+
+
+def check_heldout_prompts(cfg, tokenizer, problems) -> None:
+  """Every held-out prompt fits ``rollout.max_prompt_tokens`` under the trained tokenizer,
+  checked before SFT: the training set drops overlong prompts, but dropping held-out ones would
+  change what the accuracy is measured on, and finding one at the SFT evaluation wastes the SFT."""
+  fmt = chat_format.get_format(cfg.rollout.chat_format)
+  system = cfg.rollout.system_prompt or fmt.system_prompt  # as the agent runner renders it
+  lengths = [
+    len(chat_format.prompt_ids(tokenizer, fmt, p.problem, system, cfg.rollout.with_tools))
+    for p in problems
+  ]
+  limit = cfg.rollout.max_prompt_tokens
+  over = [(n, p.problem) for n, p in zip(lengths, problems) if n > limit]
+  if over:
+    n, q = max(over)
+    raise ConfigError(
+      [
+        (
+          "rollout.max_prompt_tokens",
+          f"{limit}, but {len(over)} of {len(problems)} held-out prompts are longer under this "
+          f"run's tokenizer (longest {n} tokens: {q[:60]!r}); raise it (and rollout.max_len) "
+          f"to at least {n}",
+        )
+      ]
+    )
 
 
 async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict:
@@ -336,6 +362,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   mark("data")
   tok = phase_tokenizer(cfg, workdir, chats, train)
   mark("tokenizer")
+  check_heldout_prompts(cfg, tok, held)
   sft_params = phase_sft(cfg, workdir, chats, tok)
   mark("sft")
   phase_eval(cfg, workdir, "sft", sft_params, tok, held)

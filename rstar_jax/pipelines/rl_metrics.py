@@ -50,7 +50,9 @@ def trajectory_metrics(
   Keys (with ``prefix``): reward_mean, response_length_mean, truncation_ratio, turns_per_traj,
   tool_calls_per_traj, tool_error_ratio (all calls), pos_tool_error_ratio (calls of the
   positive trajectories: the paper's Fig. 4 metric), pos_no_tool_frac, answer_tags_mean,
-  answer_tags_eq1_frac, answer_tags_0_frac, answer_tags_ge2_frac, num_trajectories.
+  answer_tags_eq1_frac, answer_tags_0_frac, answer_tags_ge2_frac, num_trajectories; and
+  prefill_tokens_per_traj (input tokens the engine computed, cache hits excluded) when the engine
+  reported it for every trajectory.
   """
   rewards = [float(r) for r in rewards]
   n = len(trajs)
@@ -64,7 +66,9 @@ def trajectory_metrics(
   pos_calls = [c for cs, r in zip(calls, rewards) if r > 0 for c in cs]
   tags = [int(getattr(t, "num_answer_tags", 0)) for t in trajs]
   n_pos = sum(1 for r in rewards if r > 0)
-  return {
+  prefill = [getattr(t, "prefill_tokens", None) for t in trajs]
+  out = {} if None in prefill else {f"{p}prefill_tokens_per_traj": _mean(prefill)}
+  return out | {
     f"{p}num_trajectories": float(n),
     f"{p}reward_mean": _mean(rewards),
     f"{p}response_length_mean": _mean(len(t.response_ids) for t in trajs),

@@ -211,6 +211,7 @@ async def run_trajectory(
   b = _Builder()
   calls: list[ToolCallRecord] = []
   turns = 0
+  prefill: int | None = 0  # None once an engine turn does not report it
   finish = "length"
   async with lease:
     try:
@@ -230,6 +231,8 @@ async def run_trajectory(
         req = GenerateRequest(prompt + b.ids, sp, rid=f"{tid}:{turns}")
         res = (await engine.generate([req]))[0]
         turns += 1
+        if prefill is not None:
+          prefill = None if res.prefill_tokens is None else prefill + res.prefill_tokens
         out = list(res.output_ids)[:remaining]  # an engine must not exceed the budget
         b.add_generated(out, list(res.logprobs)[: len(out)], res.token_versions()[: len(out)])
         if res.finish_reason == "abort":
@@ -287,6 +290,7 @@ async def run_trajectory(
     response_text=text,
     problem_index=problem_index,
     sample_index=sample_index,
+    prefill_tokens=prefill,
   )
 
 

@@ -135,6 +135,7 @@ class InterruptibleEngine:
     ids: list[int] = []
     lps: list[float] = []
     vers: list[int] = []
+    prefill: int | None = 0  # summed over resubmissions; None once any part is unknown
     cur = req
     while True:
       key, epoch = self._next_key, self._epoch
@@ -147,16 +148,19 @@ class InterruptibleEngine:
       ids += list(res.output_ids)
       lps += list(res.logprobs)
       vers += res.token_versions()
+      prefill = (
+        None if prefill is None or res.prefill_tokens is None else prefill + res.prefill_tokens
+      )
       interrupted = res.finish_reason == "abort" and self._epoch != epoch
       if not interrupted:
-        return self._merged(ids, lps, vers, res.finish_reason)
+        return self._merged(ids, lps, vers, res.finish_reason, prefill)
       self.stats["interrupted_requests"] += 1
       if ticket is not None and ticket.restarted:
-        return self._merged(ids, lps, vers, "abort")
+        return self._merged(ids, lps, vers, "abort", prefill)
       await self._event().wait()
       left = req.sampling.max_new_tokens - len(ids)
       if left <= 0:
-        return self._merged(ids, lps, vers, "length")
+        return self._merged(ids, lps, vers, "length", prefill)
       self.stats["resubmitted_requests"] += 1
       sp = dataclasses.replace(
         req.sampling, max_new_tokens=left, seed=_continuation_seed(req.sampling.seed, len(ids))
@@ -167,8 +171,10 @@ class InterruptibleEngine:
         rid=req.rid and f"{req.rid}.{self.stats['resubmitted_requests']}",
       )
 
-  def _merged(self, ids, lps, vers, finish) -> GenerateResult:
-    return GenerateResult(ids, lps, finish, min(vers, default=self.weight_version), vers)
+  def _merged(self, ids, lps, vers, finish, prefill=None) -> GenerateResult:
+    return GenerateResult(
+      ids, lps, finish, min(vers, default=self.weight_version), vers, prefill_tokens=prefill
+    )
 
   def _mark_restarted(self, ticket: RolloutTicket) -> None:
     if not ticket.restarted:

@@ -235,6 +235,7 @@ class _Row:
   finish_reason: str | None = None
   pages: list[int] = dataclasses.field(default_factory=list)
   dispatched: int = 0  # tokens the dispatched chunks may have produced (upper bound)
+  prefilled: int = 0  # input tokens computed at admission (the rest reused a kept cache)
 
   def push(self, token: int, logprob: float, version: int) -> bool:
     """Appends one token; returns True (and sets finish_reason) when the request ends."""
@@ -689,7 +690,7 @@ class JaxSampler:
         del self._kept[req.tid]
         self._free.extend(kept.pages[len(have) :])
       slot = free_slots.pop(0)
-      row = _Row(req, pages=have + extra)
+      row = _Row(req, pages=have + extra, prefilled=n_in - reuse)
       self._rows[slot] = row
       admitted.append((slot, row, reuse))
       if req.tid is not None:
@@ -831,4 +832,5 @@ def _make_result(row: _Row, current_version: int) -> GenerateResult:
     finish_reason=row.finish_reason,
     weight_version=min(row.versions, default=current_version),
     weight_versions=row.versions,
+    prefill_tokens=row.prefilled,
   )

@@ -141,8 +141,19 @@ def parse_generate_response(body: dict, default_version: int) -> GenerateResult:
   kind = fr.get("type") if isinstance(fr, dict) else fr
   if kind not in ("stop", "length", "abort"):
     raise SGLangError(f"/generate: unknown finish_reason {fr!r}")
+  # SGLang reports the prompt length and how much of it its radix cache served.
+  prompt_n, cached_n = meta.get("prompt_tokens"), meta.get("cached_tokens")
+  prefill = (
+    int(prompt_n) - int(cached_n)
+    if isinstance(prompt_n, int) and isinstance(cached_n, int)
+    else None
+  )
   return GenerateResult(
-    ids, logprobs, kind, _parse_version(meta.get("weight_version"), default_version)
+    ids,
+    logprobs,
+    kind,
+    _parse_version(meta.get("weight_version"), default_version),
+    prefill_tokens=prefill,
   )
 
 

@@ -86,6 +86,9 @@ class GenerateResult:
   finish_reason: "stop" | "length" | "abort".
   weight_version: the oldest weight version that produced any of these tokens.
   weight_versions: per-token versions when the engine knows them (None = all ``weight_version``).
+  prefill_tokens: input tokens the engine computed for this request, i.e. its input minus what
+      it reused from a cache (a multi-turn trajectory that keeps its cache prefills only the
+      appended tool turn); None = the engine does not say.
   """
 
   output_ids: list[int]
@@ -93,6 +96,7 @@ class GenerateResult:
   finish_reason: str
   weight_version: int = 0
   weight_versions: Sequence[int] | None = None
+  prefill_tokens: int | None = None
 
   def __post_init__(self):
     if self.finish_reason not in FINISH_REASONS:
@@ -164,6 +168,9 @@ class Trajectory:
   num_answer_tags: number of ``<answer>`` tags in the response text.
   response_text: decoded response_ids, for the reward only (never re-encoded).
   problem_index / sample_index: position in the run_agent_loop batch (for grouping).
+  prefill_tokens: input tokens the engine computed over all turns (the rest came from its
+      cache); equals the trajectory's new tokens when every turn reuses the previous one's
+      cache, and approaches turns x length when none does. None = the engine does not say.
   """
 
   prompt_ids: list[int]
@@ -178,6 +185,7 @@ class Trajectory:
   response_text: str = ""
   problem_index: int = 0
   sample_index: int = 0
+  prefill_tokens: int | None = None
 
   def __post_init__(self):
     n = len(self.response_ids)

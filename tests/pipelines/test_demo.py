@@ -206,3 +206,26 @@ def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   np.testing.assert_array_equal(  # non-adapted weights are the SFT model's
     np.asarray(rl_p["embed_tokens"]["embedding"]), np.asarray(sft_p["embed_tokens"]["embedding"])
   )
+
+
+class _CharTokenizer:
+  """One id per character: a prompt's length is its rendered text's."""
+
+  def encode(self, text, add_special_tokens=False):
+    return [ord(ch) for ch in text]
+
+
+def test_an_overlong_heldout_prompt_is_one_line_before_sft():
+  tok = _CharTokenizer()
+  short, long = Problem("What is 2+2?", "4"), Problem("What is " + "1+" * 40 + "1?", "41")
+  c = demo_config.get_config("smoke")
+  fmt = chat_format.get_format(c.rollout.chat_format)
+  n = len(chat_format.prompt_ids(tok, fmt, short.problem, c.rollout.system_prompt, False))
+  c.rollout.max_prompt_tokens, c.rollout.with_tools = n, False
+  cfg = from_config_dict(c)
+  demo.check_heldout_prompts(cfg, tok, [short])  # fits exactly
+  with pytest.raises(UserError) as e:
+    demo.check_heldout_prompts(cfg, tok, [short, long, long])
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith(f"config.rollout.max_prompt_tokens: {n}, but 2 of 3")
+  assert f"at least {n + len(long.problem) - len(short.problem)}" in msg and "1+1+" in msg

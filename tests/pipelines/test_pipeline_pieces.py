@@ -239,6 +239,12 @@ def test_trajectory_metrics_values():
   assert m["tool_error_ratio"] == pytest.approx(2 / 7)
   assert m["truncation_ratio"] == pytest.approx(0.25)
   assert m["answer_tags_0_frac"] == pytest.approx(0.25)
+  assert "prefill_tokens_per_traj" not in m  # no engine count on these trajectories
+  counted = [dataclasses.replace(t, prefill_tokens=n) for t, n in zip(trajs, (10, 20, 30, 40))]
+  m = rl_metrics.trajectory_metrics(counted, [1, 1, 0, 0], prefix="kept_")
+  assert m["kept_prefill_tokens_per_traj"] == pytest.approx(25.0)
+  partly = [counted[0], trajs[1]]  # one unknown: no figure rather than a wrong one
+  assert "prefill_tokens_per_traj" not in rl_metrics.trajectory_metrics(partly, [1, 0])
   g = rl_metrics.group_outcome_metrics(np.array([[1, 1], [0, 0], [1, 0]]))
   assert g["all_correct_frac"] == pytest.approx(1 / 3) and g["all_wrong_frac"] == pytest.approx(
     1 / 3

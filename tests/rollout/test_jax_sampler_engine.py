@@ -300,5 +300,7 @@ def test_agent_loop_ten_turns_prefill_only_new_tokens_through_the_lease_hook(tok
   new_tokens = len(prompt) + sum(n + 1 for n in tool_lens)
   turn_inputs = [len(prompt)] + [len(prompt) + s + n for s, n in zip(starts, tool_lens)]
   assert eng.prefill_tokens["traj-0"] == new_tokens
+  assert got.prefill_tokens == new_tokens  # the trajectory carries the engine's count
+  assert ref.prefill_tokens == sum(turn_inputs)  # without the lease every turn re-prefills
   assert sum(turn_inputs) > 5 * new_tokens  # what re-prefilling every turn costs
   assert eng.free_pages == 2048 // 16

@@ -87,6 +87,7 @@ def test_jax_continue_keeps_each_tokens_version(tiny):
   assert eng.version_history == [0, 1] and eng.lag(0) == 1 and eng.lag(1) == 0
   # The tail really came from the new weights: the same request on them alone differs.
   assert res.output_ids != ref.output_ids and ref.token_versions() == [1] * 40
+  assert res.prefill_tokens == 4  # weights swapped between chunks: nothing re-prefilled
 
 
 def test_jax_restart_aborts_ticketed_requests_only(tiny):
@@ -157,6 +158,8 @@ def test_sglang_continue_pauses_loads_and_resubmits_the_remainder(tiny, tmp_path
   assert second["input_ids"][:4] == [3, 5, 7, 9] and len(second["input_ids"]) == 4 + vs.count(0)
   assert second["sampling_params"]["max_new_tokens"] == 30 - vs.count(0)
   assert stats["interrupted_requests"] == 1 and stats["resubmitted_requests"] == 1
+  # The mock reports cached_tokens=0, so both submissions' inputs count as prefilled.
+  assert res.prefill_tokens == 4 + len(second["input_ids"])
 
 
 def test_sglang_restart_returns_abort_and_new_requests_wait_for_continue(tiny, tmp_path):

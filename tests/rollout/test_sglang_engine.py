@@ -6,7 +6,12 @@ import os
 import numpy as np
 import pytest
 
-from rstar_jax.rollout.sglang_engine import SGLangEngine, SGLangError, sampling_to_sglang
+from rstar_jax.rollout.sglang_engine import (
+  SGLangEngine,
+  SGLangError,
+  parse_generate_response,
+  sampling_to_sglang,
+)
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer, mock_logprob, mock_next_token
 from rstar_jax.rollout.types import GenerateRequest, SamplingParams
 
@@ -55,6 +60,7 @@ def test_generate_maps_fields_and_parses_results():
   np.testing.assert_allclose(res[0].logprobs, lps)
   want1, _, _ = expected([1, 2], 5, ())
   assert res[1].output_ids == want1 and res[1].finish_reason == "length"
+  assert res[0].prefill_tokens == 3 and res[1].prefill_tokens == 2  # mock: cached_tokens 0
   assert body["input_ids"] == ids and body["rid"] == "a:0" and body["return_logprob"] is True
   sp = body["sampling_params"]
   assert (
@@ -64,6 +70,15 @@ def test_generate_maps_fields_and_parses_results():
     sp["sampling_seed"],
     sp["stop_token_ids"],
   ) == (40, 0.7, -1, 3, [stop])
+
+
+def test_prefill_tokens_are_prompt_minus_radix_cache_hits():
+  def body(**meta):
+    return {"output_ids": [7], "meta_info": {"finish_reason": {"type": "length"}, **meta}}
+
+  assert parse_generate_response(body(prompt_tokens=120, cached_tokens=100), 0).prefill_tokens == 20
+  assert parse_generate_response(body(prompt_tokens=5), 0).prefill_tokens is None  # unknown
+  assert parse_generate_response(body(), 0).prefill_tokens is None
 
 
 def test_retries_500_then_gives_up_with_clear_error():

@@ -39,6 +39,7 @@ def _check_decode(res):
   assert 0 < conv["prefill_tokens"] < conv["sum_of_turn_inputs"] // 3, conv
 
 
+@pytest.mark.slow  # ~1 min quiet, ~4 min on a loaded 2-core machine (CI still runs it)
 def test_gpu_check_smoke_decode_section(tmp_path):
   """The decode section alone (what the next GPU run measures), on CPU at tiny sizes."""
   report = _run(tmp_path, "--sections", "decode")
