@@ -53,6 +53,10 @@ def sandbox_pids(uid_lo, uid_hi):
 
 
 def pool_uid_range(pool):
+  if pool.isolation_level == "rlimits":
+    # Calls run as the host's uid and the pool claims no uid range: the default first range
+    # may be another live pool's (concurrent test runs), whose calls are not this pool's.
+    return 0, 0
   lo = pool._uid_base
   return lo, lo + len(pool._templates) * pool.config.uids_per_template
 

@@ -402,3 +402,51 @@ def test_isolation_level_log_level(runner, caplog):
   for r in recs:
     best = f"level: {ISOLATION_LEVELS[0]} " in r.getMessage()
     assert r.levelno == (logging.INFO if best else logging.WARNING), r.getMessage()
+
+
+# --- what every call inherits from the template (built once there, never per call) ----------
+_DIRTY = """
+import os, sys
+os.environ['LEAKED'] = 'x'
+os.environ.pop('HOME', None)
+os.environ['PATH'] = '/leaked'
+sys.stdout.write('buffered-but-never-flushed')
+sys.stdin.read(2)
+sys.stdout.reconfigure(encoding='latin-1')
+sys.stderr.reconfigure(errors='strict')
+sys.stdin = sys.stdout = sys.stderr = None
+os._exit(0)
+"""
+_CHECK = """
+import os, sys
+env = dict(os.environ)
+print(sorted(env) == sorted(EXPECTED), env['HOME'] == env['TMPDIR'] == env['PWD'] == os.getcwd(),
+      env['PATH'], 'LEAKED' in env)
+print(sys.stdout.encoding, sys.stderr.errors, sys.stdout.buffer.raw.fileno(), sys.stdin.read())
+print('\\u00e9', file=sys.stderr)
+"""
+
+
+def test_each_call_starts_from_the_templates_untouched_env_and_streams(runner, lpool):
+  """A call's environment and std streams are built once in the template (not per call): a
+  call that rewrites them, leaves bytes in their buffers and exits changes nothing for the next
+  call of the same template (exec calls, and a session's first call)."""
+  from rstar_jax.tools.code_pool import _HIDDEN_DEVICES, _THREAD_ENV
+
+  expected = ["PATH", "LANG", "PYTHONIOENCODING", "HOME", "TMPDIR", "PWD"]
+  expected += list(_THREAD_ENV) + list(_HIDDEN_DEVICES)
+  want = "True True /usr/bin:/bin False\nutf-8 backslashreplace 1 abcdef\n"
+  for i in range(3):
+    r = runner.run(lpool.execute(_DIRTY, stdin="abcdef"))
+    assert r.status == "ok", r  # (reconfigure flushed its own bytes: its output, not leaked)
+    r = runner.run(lpool.execute(f"EXPECTED = {expected!r}\n" + _CHECK, stdin="abcdef"))
+    assert (r.status, r.stdout, r.stderr) == ("ok", want, "\u00e9\n"), r
+  # Twice: the template listens for session stops only while it has a session.
+  for sid in ("fresh", "fresh-again"):
+    r = runner.run(
+      lpool.execute(f"EXPECTED = {expected!r}\n" + _CHECK, stdin="abcdef", session_id=sid)
+    )
+    assert (r.status, r.stdout, r.stderr) == ("ok", want, "\u00e9\n"), r
+    r = runner.run(lpool.execute("print(sys.stdin.read())", stdin="x", session_id=sid))
+    assert (r.status, r.stdout) == ("ok", "x\n"), r
+    assert runner.run(lpool.close_session(sid))
