@@ -38,9 +38,9 @@ from rollout_pipeline import Sim, SimPool, _lognormal, _u  # noqa: E402
 from configs import rstar2_tiny_cpu  # noqa: E402
 from rstar_jax.config import from_config_dict  # noqa: E402
 from rstar_jax.data.problems import Problem  # noqa: E402
-from rstar_jax.pipelines import rl_loop, runtime  # noqa: E402
-from rstar_jax.pipelines.agent_runner import AgentRunner  # noqa: E402
+from rstar_jax.pipelines import rl_loop, wiring  # noqa: E402
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics  # noqa: E402
+from rstar_jax.rollout.agent_runner import AgentRunner  # noqa: E402
 from rstar_jax.rollout.types import GenerateResult  # noqa: E402
 from rstar_jax.tokenization import chat_format as cf  # noqa: E402
 from rstar_jax.tokenization.bpe import train_bpe_tokenizer  # noqa: E402
@@ -195,7 +195,7 @@ def main():
     512,
   )
   problems = [Problem(problem=f"Problem {i}.", answer="1") for i in range(64)]
-  learner = runtime.build_learner(_config(args, 0))
+  learner = wiring.build_learner(_config(args, 0))
   init_state = jax.tree.map(lambda x: x.copy(), learner.state)
   update_s = [0.0]
   _slow_updates(learner, update_s)

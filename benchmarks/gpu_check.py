@@ -174,7 +174,7 @@ def section_learner(args) -> dict:
     "peak_bf16_tflops": peak,
     "results": {},
   }
-  opt = optim.OptimConfig(learning_rate=1e-5, warmup_steps=0)
+  opt = optim.OptimConfig(lr=1e-5, warmup_steps=0)
   tx = optim.make_optimizer(opt)
   base = qwen3.Qwen3Config(**dims, dtype=dtype, remat=True)
   out["params"] = sum(

@@ -19,7 +19,7 @@ import hashlib
 import math
 import time
 
-from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_agent_loop
+from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 from rstar_jax.tokenization import chat_format as cf
 from rstar_jax.tokenization.bpe import train_bpe_tokenizer
@@ -91,7 +91,7 @@ class SimPool:
     return ExecResult("ok", "1\n", "", d)
 
 
-async def barrier_loop(engine, tok, pool, problems, n, cfg: AgentLoopConfig):
+async def barrier_loop(engine, tok, pool, problems, n, cfg: RolloutSettings):
   """Per-turn barrier: all trajectories generate, then all tools run, then the next turn."""
   live = []
   for pi, q in enumerate(problems):
@@ -146,7 +146,7 @@ def main():
     512,
   )
   sim = Sim()
-  cfg = AgentLoopConfig(max_turns=10, response_budget=8192)
+  cfg = RolloutSettings(max_turns=10, response_budget=8192)
   problems = [f"problem {i}" for i in range(args.trajectories)]
   rows = []
   for name, fn in [("per-turn barrier", barrier_loop), ("async agent loop", run_agent_loop)]:

@@ -39,9 +39,9 @@ _DISCARD = flags.DEFINE_bool(
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import demo, runtime
+  from rstar_jax.pipelines import demo, launch
 
-  runtime.setup_logging()
+  launch.setup_logging()
   cli.check_workdir(_WORKDIR.value)
   cfg = _CONFIG.value
   if _ROC_MODE.value:

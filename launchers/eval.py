@@ -32,18 +32,18 @@ _WORKDIR = flags.DEFINE_string(
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import evaluation, runtime
+  from rstar_jax.pipelines import evaluation, launch
 
-  runtime.setup_logging()
+  launch.setup_logging()
   run = cli.typed_config(_CONFIG.value, "eval", "launchers.eval", check_paths=True)
   cli.check_checkpoint_dir(_CKPT.value, "--checkpoint_dir")
   cli.check_dir(_WORKDIR.value, "--workdir")
   cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
   cli.check_model_dirs(run)
-  runtime.maybe_initialize_distributed()
+  launch.maybe_initialize_distributed()
   cli.check_devices(run)
   report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value, workdir=_WORKDIR.value)
-  print(runtime.summary_json(report["metrics"]))
+  print(launch.summary_json(report["metrics"]))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from ml_collections import config_flags
 from rstar_jax import cli
 from rstar_jax.config import from_config_dict
 from rstar_jax.errors import UserError
-from rstar_jax.pipelines import runtime
+from rstar_jax.pipelines import hf_export, launch
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "The run's config (model shape).", lock_config=True
@@ -45,8 +45,8 @@ _DTYPE = flags.DEFINE_string(
 
 def main(argv):
   del argv
-  runtime.setup_logging()
-  runtime.maybe_initialize_distributed()
+  launch.setup_logging()
+  launch.maybe_initialize_distributed()
   # Any mode: only the model shape (and tokenizer) are read.
   run = from_config_dict(_CONFIG.value, check_inputs=False)
   cli.check_dir(_CKPT.value, "--checkpoint_dir")
@@ -66,7 +66,7 @@ def main(argv):
       "export_hf: no tokenizer to copy: pass --tokenizer_dir, or the run's "
       "--config.model.hf_dir / --config.model.tokenizer_dir"
     )
-  step = runtime.export_checkpoint(
+  step = hf_export.export_checkpoint(
     run,
     _CKPT.value,
     _OUT.value,

@@ -29,9 +29,9 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many steps
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import runtime, sft_loop
+  from rstar_jax.pipelines import launch, sft_loop
 
-  runtime.setup_logging()
+  launch.setup_logging()
   run = cli.typed_config(_CONFIG.value, "sft", "launchers.sft", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
   cli.check_model_dirs(run)
@@ -44,10 +44,10 @@ def main(argv):
     outputs=("ckpt", "hf", "tokenizer", "sft_metrics.jsonl"),
     discard_stale=_DISCARD.value,
   )
-  runtime.maybe_initialize_distributed()
+  launch.maybe_initialize_distributed()
   cli.check_devices(run)
   out = sft_loop.run_sft(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
-  print(runtime.summary_json(out))
+  print(launch.summary_json(out))
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL st
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines import launch, rl_loop
 
-  runtime.setup_logging()
+  launch.setup_logging()
   run = cli.typed_config(_CONFIG.value, "rl", "launchers.train", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
   cli.check_model_dirs(run)
@@ -45,10 +45,10 @@ def main(argv):
     outputs=("ckpt", "hf", "tokenizer", "metrics.jsonl"),
     discard_stale=_DISCARD.value,
   )
-  runtime.maybe_initialize_distributed()
+  launch.maybe_initialize_distributed()
   cli.check_devices(run)
   out = rl_loop.run_rl(run, _WORKDIR.value, max_steps=_MAX_STEPS.value)
-  print(runtime.summary_json(out))
+  print(launch.summary_json(out))
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 
-from rstar_jax.config import schema
+from rstar_jax.config import from_config_dict, schema
 from rstar_jax.errors import UserError
+from rstar_jax.pipelines import eval_protocols
 
 USAGE_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130  # the shell's code for SIGINT
@@ -205,8 +206,6 @@ def apply_list_overrides(cfg, lists: Sequence[tuple[str, list[str]]]) -> None:
 def describe_lines(cfg) -> list[str]:
   """One line per config field: ``section.field = value  [default d]  doc``, for every
   section of the typed config of ``cfg``, its stages and the effect of ``eval.protocol``."""
-  from rstar_jax.config import from_config_dict
-  from rstar_jax.pipelines import eval_protocols
 
   run = from_config_dict(cfg, check_inputs=False)
   out = [f"mode = {run.mode!r}", f"imports = {list(run.imports)!r}  [default []]"]
@@ -382,7 +381,6 @@ def kv_cache_bytes(run, model_config) -> tuple[int, int]:
   slots x ``max_len`` positions (``rollout.max_len``, else the next power of two >= the longest
   prompt + response budget of the stages and the eval, as the sampler sizes it) x K and V x
   layers x KV heads x head_dim in the model's compute dtype."""
-  from rstar_jax.pipelines import eval_protocols
 
   r = run.rollout
   budgets = [r.response_budget, eval_protocols.resolve_with_notes(run.eval)[0].response_budget]
@@ -435,7 +433,7 @@ def check_kv_cache(run, model_config, available: int | None) -> None:
 
 def check_devices(run) -> None:
   """`check_mesh` against this run's devices, then (rollout engine 'jax') `check_kv_cache`;
-  call after `runtime.maybe_initialize_distributed` (the device count is global then)."""
+  call after `launch.maybe_initialize_distributed` (the device count is global then)."""
   import jax
 
   check_mesh(run, jax.device_count())
@@ -464,7 +462,6 @@ def typed_config(cfg, mode: str, launcher: str, **convert_kw):
   config: a recipe's ``:sft`` variant given to ``launchers.train`` (or the reverse) is one
   line naming the right launcher, not a list of fields the other mode lacks. Conversion
   problems (unknown or bad fields) are `ConfigError`s, also `UserError`s."""
-  from rstar_jax.config import from_config_dict
 
   got = cfg.mode if "mode" in cfg else mode
   if got != mode:
@@ -474,7 +471,6 @@ def typed_config(cfg, mode: str, launcher: str, **convert_kw):
       + (f" (run it with {right}, or pass the recipe's :{mode} variant)" if right else "")
     )
   run = from_config_dict(cfg, mode, **convert_kw)
-  from rstar_jax.pipelines import eval_protocols
 
   # At start, not at the first evaluation: the fields eval.protocol replaces are logged (and
   # a strict protocol's conflict is an error) before any work.

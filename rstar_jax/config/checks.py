@@ -84,12 +84,12 @@ def registered(kind: str) -> Check:
 
   class _Names:
     def __str__(self):
-      from rstar_jax.rl import registry
+      from rstar_jax.rl import registry  # rstar_jax.rl imports jax; config stays jax-free
 
       return f"one of {registry.names(kind)} (rstar_jax.rl.registry '{kind}')"
 
   def ok(v):
-    from rstar_jax.rl import registry
+    from rstar_jax.rl import registry  # rstar_jax.rl imports jax; config stays jax-free
 
     return isinstance(v, str) and v in registry.names(kind)
 

@@ -75,7 +75,7 @@ _FAILED = object()
 def _difficulty(v, path, problems):
   if isinstance(v, str) or v is None:
     return v
-  from rstar_jax.data import synthetic_tasks
+  from rstar_jax.data import synthetic_tasks  # sympy: heavy, only for data.synthetic
 
   known = {f.name for f in dataclasses.fields(synthetic_tasks.Difficulty)}
   unknown = [k for k in v if k not in known]

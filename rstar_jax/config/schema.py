@@ -33,6 +33,7 @@ from rstar_jax.config.checks import (
   registered,
   run_checks,
 )
+from rstar_jax.config.imports import import_user_modules
 
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
@@ -131,7 +132,9 @@ class ModelConfig(_Section):
   )
 
   def _cross(self):
-    from rstar_jax.models.lora import ALL_TARGETS
+    from rstar_jax.models.lora import (
+      ALL_TARGETS,  # the config stays jax-free (--help, --describe_config)
+    )
 
     bad = [t for t in self.lora_targets if t not in ALL_TARGETS]
     if bad or (self.lora_rank and not self.lora_targets):
@@ -152,7 +155,9 @@ class ModelConfig(_Section):
     ``lora_rank`` is 0."""
     if not self.lora_rank:
       return None
-    from rstar_jax.models.lora import LoraConfig
+    from rstar_jax.models.lora import (
+      LoraConfig,  # the config stays jax-free (--help, --describe_config)
+    )
 
     return LoraConfig(
       rank=self.lora_rank,
@@ -166,7 +171,7 @@ class ModelConfig(_Section):
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
-    from rstar_jax.models import qwen3
+    from rstar_jax.models import qwen3  # the config stays jax-free (--help, --describe_config)
 
     if self.hf_dir:
       return qwen3.Qwen3Config.from_hf(
@@ -223,7 +228,7 @@ class MeshConfig(_Section):
 
 @_section
 class OptimConfig(_Section):
-  """AdamW with warm-up then a constant or cosine schedule (rStar2-Agent RL: lr 1e-6 constant after 20 warm-up steps, weight decay 0.01, grad clip 1.0)."""
+  """AdamW with warm-up then a constant or cosine schedule (rStar2-Agent RL: lr 1e-6 constant after 20 warm-up steps, weight decay 0.01, grad clip 1.0). The one optimizer config: `rstar_jax.learner.optim` builds the optax chain from it."""
 
   SECTION: ClassVar[str] = "optim"
   lr: float = field(1e-6, num_range(0, lo_open=True), "Peak learning rate (rStar2-Agent RL: 1e-6).")
@@ -234,6 +239,9 @@ class OptimConfig(_Section):
   total_steps: int = field(
     0, int_range(0), "Schedule length for 'cosine' (0 = set by the loop, e.g. SFT)."
   )
+  final_lr_ratio: float = field(
+    0.0, num_range(0, 1), "'cosine': the end value as a fraction of the peak lr."
+  )
   b1: float = field(0.9, num_range(0, 1, hi_open=True), "Adam beta1.")
   b2: float = field(0.999, num_range(0, 1, hi_open=True), "Adam beta2.")
   eps: float = field(1e-8, num_range(0, lo_open=True), "Adam epsilon.")
@@ -242,22 +250,23 @@ class OptimConfig(_Section):
     1.0, num_range(0), "Global-norm gradient clip (0 = off; rStar2-Agent: 1.0)."
   )
 
-  def learner_config(self, total_steps: int | None = None):
-    """`rstar_jax.learner.optim.OptimConfig` (``total_steps`` overrides the field)."""
-    from rstar_jax.learner import optim
+  def _cross(self):
+    if self.schedule == "cosine" and 0 < self.total_steps <= self.warmup_steps:
+      return [
+        (
+          "optim.total_steps",
+          f"expected > warmup_steps ({self.warmup_steps}) for a cosine schedule, "
+          f"got {self.total_steps}",
+        )
+      ]
+    return []
 
-    total = total_steps if total_steps is not None else (self.total_steps or None)
-    return optim.OptimConfig(
-      learning_rate=self.lr,
-      b1=self.b1,
-      b2=self.b2,
-      eps=self.eps,
-      weight_decay=self.weight_decay,
-      grad_clip_norm=self.grad_clip or None,
-      warmup_steps=self.warmup_steps,
-      schedule=self.schedule,
-      total_steps=total,
-    )
+  def learner_config(self, total_steps: int | None = None) -> OptimConfig:
+    """This config with the schedule length the loop decided (``total_steps``; None keeps
+    the field)."""
+    if total_steps is None:
+      return self
+    return dataclasses.replace(self, total_steps=int(total_steps))
 
 
 @_section
@@ -693,8 +702,7 @@ class RewardConfig(_Section):
   )
 
   def _cross(self):
-    from rstar_jax.config.imports import import_user_modules
-    from rstar_jax.rewards import registry
+    from rstar_jax.rewards import registry  # cycle: rewards.registry imports config.imports
 
     try:
       import_user_modules(self.imports, field="reward.imports")
@@ -1003,7 +1011,7 @@ class RunConfig:
   def step_config(self, optim_config=None, num_micro_batches: int | None = None):
     """`rstar_jax.learner.steps.StepConfig`: losses by registry name (the off-policy one when
     ``rl.tis_cap`` > 0), clip range, micro-batches."""
-    from rstar_jax.learner import steps
+    from rstar_jax.learner import steps  # the config stays jax-free (--help, --describe_config)
 
     rl = self.rl
     return steps.StepConfig(

@@ -40,6 +40,8 @@ from typing import Any
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.tokenization import chat_format
+from rstar_jax.tools.code_pool import CodePool
+from rstar_jax.tools.render import render_tool_response
 
 EXPLORE_TEXT = "I check the numbers first.</reason>"
 SOLVE_TEXT = "Now I compute the answer.</reason>"
@@ -176,7 +178,6 @@ async def solve_one(
 ) -> ChatExample | None:
   """The scripted trajectory of one problem, or None when it is not kept (wrong answer or a
   final call that failed)."""
-  from rstar_jax.tools.render import render_tool_response
 
   if not problem.solution_code:
     return None
@@ -260,7 +261,6 @@ def build_coldstart_sync(
   problems: Sequence[Problem], config: ColdStartConfig, num_workers: int = 2
 ) -> tuple[list[ChatExample], dict]:
   """`build_coldstart` with its own CodePool (for scripts)."""
-  from rstar_jax.tools.code_pool import CodePool
 
   async def main():
     async with CodePool(num_workers=num_workers) as pool:

@@ -15,6 +15,7 @@ import os
 
 from rstar_jax.data.jsonl import DataError, iter_jsonl, type_name
 from rstar_jax.data.problems import Problem
+from rstar_jax.rewards.math_reward import extract_answer
 
 PROBLEM_KEYS = ("problem", "question", "Problem", "Question")
 ANSWER_KEYS = ("answer", "Answer")
@@ -23,7 +24,6 @@ ANSWER_KEYS = ("answer", "Answer")
 def _final_answer(text: str) -> str:
   if "\\boxed" not in text and "\\fbox" not in text:
     return text.strip()
-  from rstar_jax.rewards.math_reward import extract_answer
 
   boxed = extract_answer(text, "anywhere")
   return boxed if boxed else text.strip()

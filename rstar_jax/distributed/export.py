@@ -17,6 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from rstar_jax.distributed.hostdata import to_host
+from rstar_jax.distributed.primary import sync
+from rstar_jax.models import qwen3, qwen3_hf_io
+
 
 class _GatherOnRead:
   """A params leaf that is all-gathered when read as numpy (``np.asarray(leaf[i])``)."""
@@ -29,8 +33,6 @@ class _GatherOnRead:
     return _GatherOnRead(self._arr[i])
 
   def __array__(self, dtype=None, copy=None):
-    from rstar_jax.distributed.hostdata import to_host
-
     x = to_host(self._arr)
     return x if dtype is None else x.astype(dtype)
 
@@ -40,7 +42,6 @@ def save_hf_multihost(
 ) -> None:
   """`qwen3.save_hf` (tensors cast to ``dtype``, None = the params') for params sharded over
   processes (module docstring); the plain call with one process."""
-  from rstar_jax.models import qwen3
 
   if jax.process_count() == 1:
     qwen3.save_hf(os.fspath(out_dir), model_config, params, dtype=dtype)
@@ -56,14 +57,12 @@ def save_hf_multihost(
           np.asarray(leaf[i])
       else:
         np.asarray(leaf)
-  from rstar_jax.distributed.primary import sync
 
   sync("save_hf_multihost")
 
 
 def _read_order(model_config):
   """The (path, shape) order in which `qwen3.save_hf` reads tensors (its plan order)."""
-  from rstar_jax.models import qwen3_hf_io
 
   return list(qwen3_hf_io._leaves(qwen3_hf_io.param_shapes(model_config)))
 

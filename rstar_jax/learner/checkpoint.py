@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from rstar_jax.distributed.export import save_hf_multihost
 from rstar_jax.errors import UserError
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora
@@ -208,7 +209,6 @@ def export_hf(out_dir: str | os.PathLike, model_config, params, dtype: str | Non
   several JAX processes every process must call this; tensors are gathered one at a time and
   process 0 writes (`rstar_jax.distributed.export`).
   """
-  from rstar_jax.distributed.export import save_hf_multihost
 
   save_hf_multihost(
     os.fspath(out_dir), model_config, lora.merged(params), dtype=dtype

@@ -13,78 +13,30 @@ count, so `reset_optimizer` (a fresh ``tx.init``) restarts the warm-up.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 import optax
 
+# The one optimizer config, with the user-facing field names (``lr``, ``grad_clip``: 0 = off,
+# ``total_steps``: 0 = unset); re-exported here as the learner's type.
+from rstar_jax.config.schema import OptimConfig
+
 SCHEDULES = ("constant", "cosine")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-  """AdamW + clipping + schedule. Frozen and hashable.
-
-  Attributes:
-      learning_rate: peak learning rate (after warm-up).
-      b1, b2, eps: Adam moments' decay rates and epsilon.
-      weight_decay: decoupled (AdamW) weight decay, applied to every parameter (as
-          torch's AdamW in verl does).
-      grad_clip_norm: clip gradients to this global L2 norm before Adam; None disables clipping.
-      warmup_steps: number of linearly warmed-up updates; 0 means start at the peak.
-      schedule: "constant" (hold the peak) or "cosine" (decay from the peak to
-          ``learning_rate * final_lr_ratio`` at ``total_steps``, then hold).
-      total_steps: total optimizer updates, warm-up included; required for "cosine".
-      final_lr_ratio: cosine end value as a fraction of the peak.
-  """
-
-  learning_rate: float = 1e-6
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  weight_decay: float = 0.01
-  grad_clip_norm: float | None = 1.0
-  warmup_steps: int = 20
-  schedule: Literal["constant", "cosine"] = "constant"
-  total_steps: int | None = None
-  final_lr_ratio: float = 0.0
-
-  def __post_init__(self):
-    def bad(field, expected, got):
-      raise ValueError(f"OptimConfig.{field}: expected {expected}, got {got!r}")
-
-    if not self.learning_rate > 0:
-      bad("learning_rate", "> 0", self.learning_rate)
-    for name in ("b1", "b2"):
-      v = getattr(self, name)
-      if not 0.0 <= v < 1.0:
-        bad(name, "in [0, 1)", v)
-    if not self.eps > 0:
-      bad("eps", "> 0", self.eps)
-    if self.weight_decay < 0:
-      bad("weight_decay", ">= 0", self.weight_decay)
-    if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
-      bad("grad_clip_norm", "> 0 or None", self.grad_clip_norm)
-    if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-      bad("warmup_steps", "an int >= 0", self.warmup_steps)
-    if self.schedule not in SCHEDULES:
-      bad("schedule", f"one of {SCHEDULES}", self.schedule)
-    if self.schedule == "cosine":
-      if self.total_steps is None or self.total_steps <= self.warmup_steps:
-        bad(
-          "total_steps",
-          f"an int > warmup_steps ({self.warmup_steps}) for a cosine schedule",
-          self.total_steps,
-        )
-    if not 0.0 <= self.final_lr_ratio <= 1.0:
-      bad("final_lr_ratio", "in [0, 1]", self.final_lr_ratio)
+def _check_schedule(config: OptimConfig) -> None:
+  # ``total_steps`` 0 means "the loop sets it"; by the time the optimizer is built it must be.
+  if config.schedule == "cosine" and config.total_steps <= config.warmup_steps:
+    raise ValueError(
+      f"optim.total_steps: expected > warmup_steps ({config.warmup_steps}) for a cosine "
+      f"schedule, got {config.total_steps} (0 = set by the loop, which did not set it)"
+    )
 
 
 def make_schedule(config: OptimConfig) -> optax.Schedule:
   """Returns ``count -> lr`` (count = updates already applied since init; scalar int32)."""
-  peak = config.learning_rate
+  _check_schedule(config)
+  peak = config.lr
   warm = config.warmup_steps
 
   def schedule(count):
@@ -105,8 +57,8 @@ def make_schedule(config: OptimConfig) -> optax.Schedule:
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
   """clip_by_global_norm -> AdamW(schedule). The AdamW count drives the schedule."""
   parts = []
-  if config.grad_clip_norm is not None:
-    parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+  if config.grad_clip:
+    parts.append(optax.clip_by_global_norm(config.grad_clip))
   parts.append(
     optax.adamw(
       learning_rate=make_schedule(config),

@@ -55,12 +55,13 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rstar_jax.distributed import hostdata
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import optim
 from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import lora
+from rstar_jax.models import lora, qwen3
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
@@ -484,8 +485,6 @@ class JittedSteps:
         "(pad with make_*_batch(row_multiple=...))"
       )
     if jax.process_count() > 1:  # [multi-process] each process places its own rows
-      from rstar_jax.distributed import hostdata
-
       return hostdata.global_batch(batch, self.batch_sharding)
     return {k: jax.device_put(v, self.batch_sharding(v)) for k, v in batch.items()}
 
@@ -635,7 +634,6 @@ def make_jitted_steps(
   not reuse a state (or arrays it aliases, e.g. the params it was created from) after
   passing it in. Build states with `JittedSteps.shard_state(TrainState.create(params, tx, rng))`.
   """
-  from rstar_jax.models import qwen3
 
   params_sh = qwen3.param_shardings(model_config, mesh, rules)
   abstract = jax.tree.map(

@@ -14,6 +14,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rstar_jax.sharding.rules import logical_to_shardings
+
 
 class KVCache(NamedTuple):
   """Cache pytree.
@@ -72,7 +74,6 @@ def cache_logical_axes(num_layers: int) -> KVCache:
 def cache_shardings(config, mesh, batch_size: int, max_len: int, layout: str = "sampling"):
   """KVCache of NamedShardings for ``init_cache(config, batch_size, max_len)`` on ``mesh``;
   use as ``jax.jit(init_cache, ..., out_shardings=...)`` or with ``jax.device_put``."""
-  from rstar_jax.sharding.rules import logical_to_shardings
 
   k_shape, v_shape = _shapes(config, batch_size, max_len)
   n = config.num_hidden_layers

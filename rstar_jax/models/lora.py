@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
+from rstar_jax.sharding.rules import logical_to_shardings
 
 # Target name -> the sub-tree of a layer holding it.
 TARGET_GROUPS = {
@@ -180,8 +181,7 @@ def make_params(base, model_config: Qwen3Config, cfg: LoraConfig, key: jax.Array
 def param_shardings(model_config: Qwen3Config, cfg: LoraConfig, mesh, layout="train"):
   """`LoraParams` of NamedShardings: base as ``qwen3.param_shardings``, adapters by the same
   logical-axis rules."""
-  from rstar_jax.models import qwen3
-  from rstar_jax.sharding.rules import logical_to_shardings
+  from rstar_jax.models import qwen3  # cycle: qwen3 imports lora
 
   shapes = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
@@ -322,7 +322,7 @@ def branch(x: jax.Array, p: dict[str, Any]) -> jax.Array:
 
 def apply_fn_for(model_config: Qwen3Config):
   """The learner's ``apply_fn`` for `LoraParams` (base + unmerged low-rank branches)."""
-  from rstar_jax.models import qwen3
+  from rstar_jax.models import qwen3  # cycle: qwen3 imports lora
 
   def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
     return qwen3.forward(
@@ -471,7 +471,7 @@ def make_jitted_steps(
 ):
   """`steps.make_jitted_steps` for a `LoraParams` policy (``tx`` from `optimizer`): the same
   jitted sft / rl / log-prob steps, base and adapters sharded by the logical-axis rules."""
-  from rstar_jax.learner import steps
+  from rstar_jax.learner import steps  # cycle: learner.steps imports lora
 
   return steps.make_jitted_steps_for(
     apply_fn_for(model_config),

@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 
 from rstar_jax.models import qwen3_hf_layout as hf_layout
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
+from rstar_jax.sharding.rules import logical_to_shardings
 
 INDEX_FILE = "model.safetensors.index.json"
 SAVE_DTYPES = ("float32", "bfloat16", "float16")  # what `save_hf` writes (transformers' names)
@@ -100,8 +101,6 @@ def load_hf_params(
   wm = _weight_map(hf_dir)
   shapes = param_shapes(config)
   if mesh is not None:
-    from rstar_jax.sharding.rules import logical_to_shardings
-
     abstract = jax.tree.map(
       lambda s: jax.ShapeDtypeStruct(s, dtype), shapes, is_leaf=lambda x: isinstance(x, tuple)
     )

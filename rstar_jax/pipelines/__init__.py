@@ -8,5 +8,6 @@
 
 Library pieces: `rl_loop.RLLoop` (one step = `RLLoop.step`, a sequence of stage methods),
 `wiring.group_source` (groups: `rstar_jax.rollout.groups` / `sources`), `stages.build_hard_subset`, `rl_metrics.CollapseMonitor`,
-`evaluation.evaluate`, `agent_runner.AgentRunner` / `open_runner`.
+`evaluation.evaluate`, `wiring.open_runner` (a `rollout.agent_runner.AgentRunner` on the
+config's engine and code pool).
 """

@@ -19,14 +19,18 @@ import os
 from collections.abc import Sequence
 
 from rstar_jax.config import RunConfig
-from rstar_jax.data import formats
+from rstar_jax.data import formats, synthetic_tasks
+from rstar_jax.data.eval_sets import load_eval_problems
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import ChatExample
+from rstar_jax.distributed import primary
+from rstar_jax.rewards import math_reward
+from rstar_jax.tokenization import bpe, chat_format
+from rstar_jax.tools.code_pool import ExecResult
+from rstar_jax.tools.render import render_tool_response
 
 
 def _synthetic_splits(run: RunConfig) -> tuple[list[Problem], list[Problem]]:
-  from rstar_jax.data import synthetic_tasks
-
   s = run.data.synthetic
   return synthetic_tasks.make_splits(
     s.seed, s.n_train, s.n_eval, families=list(s.families) or None, difficulty=s.difficulty or None
@@ -52,8 +56,6 @@ def train_problems(run: RunConfig) -> list[Problem]:
 
 def eval_problems(run: RunConfig) -> list[Problem]:
   if run.eval.path:
-    from rstar_jax.data.eval_sets import load_eval_problems
-
     probs = load_eval_problems(run.eval.path)  # MATH-500 / AIME layouts as published
   elif run.data.synthetic is not None:
     probs = _synthetic_splits(run)[1]
@@ -68,8 +70,6 @@ def scripted_tool_chats(
 ) -> list[ChatExample]:
   """One chat per problem with a reference ``solution_code``: the assistant calls the code tool
   with it, reads the (rendered) output and writes ``<answer>\\boxed{answer}</answer>``."""
-  from rstar_jax.tools.code_pool import ExecResult
-  from rstar_jax.tools.render import render_tool_response
 
   out = []
   for p in problems:
@@ -126,7 +126,6 @@ def _content(message) -> str:
 
 def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] = ()) -> list[str]:
   """Texts a from-scratch tokenizer is trained on: prompts, chats, digits and code idioms."""
-  from rstar_jax.tokenization import chat_format
 
   texts = [chat_format.prompt_text("rstar2", p.problem) for p in problems[:2000]]
   texts += [p.solution_code for p in problems[:2000] if p.solution_code]
@@ -141,7 +140,6 @@ def tokenizer_corpus(problems: Sequence[Problem], chats: Sequence[ChatExample] =
 
 def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
   """The run's tokenizer (module docstring); trains and saves one for a from-scratch model."""
-  from rstar_jax.tokenization import bpe
 
   path = run.tokenizer_dir()
   if path:
@@ -152,7 +150,6 @@ def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
     raise ValueError(
       "a from-scratch model with no model.tokenizer_dir needs a corpus to train its tokenizer"
     )
-  from rstar_jax.distributed import primary  # [multi-process] process 0 trains and writes it
 
   # Every process passes the barrier exactly once, whatever it found on disk: deciding "the
   # file exists, no need to wait" per process raced with process 0's write (a slow process saw
@@ -167,7 +164,6 @@ def ensure_tokenizer(run: RunConfig, workdir: str, corpus: Sequence[str] = ()):
 def _final_answer_ok(example: ChatExample) -> bool | None:
   """Whether the last assistant message's boxed answer equals ``extra['answer']``; None when
   the example carries no gold answer."""
-  from rstar_jax.rewards import math_reward
 
   extra = example.extra or {}
   if "answer" not in extra or extra["answer"] is None:
@@ -219,3 +215,23 @@ def select_interaction_dense(
   stats["kept"] = len(kept)
   stats["mean_tool_calls_kept"] = (sum(e.num_tool_calls for e in kept) / len(kept)) if kept else 0.0
   return kept, stats
+
+
+def load_tokenizer(path: str):
+  """The policy's tokenizer from a directory (tokenizer.json + config) via transformers."""
+  if not path:
+    raise ValueError(
+      "tokenizer: config.model.tokenizer_dir and model.hf_dir are both empty; "
+      "a from-scratch model needs a tokenizer directory"
+    )
+  return bpe.load_tokenizer(path)
+
+
+def check_vocab(tokenizer, model_config) -> None:
+  """Every tokenizer id must index the embedding table (``model_config``: a `Qwen3Config`)."""
+  n = len(tokenizer)
+  if n > model_config.vocab_size:
+    raise ValueError(
+      f"tokenizer has {n} tokens but the model's vocab_size is "
+      f"{model_config.vocab_size} (config.model.vocab_size)"
+    )

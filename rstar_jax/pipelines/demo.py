@@ -26,9 +26,21 @@ from typing import Any
 
 from rstar_jax.config import ColdStartConfig as ColdStartSection
 from rstar_jax.config import ConfigError, RunConfig
+from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner
-from rstar_jax.tokenization import chat_format
+from rstar_jax.data.sft_data import load_sft_jsonl, write_sft_jsonl
+from rstar_jax.learner.checkpoint import export_hf
+from rstar_jax.models import qwen3
+from rstar_jax.pipelines import (
+  data_sources,
+  demo_record,
+  evaluation,
+  rl_loop,
+  sft_loop,
+  wiring,
+)
+from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+from rstar_jax.tokenization import bpe, chat_format, domain
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +60,6 @@ def _say(msg: str) -> None:
 
 
 def _system_prompt(run: RunConfig) -> str:
-  from rstar_jax.tokenization import chat_format
-
   return run.rollout.system_prompt or chat_format.SYSTEM_PROMPT
 
 
@@ -79,17 +89,12 @@ def _read_json(path: str) -> Any:
 
 
 def problems_for(cfg) -> tuple[list[Problem], list[Problem]]:
-  from rstar_jax.pipelines import data_sources
-
   train = data_sources.train_problems(cfg)
   held = data_sources.eval_problems(cfg)
   return train, held
 
 
 def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
-  from rstar_jax.data import coldstart
-  from rstar_jax.data.sft_data import load_sft_jsonl, write_sft_jsonl
-
   path = os.path.join(workdir, "coldstart.jsonl")
   if os.path.isfile(path):
     _say(f"data: reusing {path}")
@@ -120,9 +125,6 @@ def phase_data(cfg, workdir: str, train: Sequence[Problem]) -> list:
 
 
 def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
-  from rstar_jax.data import coldstart
-  from rstar_jax.tokenization import bpe, chat_format, domain
-
   out = os.path.join(workdir, "tokenizer")
   if os.path.isfile(os.path.join(out, "tokenizer.json")):
     return bpe.load_tokenizer(out)
@@ -144,9 +146,6 @@ def phase_tokenizer(cfg, workdir: str, chats, train: Sequence[Problem]):
 
 def phase_sft(cfg, workdir: str, chats, tokenizer):
   """Returns the SFT params (from ``sft/hf`` once finished)."""
-  from rstar_jax.data import coldstart
-  from rstar_jax.models import qwen3
-  from rstar_jax.pipelines import sft_loop
 
   hf = os.path.join(workdir, "sft", "hf")
   model_config = cfg.model.qwen3_config()
@@ -191,14 +190,12 @@ def check_heldout_prompts(cfg, tokenizer, problems) -> None:
 
 
 async def _evaluate(cfg, params, tokenizer, problems, k: int, seed: int) -> dict:
-  from rstar_jax.pipelines import evaluation
-
   mc = cfg.model.qwen3_config()
-  async with agent_runner.open_runner(cfg, mc, params, tokenizer) as runner:
+  async with wiring.open_runner(cfg, mc, params, tokenizer) as runner:
     return await evaluation.evaluate(
       runner,
       problems,
-      agent_runner.eval_settings(cfg),
+      wiring.eval_settings(cfg, tokenizer=tokenizer),
       k=k,
       seed=seed,
       progress_every_s=cfg.train.progress_every_s,
@@ -226,9 +223,6 @@ def phase_eval(cfg, workdir: str, name: str, params, tokenizer, problems) -> dic
 def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   """GRPO-RoC from the SFT params; returns the final params (from ``rl/hf``), or None when
   ``demo.rl_max_steps`` stopped it before the last step (a rerun resumes)."""
-  from rstar_jax.learner.checkpoint import export_hf
-  from rstar_jax.models import qwen3
-  from rstar_jax.pipelines import rl_loop, runtime
 
   rdir = os.path.join(workdir, "rl")
   hf = os.path.join(rdir, "hf")
@@ -238,10 +232,10 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
     return qwen3.load_hf_params(hf, model_config)
   rcfg = _derived(cfg, "rl")
   os.makedirs(rdir, exist_ok=True)
-  learner = runtime.build_learner(
+  learner = wiring.build_learner(
     rcfg, params=sft_params, base_ref=os.path.abspath(os.path.join(workdir, "sft", "hf"))
   )
-  runtime.check_vocab(tokenizer, learner.model_config)
+  data_sources.check_vocab(tokenizer, learner.model_config)
   total = sum(s.steps for s in rcfg.stages)
   _say(
     f"rl: {total} steps of {rcfg.train.batch_prompts} prompts x "
@@ -250,7 +244,7 @@ def phase_rl(cfg, workdir: str, sft_params, tokenizer, train, curve_problems):
   )
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       rcfg, learner.model_config, learner.params_copy(), tokenizer
     ) as runner:
       loop = rl_loop.RLLoop(
@@ -280,8 +274,6 @@ def _first_last(rows: Sequence[dict], key: str) -> dict:
 
 
 def build_summary(workdir: str, wall_time_s: float, cfg) -> dict:
-  from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
-
   sft, rl = (
     _read_json(os.path.join(workdir, "eval_sft.json")),
     _read_json(os.path.join(workdir, "eval_rl.json")),
@@ -350,7 +342,6 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   when RL stopped early (``demo.rl_max_steps``). Finished phases are reused only when they
   ran with the same config (`demo_record`); otherwise this stops with one line naming the
   changed fields, or with ``discard_stale`` deletes the stale phases and reruns them."""
-  from rstar_jax.pipelines import demo_record
 
   t0 = time.monotonic()
   os.makedirs(workdir, exist_ok=True)

@@ -23,10 +23,12 @@ import numpy as np
 from rstar_jax.config import RunConfig
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
+from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.models import lora
-from rstar_jax.pipelines import rl_metrics
-from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
+from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics, wiring
 from rstar_jax.pipelines.metrics_log import Progress
+from rstar_jax.rollout.agent_loop import RolloutSettings
+from rstar_jax.rollout.agent_runner import AgentRunner
 from rstar_jax.rollout.sources import SyncSource
 
 # Problem i's group is seeded seed * 1_000_003 + 17 + i * 7_919: the rule of the reports
@@ -98,7 +100,11 @@ async def evaluate(
   }
   report: dict[str, Any] = {
     "metrics": metrics,
-    "settings": dataclasses.asdict(settings),
+    # The settings seed is set per trajectory from evaluate(seed=) and max_concurrent is
+    # run_agent_loop's: neither describes this evaluation.
+    "settings": {
+      k: v for k, v in dataclasses.asdict(settings).items() if k not in ("seed", "max_concurrent")
+    },
     "per_problem": [
       {"problem": p.problem, "answer": p.answer, "num_correct": int((r[i] > 0).sum())}
       for i, p in enumerate(problems)
@@ -143,8 +149,6 @@ def run_eval(
   ``problems``, else ``run.eval.path`` / ``data.synthetic`` held-out split, capped at
   ``eval.max_problems``.
   """
-  from rstar_jax.learner.checkpoint import Checkpointer
-  from rstar_jax.pipelines import agent_runner, data_sources, eval_protocols, runtime
 
   if problems is None:
     problems = data_sources.eval_problems(run)
@@ -160,16 +164,16 @@ def run_eval(
     )
   model_config = run.model.qwen3_config()
   if params is None and checkpoint_dir:
-    learner = runtime.build_learner_for_restore(run)
+    learner = wiring.build_learner_for_restore(run)
     with Checkpointer(checkpoint_dir) as ck:
       learner.state, _ = ck.restore(learner.state)
     params = lora.merged(learner.state.params)  # LoRA: the merged weights
   elif params is None:
-    params = runtime.initial_params(run, model_config)
-  runtime.check_vocab(tokenizer, model_config)
+    params = wiring.initial_params(run, model_config)
+  data_sources.check_vocab(tokenizer, model_config)
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       run,
       model_config,
       hostdata.local_params(params),  # [multi-process]
@@ -179,7 +183,7 @@ def run_eval(
       return await evaluate(
         runner,
         problems,
-        agent_runner.eval_settings(run),
+        wiring.eval_settings(run, tokenizer=tokenizer),
         k=eval_protocols.resolve(run.eval).k,
         seed=run.eval.seed,
         progress_every_s=run.train.progress_every_s,

@@ -1,4 +1,5 @@
-"""What an HF export carries besides the weights, so that transformers serves the policy the
+"""`export_checkpoint` (an orbax checkpoint -> an HF directory) and what an HF export carries
+besides the weights, so that transformers serves the policy the
 way it was trained (issue 29, row 4):
 
   * the weights in the source's precision: a run that started from a bf16 checkpoint (or keeps
@@ -19,8 +20,13 @@ import os
 from typing import Any
 
 from rstar_jax.config import RunConfig
+from rstar_jax.distributed.primary import is_primary
 from rstar_jax.errors import UserError
+from rstar_jax.learner.batch import pad_id_of
+from rstar_jax.learner.checkpoint import Checkpointer, export_hf
+from rstar_jax.models import lora
 from rstar_jax.models.qwen3_hf_io import SAVE_DTYPES
+from rstar_jax.pipelines import data_sources, wiring
 from rstar_jax.tokenization import chat_format
 
 GENERATION_CONFIG = chat_format.GENERATION_CONFIG
@@ -67,8 +73,6 @@ def trained_chat_template(run: RunConfig) -> str:
 def generation_config(run: RunConfig, tokenizer) -> dict[str, Any]:
   """The export's generation_config.json: the source's (``model.hf_dir``) with ``eos_token_id``
   set to the stop ids of training and a ``pad_token_id`` (generate needs one for batches)."""
-  from rstar_jax.learner.batch import pad_id_of
-
   base: dict[str, Any] = {}
   src = os.path.join(run.model.hf_dir, GENERATION_CONFIG) if run.model.hf_dir else ""
   if src and os.path.isfile(src):
@@ -91,3 +95,37 @@ def write_tokenizer_and_generation_config(out_dir: str, run: RunConfig, tokenize
   with open(os.path.join(out_dir, GENERATION_CONFIG), "w") as f:
     json.dump(generation_config(run, tokenizer), f, indent=2)
     f.write("\n")
+
+
+def export_checkpoint(
+  run: RunConfig,
+  checkpoint_dir: str,
+  out_dir: str,
+  *,
+  tokenizer_path: str = "",
+  step: int | None = None,
+  adapters_only: bool = False,
+  dtype: str | None = None,
+) -> int:
+  """Writes the params of an orbax checkpoint (latest, or ``step``) as an HF directory, with
+  the tokenizer from ``tokenizer_path`` (default: the config's) carrying the run's chat
+  template, and generation_config.json with the run's stop ids (`hf_export`). Tensors are
+  ``dtype`` (None = the source's: `hf_export.source_dtype`). Returns the exported step.
+
+  A LoRA run (``model.lora_rank > 0``) exports the merged model, or with ``adapters_only``
+  the adapters in PEFT's format (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+  dtype = export_dtype(run, dtype)
+  learner = wiring.build_learner_for_restore(run)
+  if adapters_only and not lora.is_lora(learner.state.params):
+    raise ValueError("export_hf --adapters_only: the run has no adapters (model.lora_rank is 0)")
+  with Checkpointer(checkpoint_dir) as ck:
+    learner.state, meta = ck.restore(learner.state, step)
+  if adapters_only:
+    if is_primary():
+      lora.save_peft(out_dir, learner.state.params)
+    return int(meta["step"])
+  export_hf(out_dir, learner.model_config, learner.state.params, dtype=dtype)
+  tok_path = tokenizer_path or run.tokenizer_dir()
+  if tok_path and is_primary():  # [multi-process] one writer
+    write_tokenizer_and_generation_config(out_dir, run, data_sources.load_tokenizer(tok_path))
+  return int(meta["step"])

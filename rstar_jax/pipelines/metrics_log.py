@@ -27,6 +27,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rstar_jax.distributed.primary import is_primary
+from rstar_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -48,8 +51,6 @@ def _jsonable(v: Any) -> Any:
 
 
 def _primary() -> bool:
-  from rstar_jax.distributed.primary import is_primary
-
   return is_primary()
 
 
@@ -114,8 +115,6 @@ def _start_wandb(directory: str, name: str, settings: Mapping[str, Any], resume:
   try:
     import wandb
   except ImportError:
-    from rstar_jax.errors import UserError
-
     raise UserError(
       "config.log.wandb: True needs the wandb package, which is not installed "
       "(pip install 'rstar_jax[wandb]', or set log.wandb=False)"

@@ -39,7 +39,6 @@ from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
 from rstar_jax.pipelines import (
-  agent_runner,
   data_sources,
   eval_protocols,
   loop_state,
@@ -49,12 +48,12 @@ from rstar_jax.pipelines import (
   wiring,
 )
 from rstar_jax.pipelines import stages as stages_lib
-from rstar_jax.pipelines.agent_runner import AgentRunner, eval_settings, rollout_settings
 from rstar_jax.pipelines.evaluation import evaluate
 from rstar_jax.pipelines.loop_state import LoopPosition
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
-from rstar_jax.pipelines.runtime import Learner
 from rstar_jax.pipelines.step_data import Rollouts, Scores, Selected
+from rstar_jax.pipelines.wiring import Learner
+from rstar_jax.rollout.agent_runner import AgentRunner
 from rstar_jax.rollout.sources import GroupSource, StageFeed, SyncSource, WeightTransfer
 
 log = logging.getLogger(__name__)
@@ -65,8 +64,8 @@ class RLLoop:
 
   Args:
     run: typed run config (mode "rl").
-    learner: model, optimizer, jitted steps and live state (`runtime.build_learner`).
-    runner: shared engine, code pool, tokenizer and reward (`agent_runner.AgentRunner`).
+    learner: model, optimizer, jitted steps and live state (`wiring.build_learner`).
+    runner: shared engine, code pool, tokenizer and reward (`rollout.agent_runner.AgentRunner`).
     workdir: checkpoints (``ckpt/``), metrics (``metrics.jsonl``, ``tb/``).
     problems: the training problems (default: ``run.data.train_path``).
     eval_problems: held-out problems evaluated every ``train.eval_every`` steps (optional).
@@ -213,7 +212,7 @@ class RLLoop:
         source,
         self.verify,
         seed=self.config.train.seed * 1_000_003 + 7919 * (self.pos.stage_index + 1),
-        settings=rollout_settings(self.config, stage),
+        settings=wiring.rollout_settings(self.config, stage, tokenizer=self.runner.tokenizer),
         max_problems=self.config.rl.hard_subset_max_problems,
       )
     elif stage.data == "recent":
@@ -300,7 +299,7 @@ class RLLoop:
       key=(self.pos.stage_index, self.pos.data_source),
       iterator=self.iterator,
       dataset=self._dataset(),
-      settings=rollout_settings(self.config, stage),
+      settings=wiring.rollout_settings(self.config, stage, tokenizer=self.runner.tokenizer),
       steps_left=stage.steps - self.pos.stage_step,
     )
     got = await self.source.take(self.P, seed=seed0, feed=feed)
@@ -426,7 +425,7 @@ class RLLoop:
       rep = await evaluate(
         self.runner,
         self.eval_problems,
-        eval_settings(self.config),
+        wiring.eval_settings(self.config, tokenizer=self.runner.tokenizer),
         k=eval_protocols.resolve(self.config.eval).k,
         seed=self.config.eval.seed,
         progress_every_s=self.progress_every_s,
@@ -474,7 +473,7 @@ def run_rl(
   )
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       run,
       learner.model_config,
       hostdata.local_params(learner.params_copy()),  # [multi-process] host-local copy

@@ -40,6 +40,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from rstar_jax.config.imports import import_user_modules
 from rstar_jax.rewards import math_reward
 
 VERIFIER, REWARD = "verifier", "reward"
@@ -203,7 +204,6 @@ def scorer(name: str, ctx: RewardContext) -> Callable[[str, str], Any]:
 def from_config(run) -> Callable[[str, str], Any]:
   """The scorer a `RunConfig` selects: imports ``reward.imports``, then ``reward.name`` with
   ``reward.verifier``, ``reward.timeout_s`` and ``rl.answer_mode``."""
-  from rstar_jax.config.imports import import_user_modules
 
   r = run.reward
   import_user_modules(r.imports, field="reward.imports")

@@ -17,7 +17,7 @@ from rstar_jax.rollout.types import (
 _LAZY = {
   "JaxSampler": "rstar_jax.rollout.jax_sampler",
   "SGLangEngine": "rstar_jax.rollout.sglang_engine",
-  "AgentLoopConfig": "rstar_jax.rollout.agent_loop",
+  "RolloutSettings": "rstar_jax.rollout.agent_loop",
   "run_trajectory": "rstar_jax.rollout.agent_loop",
   "run_agent_loop": "rstar_jax.rollout.agent_loop",
   "KVCapacityScheduler": "rstar_jax.rollout.scheduler",

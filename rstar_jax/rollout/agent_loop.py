@@ -26,6 +26,7 @@ from typing import Any
 
 from rstar_jax.rollout.types import GenerateRequest, SamplingParams, ToolCallRecord, Trajectory
 from rstar_jax.tokenization import chat_format
+from rstar_jax.tools.render import render_tool_response
 
 _TRAJ_COUNTER = itertools.count()
 TRUNCATIONS = ("project", "released")
@@ -45,12 +46,15 @@ def truncate_middle_released(text: str, max_chars: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentLoopConfig:
-  """Agent-loop limits and sampling (defaults: rStar2-Agent RL stage 1, paper; the released
-  values are in docs/fidelity.md).
+class RolloutSettings:
+  """Everything the agent loop reads about one trajectory: limits, sampling and tool handling.
+  The one settings type from the config to the loop: `pipelines.wiring.rollout_settings` /
+  `eval_settings` build it once per phase from the ``rollout``, ``tool``, ``eval`` sections and
+  the stage; each turn's `SamplingParams` are cut from it. Defaults: rStar2-Agent RL stage 1
+  (paper; the released values are in docs/fidelity.md).
 
-  max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval; released code 5).
   response_budget: max response tokens, generated + tool (8192 stage 1, 12288 later).
+  max_turns: max assistant turns (paper 10 / 10 / 15 per stage, 30 at eval; released code 5).
   temperature / top_p / top_k: sampling (top_k -1 = off).
   max_parallel_calls: calls executed per turn; 0 = all (paper), 1 = released verl behaviour.
   max_tool_calls: tool-call budget per trajectory (ASTER); 0 = unlimited. A turn's calls are
@@ -67,18 +71,19 @@ class AgentLoopConfig:
   stop_token_ids: ids that end an assistant turn (`chat_format.stop_token_ids`: <|im_end|>
       and the checkpoint's generation_config EOS ids); () = the tokenizer's <|im_end|> alone.
   seed: base seed; each turn's seed derives from (seed, problem, sample, turn). None = random.
+      `AgentRunner.rollout` sets it per trajectory.
   max_concurrent: at most this many trajectories in flight in run_agent_loop; 0 = all.
   """
 
-  max_turns: int = 10
   response_budget: int = 8192
+  max_turns: int = 10
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1
   max_parallel_calls: int = 0
   max_tool_calls: int = 0
   tool_timeout_s: float = 4.0
-  max_tool_response_chars: int = 2048
+  max_tool_response_chars: int = 1024
   tool_truncation: str = "project"
   chat_format: str = "rstar2"
   stateful_tool: bool = False
@@ -89,10 +94,10 @@ class AgentLoopConfig:
   def __post_init__(self):
     def need(name, ok, what):
       if not ok:
-        raise ValueError(f"AgentLoopConfig.{name}: expected {what}, got {getattr(self, name)!r}")
+        raise ValueError(f"RolloutSettings.{name}: expected {what}, got {getattr(self, name)!r}")
 
-    need("max_turns", self.max_turns >= 1, "an int >= 1")
     need("response_budget", self.response_budget >= 1, "an int >= 1")
+    need("max_turns", self.max_turns >= 1, "an int >= 1")
     need("temperature", self.temperature >= 0, ">= 0")
     need("top_p", 0 < self.top_p <= 1, "a value in (0, 1]")
     need("top_k", self.top_k == -1 or self.top_k >= 1, "-1 or >= 1")
@@ -120,8 +125,6 @@ def _turn_seed(seed: int | None, *keys: Any) -> int | None:
 
 
 def _default_render(result, max_chars: int) -> str:
-  from rstar_jax.tools.render import render_tool_response
-
   return render_tool_response(result, max_chars)
 
 
@@ -149,7 +152,7 @@ class _Builder:
 
 
 async def _execute(
-  pool, call: chat_format.ToolCall, cfg: AgentLoopConfig, session_id, render
+  pool, call: chat_format.ToolCall, cfg: RolloutSettings, session_id, render
 ) -> tuple[ToolCallRecord, bool]:
   """Runs one parsed call; returns its record and whether the pool itself raised."""
   if call.error is not None:
@@ -177,7 +180,7 @@ async def run_trajectory(
   tokenizer,
   pool,
   question: str,
-  config: AgentLoopConfig,
+  config: RolloutSettings,
   *,
   problem_index: int = 0,
   sample_index: int = 0,
@@ -311,7 +314,7 @@ async def run_agent_loop(
   pool,
   problems: Sequence[Any],
   n_samples: int,
-  config: AgentLoopConfig,
+  config: RolloutSettings,
   progress: Callable[[int, int, Trajectory], Any] | None = None,
   render: Callable[[Any, int], str] = _default_render,
 ) -> list[Trajectory]:

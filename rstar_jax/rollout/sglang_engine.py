@@ -44,8 +44,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rstar_jax.errors import UserError
+from rstar_jax.models import lora
+from rstar_jax.models import qwen3_hf_layout as layout
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
+from rstar_jax.rollout.weight_transfer import base, make_transport, source
+from rstar_jax.rollout.weight_transfer.base import PushError
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +217,6 @@ class SGLangEngine:
     self._sticky: collections.OrderedDict = collections.OrderedDict()  # key -> url (LRU)
     self.scheduler = KVCapacityScheduler(self.urls, capacities, utilization)
     self._capacities_known = capacities is not None
-    from rstar_jax.rollout.weight_transfer import make_transport
 
     self.transport = make_transport(
       weight_transport,
@@ -486,10 +489,6 @@ class SGLangEngine:
     """
     import time
 
-    from rstar_jax.models import lora
-    from rstar_jax.models import qwen3_hf_layout as layout
-    from rstar_jax.rollout.weight_transfer import base, source
-
     version = self._version + 1 if version is None else int(version)
     adapters = params if lora.is_lora(params) else None
     if adapters is not None:
@@ -564,9 +563,6 @@ class SGLangEngine:
     """Writes the adapters as a PEFT directory under ``staging_dir`` and loads it on every
     server as ``name``; returns the bytes written."""
     import shutil
-
-    from rstar_jax.models import lora
-    from rstar_jax.rollout.weight_transfer.base import PushError
 
     path = os.path.abspath(os.path.join(self.staging_dir, name))
     if os.path.exists(path):

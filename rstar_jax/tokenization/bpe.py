@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from rstar_jax.tokenization.chat_format import chat_template
+
 SPECIAL_TOKENS = (
   "<|endoftext|>",
   "<|im_start|>",
@@ -38,8 +40,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | No
   """
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   from transformers import PreTrainedTokenizerFast
-
-  from rstar_jax.tokenization.chat_format import chat_template
 
   minimum = len(SPECIAL_TOKENS) + 256
   if not isinstance(vocab_size, int) or vocab_size < minimum:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rstar_jax.tokenization import bpe, chat_format
+
 
 def domain_tokens() -> list[str]:
   """The chat format's fixed strings that become single tokens: the user-message prefix and
   the text before / after the code of a tool call. (Byte-level BPE pre-splits on punctuation,
   so no number of merges would join them.)"""
-  from rstar_jax.tokenization import chat_format
 
   head, tail = chat_format.format_tool_call("@CODE@", "").split("@CODE@")
   return [chat_format.USER_PREFIX, head, tail]
@@ -34,8 +35,6 @@ def train_domain_tokenizer(
   counts them) and, with ``split_digits``, every digit its own token. Saved to ``out_dir``
   and reloaded with `bpe.load_tokenizer`."""
   from tokenizers import AddedToken, pre_tokenizers
-
-  from rstar_jax.tokenization import bpe
 
   tok = bpe.train_bpe_tokenizer(texts, vocab_size - len(added), None)
   if split_digits:

@@ -9,15 +9,14 @@ import time
 
 def main():
   workdir = sys.argv[1]
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import data_sources, launch
 
-  runtime.maybe_initialize_distributed()
+  launch.maybe_initialize_distributed()
   import jax
 
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
   from rstar_jax.distributed import primary
-  from rstar_jax.pipelines import data_sources
 
   run = from_config_dict(rstar2_tiny_cpu.get_config("rl"))
   corpus = [f"what is {i} + {i * 7}? the answer is {i * 8}." for i in range(200)]

@@ -48,7 +48,8 @@ def _config(mode):
 def run_rl(workdir, steps):
   import jax
 
-  from rstar_jax.pipelines import agent_runner, rl_loop
+  from rstar_jax.pipelines import rl_loop
+  from rstar_jax.rollout import agent_runner
 
   async def rule_rewards(self, trajs, answers):
     return [float(sum(t.response_ids) % 2) for t in trajs]
@@ -91,10 +92,10 @@ def save_params(out, workdir):
 
 def main():
   mode, workdir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import launch
 
-  runtime.setup_logging()
-  runtime.maybe_initialize_distributed()
+  launch.setup_logging()
+  launch.maybe_initialize_distributed()
   import jax
 
   if mode == "rl":

@@ -21,7 +21,7 @@ def _state(mesh, seed=0):
     "w": jax.device_put(w, NamedSharding(mesh, P("fsdp", "tensor"))),
     "b": jax.device_put(jnp.arange(3.0), NamedSharding(mesh, P())),
   }
-  tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+  tx = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=2))
   return TrainState.create(params, tx, seed)
 
 
@@ -117,7 +117,7 @@ import jax.numpy as jnp
 from rstar_jax.learner import optim
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import TrainState
-tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+tx = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=2))
 state = TrainState.create({"w": jnp.ones((256, 256))}, tx, 0)
 ck = Checkpointer(sys.argv[1], max_to_keep=2)
 ck.save(state, {"k": 7})
@@ -147,7 +147,7 @@ def test_async_save_completes_at_interpreter_exit(tmp_path):
   assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
   # Without the exit hook the step is left as a half-written "0.orbax-checkpoint-tmp".
   assert os.listdir(tmp_path / "ck") == ["0"]
-  tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+  tx = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=2))
   with Checkpointer(tmp_path / "ck") as ck:
     restored, meta = ck.restore(TrainState.create({"w": jnp.zeros((256, 256))}, tx, 1))
   assert meta == {"k": 7, "step": 0}
@@ -167,7 +167,7 @@ def test_restore_into_another_model_is_a_one_line_user_error(tmp_path):
   from rstar_jax.errors import UserError
   from rstar_jax.learner.checkpoint import CheckpointMismatchError
 
-  tx = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, warmup_steps=2))
+  tx = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=2))
   with Checkpointer(tmp_path) as ck:
     ck.save(TrainState.create({"w": jnp.ones((4, 4))}, tx, 0))
   for other, why in (

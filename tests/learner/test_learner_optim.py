@@ -11,7 +11,7 @@ from rstar_jax.learner.train_state import TrainState, reset_optimizer
 
 
 def test_constant_schedule_warmup_values():
-  cfg = optim.OptimConfig(learning_rate=2e-3, warmup_steps=4)
+  cfg = optim.OptimConfig(lr=2e-3, warmup_steps=4)
   sched = optim.make_schedule(cfg)
   got = [float(sched(k)) for k in range(7)]
   want = [2e-3 * min(1.0, (k + 1) / 4) for k in range(7)]
@@ -19,13 +19,13 @@ def test_constant_schedule_warmup_values():
 
 
 def test_no_warmup_starts_at_peak():
-  sched = optim.make_schedule(optim.OptimConfig(learning_rate=0.5, warmup_steps=0))
+  sched = optim.make_schedule(optim.OptimConfig(lr=0.5, warmup_steps=0))
   np.testing.assert_allclose([float(sched(k)) for k in range(3)], [0.5] * 3)
 
 
 def test_cosine_schedule_values():
   cfg = optim.OptimConfig(
-    learning_rate=1.0, warmup_steps=2, schedule="cosine", total_steps=10, final_lr_ratio=0.1
+    lr=1.0, warmup_steps=2, schedule="cosine", total_steps=10, final_lr_ratio=0.1
   )
   sched = optim.make_schedule(cfg)
   got = np.array([float(sched(k)) for k in range(12)])
@@ -41,26 +41,43 @@ def test_cosine_schedule_values():
 @pytest.mark.parametrize(
   "field,value",
   [
-    ("learning_rate", 0.0),
+    ("lr", 0.0),
     ("b1", 1.0),
     ("b2", -0.1),
     ("weight_decay", -1.0),
-    ("grad_clip_norm", 0.0),
+    ("grad_clip", -1.0),
     ("warmup_steps", -1),
     ("schedule", "linear"),
     ("final_lr_ratio", 2.0),
   ],
 )
 def test_bad_config_names_field(field, value):
-  with pytest.raises(ValueError, match=f"OptimConfig.{field}"):
+  with pytest.raises(ValueError, match=f"config.optim.{field}:"):
     optim.OptimConfig(**{field: value})
 
 
 def test_cosine_needs_total_steps():
-  with pytest.raises(ValueError, match="OptimConfig.total_steps"):
-    optim.OptimConfig(schedule="cosine", warmup_steps=5)
-  with pytest.raises(ValueError, match="OptimConfig.total_steps"):
+  # 0 = "the loop sets it": accepted by the config, refused when the schedule is built.
+  unset = optim.OptimConfig(schedule="cosine", warmup_steps=5)
+  with pytest.raises(ValueError, match="optim.total_steps: expected > warmup_steps"):
+    optim.make_optimizer(unset)
+  assert optim.make_schedule(unset.learner_config(total_steps=6))(0) > 0
+  with pytest.raises(ValueError, match="config.optim.total_steps"):
     optim.OptimConfig(schedule="cosine", warmup_steps=5, total_steps=5)
+
+
+def test_one_optim_config_from_run_config_to_learner():
+  """The run config's section is the learner's type: no field-by-field copy to drift."""
+  from rstar_jax.config import RunConfig
+
+  run = RunConfig(mode="sft", optim=optim.OptimConfig(lr=3e-4, grad_clip=0.0))
+  assert optim.OptimConfig is type(run.optim)
+  oc = run.optim.learner_config(total_steps=7)
+  assert (oc.lr, oc.total_steps, oc.grad_clip) == (3e-4, 7, 0.0)
+  # grad_clip 0 = no clipping transform in the chain (adamw alone).
+  assert len(optim.make_optimizer(oc).init({"w": jnp.ones(2)})) == 1
+  assert len(optim.make_optimizer(run.optim).init({"w": jnp.ones(2)})) == 1
+  assert len(optim.make_optimizer(optim.OptimConfig()).init({"w": jnp.ones(2)})) == 2
 
 
 def _numpy_adamw(params, grads_seq, cfg):
@@ -71,8 +88,8 @@ def _numpy_adamw(params, grads_seq, cfg):
   for t, g in enumerate(grads_seq):
     g = {k: np.array(x, np.float64) for k, x in g.items()}
     norm = np.sqrt(sum(np.sum(x**2) for x in g.values()))
-    scale = min(1.0, cfg.grad_clip_norm / norm)
-    lr = cfg.learning_rate * min(1.0, (t + 1) / cfg.warmup_steps)
+    scale = min(1.0, cfg.grad_clip / norm)
+    lr = cfg.lr * min(1.0, (t + 1) / cfg.warmup_steps)
     for k in p:
       gk = g[k] * scale
       m[k] = cfg.b1 * m[k] + (1 - cfg.b1) * gk
@@ -85,12 +102,12 @@ def _numpy_adamw(params, grads_seq, cfg):
 
 def test_adamw_clip_schedule_match_numpy_reference():
   cfg = optim.OptimConfig(
-    learning_rate=0.1,
+    lr=0.1,
     b1=0.8,
     b2=0.95,
     eps=1e-3,
     weight_decay=0.1,
-    grad_clip_norm=1.0,
+    grad_clip=1.0,
     warmup_steps=3,
   )
   rng = np.random.default_rng(0)
@@ -115,7 +132,7 @@ def test_adamw_clip_schedule_match_numpy_reference():
 
 
 def test_reset_optimizer_zeroes_moments_and_restarts_warmup():
-  cfg = optim.OptimConfig(learning_rate=0.1, warmup_steps=3)
+  cfg = optim.OptimConfig(lr=0.1, warmup_steps=3)
   tx = optim.make_optimizer(cfg)
   params = {"w": jnp.arange(6.0).reshape(2, 3)}
   state = TrainState.create(params, tx, 3)

@@ -36,7 +36,7 @@ def test_readme_loss_is_registered_selected_and_called():
   try:
     sc = ns["step_config"]
     assert sc.policy_loss == "positive_only" and sc.eps_high == ns["run"].rl.eps_high
-    tx = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2))
+    tx = optim.make_optimizer(optim.OptimConfig(lr=1e-2))
     state = TrainState.create(toy_params(), tx, 0)
     batch = toy_batch()
     batch["advantages"] = -np.abs(batch["advantages"]) - 1.0  # every advantage negative

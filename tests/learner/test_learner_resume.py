@@ -11,7 +11,7 @@ from rstar_jax.learner import optim, steps
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import TrainState
 
-OPT = optim.OptimConfig(learning_rate=3e-2, warmup_steps=3, weight_decay=0.05)
+OPT = optim.OptimConfig(lr=3e-2, warmup_steps=3, weight_decay=0.05)
 NUM_STEPS = 6
 
 

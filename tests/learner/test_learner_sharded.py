@@ -27,7 +27,7 @@ CFG = qwen3.Qwen3Config(
   num_key_value_heads=2,
   head_dim=8,
 )
-OPT = optim.OptimConfig(learning_rate=1e-3, warmup_steps=1)
+OPT = optim.OptimConfig(lr=1e-3, warmup_steps=1)
 N, T = 16, 12
 PARAM_ATOL = 5e-6
 

@@ -12,7 +12,7 @@ from learner_toy_model import toy_apply, toy_batch, toy_params
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.train_state import TrainState
 
-OPT = optim.OptimConfig(learning_rate=1e-2, warmup_steps=2)
+OPT = optim.OptimConfig(lr=1e-2, warmup_steps=2)
 
 
 def _state(seed=0):
@@ -59,7 +59,7 @@ class StepTest(chex.TestCase):
       np.testing.assert_allclose(metrics["loss"], _ref_sft_loss(toy_params(), batch), rtol=1e-5)
       np.testing.assert_allclose(metrics["grad_norm"], optax_norm(want_grads), rtol=1e-5)
       assert float(metrics["num_tokens"]) == float(batch["loss_mask"].sum())
-      assert float(metrics["learning_rate"]) == pytest.approx(OPT.learning_rate / 2)
+      assert float(metrics["learning_rate"]) == pytest.approx(OPT.lr / 2)
       assert int(state.step) == 1
 
   @chex.variants(with_jit=True, without_jit=True)

@@ -13,7 +13,7 @@ from learner_toy_model import toy_apply, toy_batch, toy_params
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.train_state import TrainState
 
-OPT = optim.OptimConfig(learning_rate=1e-2, warmup_steps=2)
+OPT = optim.OptimConfig(lr=1e-2, warmup_steps=2)
 
 
 def _state():

@@ -240,7 +240,7 @@ def test_packed_row_logits_equal_separate_rows():
       )
 
 
-OPT = optim.OptimConfig(learning_rate=1e-3, warmup_steps=1)
+OPT = optim.OptimConfig(lr=1e-3, warmup_steps=1)
 
 
 def _rl_batch(n=8, t=20, seed=0):

@@ -86,7 +86,7 @@ def test_lora_step_equals_full_step_on_merged_model_with_base_gradient_masked():
   (dA = s G B^T, dB = s A^T G), the base's own gradient dropped, fed to the same AdamW."""
   p = _params()
   batch = _batch()
-  oc = optim.OptimConfig(learning_rate=1e-2, warmup_steps=0, grad_clip_norm=0.05)
+  oc = optim.OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=0.05)
   inner = optim.make_optimizer(oc)
   tx = lora.optimizer(inner, p)
   state = TrainState.create(p, tx, 0)
@@ -132,9 +132,7 @@ def test_lora_step_equals_full_step_on_merged_model_with_base_gradient_masked():
 def test_rank_r_updates_stay_rank_r_and_optimizer_holds_adapters_only():
   p0 = _params(nonzero_b=False)
   base0 = jax.tree.map(np.asarray, p0.base)
-  tx = lora.optimizer(
-    optim.make_optimizer(optim.OptimConfig(learning_rate=3e-2, warmup_steps=0)), p0
-  )
+  tx = lora.optimizer(optim.make_optimizer(optim.OptimConfig(lr=3e-2, warmup_steps=0)), p0)
   state = TrainState.create(p0, tx, 0)
   moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
   assert sum(x.size for x in moments) == 2 * lora.adapter_param_count(MC, CFG)
@@ -263,9 +261,7 @@ def test_peft_loads_the_adapters_export(tmp_path):
 def test_bf16_base_stays_frozen_while_float32_adapters_train():
   base = qwen3.init_params(MC, jax.random.key(0), dtype=jnp.bfloat16)
   p = lora.make_params(base, MC, CFG, jax.random.key(1))
-  tx = lora.optimizer(
-    optim.make_optimizer(optim.OptimConfig(learning_rate=1e-2, warmup_steps=0)), p
-  )
+  tx = lora.optimizer(optim.make_optimizer(optim.OptimConfig(lr=1e-2, warmup_steps=0)), p)
   state = TrainState.create(p, tx, 0)
   step = jax.jit(lambda s, b: steps.sft_step(s, b, apply_fn=lora.apply_fn_for(MC)))
   for i in range(2):
@@ -284,7 +280,7 @@ def _lora_run(tmp_path):
   """A LoRA RunConfig over a saved HF base (with a tokenizer) and a checkpoint of trained
   adapters; returns (run, params)."""
   from rstar_jax.config import schema
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import wiring
   from rstar_jax.tokenization.bpe import train_bpe_tokenizer
 
   base_dir = str(tmp_path / "base")
@@ -292,7 +288,7 @@ def _lora_run(tmp_path):
   # (export copies the tokenizer as it is; its size need not match this toy model)
   train_bpe_tokenizer(["12 + 34 = 46", "the answer is 7"] * 20, 300, out_dir=base_dir)
   run = schema.RunConfig(model=schema.ModelConfig(hf_dir=base_dir, lora_rank=2, lora_alpha=6.0))
-  learner = runtime.build_learner(run)
+  learner = wiring.build_learner(run)
   trained = _params(cfg=learner.state.params.config).lora
   learner.state = learner.state.replace(params=learner.state.params.replace(lora=trained))
   with Checkpointer(tmp_path / "ck", enable_async=False) as ck:
@@ -301,11 +297,11 @@ def _lora_run(tmp_path):
 
 
 def test_export_writes_merged_model_or_peft_adapters(tmp_path):
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import hf_export
 
   run, params = _lora_run(tmp_path)
   assert params.config.base == str(tmp_path / "base")
-  runtime.export_checkpoint(run, str(tmp_path / "ck"), str(tmp_path / "merged"))
+  hf_export.export_checkpoint(run, str(tmp_path / "ck"), str(tmp_path / "merged"))
   got = qwen3.load_hf_params(str(tmp_path / "merged"), MC)
   # (the export's merge runs sharded: the f32 sum may round differently in the last bit)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(lora.merge(params))):
@@ -314,7 +310,7 @@ def test_export_writes_merged_model_or_peft_adapters(tmp_path):
   assert np.abs(w - np.asarray(params.base["layers"]["mlp"]["down_proj"]["kernel"])).max() > 1e-3
   assert (tmp_path / "merged" / "tokenizer.json").exists()
 
-  runtime.export_checkpoint(run, str(tmp_path / "ck"), str(tmp_path / "ad"), adapters_only=True)
+  hf_export.export_checkpoint(run, str(tmp_path / "ck"), str(tmp_path / "ad"), adapters_only=True)
   import json
 
   from safetensors.numpy import load_file
@@ -330,6 +326,6 @@ def test_export_writes_merged_model_or_peft_adapters(tmp_path):
 
   full = dataclasses.replace(run, model=dataclasses.replace(run.model, lora_rank=0))
   with pytest.raises(ValueError, match="no adapters"):
-    runtime.export_checkpoint(full, str(tmp_path / "ck"), str(tmp_path / "x"), adapters_only=True)
+    hf_export.export_checkpoint(full, str(tmp_path / "ck"), str(tmp_path / "x"), adapters_only=True)
   with pytest.raises(CheckpointMismatchError, match="holds LoRA adapters"):
-    runtime.export_checkpoint(full, str(tmp_path / "ck"), str(tmp_path / "x"))
+    hf_export.export_checkpoint(full, str(tmp_path / "ck"), str(tmp_path / "x"))

@@ -15,8 +15,9 @@ from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
-from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
+from rstar_jax.pipelines import data_sources, rl_loop, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
+from rstar_jax.rollout import agent_runner
 from rstar_jax.rollout import groups as groups_lib
 from rstar_jax.rollout.interruptible import InterruptibleEngine
 from rstar_jax.rollout.sources import SyncSource
@@ -61,7 +62,7 @@ def setup(tmp_path_factory):
 
 def _run(cfg, workdir, problems, tok, max_steps):
   cfg = from_config_dict(cfg, "rl")
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
   seen, batches = [], []
   real_step = learner.jitted.rl_step
 
@@ -79,7 +80,7 @@ def _run(cfg, workdir, problems, tok, max_steps):
       return await super().rollout(problem, seed=seed, settings=settings)
 
   async def main():
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       cfg, learner.model_config, learner.params_copy(), tok, runner_cls=Recording
     ) as runner:
       runner.rewards = _alternating

@@ -15,7 +15,7 @@ from rstar_jax.data import coldstart
 from rstar_jax.data.problems import Problem
 from rstar_jax.data.sft_data import load_sft_jsonl
 from rstar_jax.errors import UserError
-from rstar_jax.pipelines import agent_runner, demo
+from rstar_jax.pipelines import demo, wiring
 from rstar_jax.tokenization import bpe, chat_format, domain
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +64,7 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
   )
   assert len(tok) <= 400 and all(tok.convert_tokens_to_ids(t) < 400 for t in domain.domain_tokens())
   # The same runner class the RL loop uses, built from the same config.
-  runner = agent_runner.AgentRunner.from_config(cfg, None, None, tok)
+  runner = wiring.make_runner(cfg, None, None, tok)
   assert runner.system_prompt == cfg.rollout.system_prompt and not runner.with_tools
   assert not runner.show_tool_time
   ((ids, mask),) = coldstart.render_examples(tok, [chat], with_tools=cfg.rollout.with_tools)

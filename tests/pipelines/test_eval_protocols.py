@@ -15,7 +15,8 @@ from rstar_jax.data.eval_sets import load_eval_problems
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.data.problems import Problem
 from rstar_jax.pipelines import eval_protocols, evaluation
-from rstar_jax.pipelines.agent_runner import RolloutSettings, eval_settings
+from rstar_jax.pipelines.wiring import eval_settings
+from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import Trajectory
 
 MATH500 = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "math500.jsonl"

@@ -9,7 +9,9 @@ import pytest
 
 from rstar_jax.config import from_config_dict
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner, evaluation
+from rstar_jax.pipelines import evaluation
+from rstar_jax.rollout import agent_runner
+from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import GenerateResult
 from rstar_jax.tokenization import bpe, chat_format
 from rstar_jax.tools.code_pool import CodePool
@@ -63,9 +65,7 @@ def test_evaluate_metrics_with_real_tools_and_verifier(tokenizer, tmp_path):
   async def main():
     async with CodePool(num_workers=2) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, CODES), pool, tokenizer)
-      settings = agent_runner.RolloutSettings(
-        response_budget=400, max_turns=3, temperature=0.6, top_p=0.95
-      )
+      settings = RolloutSettings(response_budget=400, max_turns=3, temperature=0.6, top_p=0.95)
       return await evaluation.evaluate(runner, PROBLEMS, settings, k=2, seed=1, keep_samples=2)
 
   report = asyncio.run(main())
@@ -86,7 +86,7 @@ def test_truncation_counted_when_budget_is_too_small(tokenizer):
   async def main():
     async with CodePool(num_workers=1) as pool:
       runner = agent_runner.AgentRunner(ScriptedEngine(tokenizer, CODES), pool, tokenizer)
-      settings = agent_runner.RolloutSettings(response_budget=8, max_turns=3)
+      settings = RolloutSettings(response_budget=8, max_turns=3)
       return await evaluation.evaluate(runner, PROBLEMS[:1], settings, k=1)
 
   m = asyncio.run(main())["metrics"]
@@ -126,7 +126,7 @@ class PlannedEngine(ScriptedEngine):
 
 def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path, roc_mode="paper"):
   from configs import rstar2_tiny_cpu
-  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines import rl_loop, wiring
 
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
@@ -145,7 +145,7 @@ def test_rl_step_roc_keeps_cleaner_positives_with_real_tools(tokenizer, tmp_path
     )
   ]
   cfg = from_config_dict(cfg)
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
   problems = [Problem(problem="What is 6 times 7?", answer="42")]
 
   async def main():
@@ -177,7 +177,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   import signal
 
   from configs import rstar2_tiny_cpu
-  from rstar_jax.pipelines import rl_loop, runtime
+  from rstar_jax.pipelines import rl_loop, wiring
 
   cfg = rstar2_tiny_cpu.get_config("rl")
   cfg.mesh.num_devices = 1
@@ -197,7 +197,7 @@ def test_killed_tool_worker_mid_step_loses_no_data(tokenizer, tmp_path):
   q = "What is 6 times 7?"
   codes = {q: "import time\ntime.sleep(1.0)\nprint(6 * 7)"}
   cfg = from_config_dict(cfg)
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
 
   async def main():
     async with CodePool(num_workers=4) as pool:

@@ -19,7 +19,7 @@ from rstar_jax.config import ConfigError, from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.problems import Problem
 from rstar_jax.errors import UserError
-from rstar_jax.pipelines import agent_runner, data_sources, metrics_log, rl_loop, runtime, sft_loop
+from rstar_jax.pipelines import data_sources, metrics_log, rl_loop, sft_loop, wiring
 from rstar_jax.pipelines.metrics_log import MetricsWriter, read_jsonl_metrics
 from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
@@ -247,11 +247,11 @@ def test_rl_loop_logs_samples_to_every_sink_and_its_keys_are_documented(
   tok = data_sources.ensure_tokenizer(
     run, str(tmp_path / "tok"), data_sources.tokenizer_corpus(problems)
   )
-  learner = runtime.build_learner(run)
+  learner = wiring.build_learner(run)
   workdir = str(tmp_path / "rl")
 
   async def main():
-    async with agent_runner.open_runner(run, learner.model_config, learner.params_copy(), tok) as r:
+    async with wiring.open_runner(run, learner.model_config, learner.params_copy(), tok) as r:
       r.rewards = _alternating
       loop = rl_loop.RLLoop(run, learner, r, workdir, problems=problems, eval_problems=problems[:2])
       await loop.run()

@@ -17,7 +17,7 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.errors import UserError
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.models import qwen3
-from rstar_jax.pipelines import hf_export, runtime
+from rstar_jax.pipelines import hf_export, wiring
 from rstar_jax.tokenization import chat_format as cf
 
 torch = pytest.importorskip("torch")
@@ -77,7 +77,7 @@ def checkpoint(source, tmp_path_factory):
   """A checkpoint of a run from ``source`` whose params moved off the bf16 grid (as training
   moves them), so a float32 export differs from a bf16 one."""
   run = _run(source)
-  learner = runtime.build_learner_for_restore(run)
+  learner = wiring.build_learner_for_restore(run)
   params = jax.tree.map(
     lambda x: jax.device_put(np.asarray(x) * np.float32(1 + 1e-3), x.sharding), learner.state.params
   )
@@ -106,7 +106,7 @@ def test_export_is_bf16_with_trained_template_and_stop_ids(
   ckpt, params = checkpoint
   run = _run(source, fmt, system_prompt, with_tools)
   out = str(tmp_path / "hf")
-  assert runtime.export_checkpoint(run, ckpt, out, tokenizer_path=source) == 3
+  assert hf_export.export_checkpoint(run, ckpt, out, tokenizer_path=source) == 3
 
   # bf16, as the source; the values are the trained params rounded to bf16.
   from safetensors.numpy import load_file
@@ -156,7 +156,7 @@ def test_dtype_flag_overrides_the_source(source, checkpoint, tmp_path):
 
   for dtype in ("float32", "float16"):
     out = str(tmp_path / dtype)
-    runtime.export_checkpoint(run, ckpt, out, tokenizer_path=source, dtype=dtype)
+    hf_export.export_checkpoint(run, ckpt, out, tokenizer_path=source, dtype=dtype)
     tensors = load_file(os.path.join(out, "model.safetensors"))
     assert {str(t.dtype) for t in tensors.values()} == {dtype}
     assert json.load(open(os.path.join(out, "config.json")))["dtype"] == dtype
@@ -165,7 +165,9 @@ def test_dtype_flag_overrides_the_source(source, checkpoint, tmp_path):
     np.asarray(params["norm"]["scale"]),
   )
   with pytest.raises(UserError, match=r"export_hf --dtype: expected one of .*got 'fp8'"):
-    runtime.export_checkpoint(run, ckpt, str(tmp_path / "bad"), tokenizer_path=source, dtype="fp8")
+    hf_export.export_checkpoint(
+      run, ckpt, str(tmp_path / "bad"), tokenizer_path=source, dtype="fp8"
+    )
   assert not os.path.exists(tmp_path / "bad")
 
 

@@ -41,7 +41,7 @@ def test_recipe_stage_plans():
 
 
 def test_distributed_init_only_with_multi_process_env(monkeypatch):
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import launch
 
   for k in (
     "JAX_COORDINATOR_ADDRESS",
@@ -54,10 +54,10 @@ def test_distributed_init_only_with_multi_process_env(monkeypatch):
     "JAX_NUM_PROCESSES",
   ):
     monkeypatch.delenv(k, raising=False)
-  assert runtime.maybe_initialize_distributed() is False
+  assert launch.maybe_initialize_distributed() is False
   monkeypatch.setenv("SLURM_JOB_ID", "7")
   monkeypatch.setenv("SLURM_NTASKS", "1")  # a one-task job: nothing to join
-  assert runtime.maybe_initialize_distributed() is False
+  assert launch.maybe_initialize_distributed() is False
 
 
 def _problems(cfg, mode="rl"):

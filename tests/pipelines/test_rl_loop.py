@@ -19,9 +19,10 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
+from rstar_jax.pipelines import data_sources, rl_loop, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.rollout import groups as groups_lib
+from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import ToolCallRecord, Trajectory
 
 
@@ -91,13 +92,13 @@ class FlakyEngine:
 
 def _run(cfg, workdir, problems, tokenizer, max_steps, flaky=False):
   cfg = from_config_dict(cfg, "rl")
-  learner = runtime.build_learner(cfg)
+  learner = wiring.build_learner(cfg)
 
   async def main():
-    engine = agent_runner.build_engine(cfg, learner.model_config, learner.params_copy(), tokenizer)
+    engine = wiring.build_engine(cfg, learner.model_config, learner.params_copy(), tokenizer)
     if flaky:
       engine = FlakyEngine(engine)
-    async with agent_runner.open_runner(
+    async with wiring.open_runner(
       cfg, learner.model_config, None, tokenizer, engine=engine
     ) as runner:
       runner.rewards = _rule_rewards
@@ -205,7 +206,7 @@ class _FakeRunner:
 
 
 def test_lost_tool_worker_is_retried_not_kept():
-  settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
+  settings = RolloutSettings(response_budget=8, max_turns=1)
   probs = [Problem(problem="p1", answer="1"), Problem(problem="p2", answer="2")]
   made = asyncio.run(
     groups_lib.make_groups(_FakeRunner(), probs, [11, 12], 3, settings, max_retries=2)
@@ -221,7 +222,7 @@ def test_rollout_that_keeps_failing_raises_naming_it():
     async def rollout(self, problem, *, seed, settings):
       raise ConnectionError("engine down")
 
-  settings = agent_runner.RolloutSettings(response_budget=8, max_turns=1)
+  settings = RolloutSettings(response_budget=8, max_turns=1)
   with pytest.raises(RuntimeError, match=r"problem 0 sample 0 failed 2 times.*engine down"):
     asyncio.run(
       groups_lib.make_groups(
@@ -239,7 +240,7 @@ def test_stages_called_alone_on_a_normally_built_loop(tmp_path):
   cfg.rl.group_size, cfg.rl.oversample = 2, 2  # groups of 4 below, RoC keeps 2
   cfg.rl.roc_mode = "released"
   run = from_config_dict(cfg)
-  learner = runtime.build_learner(run)
+  learner = wiring.build_learner(run)
 
   class Runner(_FakeRunner):
     pad_id = 0
@@ -330,13 +331,13 @@ def test_rl_step_through_sglang_engine_pushes_weights(setup, tmp_path, metrics_d
       drop_solved_k_of_k=0,
     )
   ]
-  learner = runtime.build_learner(from_config_dict(cfg))
+  learner = wiring.build_learner(from_config_dict(cfg))
 
   async def main():
     async with MockSGLangServer(vocab_size=1024) as server:
       cfg.rollout.sglang_urls = [server.url]
       run = from_config_dict(cfg)
-      async with agent_runner.open_runner(run, learner.model_config, None, tok) as runner:
+      async with wiring.open_runner(run, learner.model_config, None, tok) as runner:
         loop = rl_loop.RLLoop(run, learner, runner, str(tmp_path), problems=problems[:1])
         last = await loop.run()
         loop.ckpt.close()
@@ -371,12 +372,10 @@ def test_resume_after_steps_without_update(setup, tmp_path):
 
   def run(max_steps):
     rc = from_config_dict(cfg)
-    learner = runtime.build_learner(rc)
+    learner = wiring.build_learner(rc)
 
     async def main():
-      async with agent_runner.open_runner(
-        rc, learner.model_config, learner.params_copy(), tok
-      ) as runner:
+      async with wiring.open_runner(rc, learner.model_config, learner.params_copy(), tok) as runner:
         loop = rl_loop.RLLoop(rc, learner, runner, str(tmp_path), problems=problems)
         await loop.run(max_steps=max_steps)
         loop.ckpt.close()

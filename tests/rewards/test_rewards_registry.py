@@ -14,7 +14,7 @@ import pytest
 from configs import rstar2_tiny_cpu
 from rstar_jax.config import ConfigError, from_config_dict
 from rstar_jax.config.imports import ImportsError, import_user_modules, module_names
-from rstar_jax.pipelines import agent_runner
+from rstar_jax.pipelines import wiring
 from rstar_jax.rewards import math_reward, registry
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
@@ -175,7 +175,7 @@ def test_agent_runner_scores_with_the_configured_reward(user_module):
       return 2
 
   tok = Tok()
-  runner = agent_runner.AgentRunner.from_config(run, None, None, tok)
+  runner = wiring.make_runner(run, None, None, tok)
   trajs = [types.SimpleNamespace(response_text=t) for t in ("short", "a much longer response")]
   # the integer fast path answers ctx.verify("4", "4") without a worker
   assert asyncio.run(runner.rewards(trajs, ["4", "4"])) == [0.75, 0.5]

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 from rollout_helpers import FakePool, ScriptedEngine, call_text
 
-from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_agent_loop, run_trajectory
+from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop, run_trajectory
 from rstar_jax.tokenization import chat_format as cf
 
 FINAL = "so 4.</reason><answer>\\boxed{4}</answer>"
@@ -20,7 +20,7 @@ def _turns(*texts):
 
 def test_single_turn_stop(tokenizer):
   eng = ScriptedEngine(tokenizer, _turns(FINAL))
-  t = _run(eng, tokenizer, FakePool(), AgentLoopConfig(response_budget=200))
+  t = _run(eng, tokenizer, FakePool(), RolloutSettings(response_budget=200))
   ids = tokenizer.encode(FINAL, add_special_tokens=False) + [cf.stop_token_id(tokenizer)]
   assert t.response_ids == ids and t.loss_mask == [1] * len(ids)
   assert t.logprobs == [-0.5] * len(ids) and t.weight_versions == [3] * len(ids)
@@ -35,7 +35,7 @@ def test_tool_turn_masks_and_token_in_token_out(tokenizer):
   eng = ScriptedEngine(tokenizer, _turns(call_text("print(2+2)"), FINAL))
   pool = FakePool()
   t = _run(
-    eng, tokenizer, pool, AgentLoopConfig(response_budget=400), render=lambda r, n: r.stdout.strip()
+    eng, tokenizer, pool, RolloutSettings(response_budget=400), render=lambda r, n: r.stdout.strip()
   )
   assert t.finish_reason == "stop" and t.num_turns == 2
   assert [(c.status, c.code, c.output_text, c.turn) for c in t.tool_calls] == [
@@ -65,7 +65,7 @@ def test_tool_turn_masks_and_token_in_token_out(tokenizer):
 def test_parse_error_and_tool_failure_go_back_to_model(tokenizer):
   bad = 'oops<tool_call>{"name": broken</tool_call>'
   eng = ScriptedEngine(tokenizer, _turns(bad, call_text("print(1+1)"), FINAL))
-  t = _run(eng, tokenizer, FakePool(status="timeout"), AgentLoopConfig(response_budget=600))
+  t = _run(eng, tokenizer, FakePool(status="timeout"), RolloutSettings(response_budget=600))
   assert [c.status for c in t.tool_calls] == ["parse_error", "timeout"]
   assert t.tool_calls[0].output_text.startswith("Failed to decode tool call: ")
   assert "Failed to decode tool call" in t.response_text
@@ -79,7 +79,7 @@ def test_pool_exception_ends_trajectory(tokenizer):
     eng,
     tokenizer,
     FakePool(raise_exc=RuntimeError("pool down")),
-    AgentLoopConfig(response_budget=600),
+    RolloutSettings(response_budget=600),
   )
   assert t.finish_reason == "tool_error" and t.num_turns == 1
   assert t.tool_calls[0].status == "internal_error" and "pool down" in t.tool_calls[0].output_text
@@ -88,7 +88,7 @@ def test_pool_exception_ends_trajectory(tokenizer):
 
 def test_max_turns_ends_on_assistant_turn(tokenizer):
   eng = ScriptedEngine(tokenizer, _turns(call_text("print(1+1)")))
-  t = _run(eng, tokenizer, FakePool(), AgentLoopConfig(max_turns=3, response_budget=5000))
+  t = _run(eng, tokenizer, FakePool(), RolloutSettings(max_turns=3, response_budget=5000))
   assert (t.finish_reason, t.num_turns, len(t.tool_calls)) == ("max_turns", 3, 2)
   assert t.response_ids[-1] == cf.stop_token_id(tokenizer) and t.loss_mask[-1] == 1
 
@@ -101,7 +101,7 @@ def test_budget_counts_tool_tokens_and_never_overflows(tokenizer):
   # room for exactly: turn, tool turn, turn -> the second tool turn would overflow
   budget = 2 * turn_len + tool_len + 3
   eng = ScriptedEngine(tokenizer, _turns(call))
-  t = _run(eng, tokenizer, FakePool(), AgentLoopConfig(response_budget=budget), render=render)
+  t = _run(eng, tokenizer, FakePool(), RolloutSettings(response_budget=budget), render=render)
   assert t.finish_reason == "tool_overflow" and t.num_turns == 2
   assert len(t.response_ids) == 2 * turn_len + tool_len <= budget
   assert [r.sampling.max_new_tokens for r in eng.requests] == [budget, budget - turn_len - tool_len]
@@ -111,7 +111,7 @@ def test_budget_counts_tool_tokens_and_never_overflows(tokenizer):
     eng,
     tokenizer,
     FakePool(),
-    AgentLoopConfig(response_budget=turn_len + tool_len + 4),
+    RolloutSettings(response_budget=turn_len + tool_len + 4),
     render=render,
   )
   assert t.finish_reason == "length" and len(t.response_ids) == turn_len + tool_len + 4
@@ -123,12 +123,12 @@ def test_parallel_calls_and_tool_call_budget(tokenizer):
   for cap, want in [(0, 3), (1, 1), (2, 2)]:
     pool = FakePool()
     eng = ScriptedEngine(tokenizer, _turns(three, FINAL))
-    t = _run(eng, tokenizer, pool, AgentLoopConfig(response_budget=2000, max_parallel_calls=cap))
+    t = _run(eng, tokenizer, pool, RolloutSettings(response_budget=2000, max_parallel_calls=cap))
     assert len(pool.calls) == want and len(t.tool_calls) == want
     assert t.response_text.count("<tool_response>") == want
   pool = FakePool()
   eng = ScriptedEngine(tokenizer, _turns(three))
-  t = _run(eng, tokenizer, pool, AgentLoopConfig(response_budget=5000, max_tool_calls=4))
+  t = _run(eng, tokenizer, pool, RolloutSettings(response_budget=5000, max_tool_calls=4))
   assert len(pool.calls) == 4 and t.finish_reason == "max_tool_calls" and t.num_turns == 3
 
 
@@ -145,7 +145,7 @@ def test_no_per_turn_barrier(tokenizer):
     return FINAL if turn >= 3 else call_text("print(9+9)" if slow else "print(1+1)")
 
   eng = ScriptedEngine(tokenizer, script, delay_s=0.001)
-  cfg = AgentLoopConfig(response_budget=3000)
+  cfg = RolloutSettings(response_budget=3000)
   trajs = asyncio.run(run_agent_loop(eng, tokenizer, SlowFirst(), ["slow one", "fast one"], 1, cfg))
   slow_id = next(r.rid for r in eng.requests if "slow" in tokenizer.decode(r.input_ids)).split(":")[
     0
@@ -160,7 +160,7 @@ def test_no_per_turn_barrier(tokenizer):
 def test_run_agent_loop_order_progress_and_seeds(tokenizer):
   seen = []
   eng = ScriptedEngine(tokenizer, _turns(call_text("print(1+2)"), FINAL))
-  cfg = AgentLoopConfig(response_budget=600, seed=7, stateful_tool=True)
+  cfg = RolloutSettings(response_budget=600, seed=7, stateful_tool=True)
   pool = FakePool()
   trajs = asyncio.run(
     run_agent_loop(
@@ -188,11 +188,11 @@ def test_run_agent_loop_order_progress_and_seeds(tokenizer):
 
 def test_config_validation():
   with pytest.raises(ValueError, match="max_turns"):
-    AgentLoopConfig(max_turns=0)
+    RolloutSettings(max_turns=0)
   with pytest.raises(ValueError, match="top_p"):
-    AgentLoopConfig(top_p=0.0)
+    RolloutSettings(top_p=0.0)
   with pytest.raises(dataclasses.FrozenInstanceError):
-    AgentLoopConfig().max_turns = 3
+    RolloutSettings().max_turns = 3
 
 
 def test_with_real_code_pool(tokenizer):
@@ -209,7 +209,7 @@ def test_with_real_code_pool(tokenizer):
   async def main():
     async with CodePool(num_workers=2) as pool:
       return await run_trajectory(
-        eng, tokenizer, pool, "double 21", AgentLoopConfig(response_budget=3000)
+        eng, tokenizer, pool, "double 21", RolloutSettings(response_budget=3000)
       )
 
   t = asyncio.run(main())

@@ -8,7 +8,7 @@ from rollout_helpers import FakePool
 
 from rstar_jax.models import qwen3
 from rstar_jax.rollout import JaxSampler
-from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_agent_loop
+from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop
 from rstar_jax.tokenization import chat_format as cf
 
 
@@ -37,7 +37,7 @@ def test_agent_loop_with_jax_sampler(tokenizer):
     prefill_buckets=(prompt_len + 8,),
     decode_chunk=8,
   )
-  loop_cfg = AgentLoopConfig(response_budget=budget, seed=0)
+  loop_cfg = RolloutSettings(response_budget=budget, seed=0)
 
   async def main():
     a = await run_agent_loop(engine, tokenizer, FakePool(), ["q0", "q1"], 2, loop_cfg)

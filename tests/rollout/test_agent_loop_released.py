@@ -7,7 +7,7 @@ import pytest
 from rollout_helpers import FakePool, ScriptedEngine
 
 from rstar_jax.rollout import agent_loop
-from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_trajectory
+from rstar_jax.rollout.agent_loop import RolloutSettings, run_trajectory
 from rstar_jax.tokenization import chat_format as cf
 
 RELEASED = dict(
@@ -44,7 +44,7 @@ def test_released_loop_first_call_only_truncated_joined_without_newline(tokenize
       tokenizer,
       pool,
       "Q",
-      AgentLoopConfig(response_budget=4000, **RELEASED),
+      RolloutSettings(response_budget=4000, **RELEASED),
       render=long_render,
     )
   )
@@ -63,7 +63,7 @@ def test_released_loop_stops_after_five_assistant_turns(tokenizer):
       tokenizer,
       FakePool(),
       "Q",
-      AgentLoopConfig(response_budget=20000, **RELEASED),
+      RolloutSettings(response_budget=20000, **RELEASED),
       render=lambda r, n: r.stdout.strip(),
     )
   )
@@ -76,7 +76,7 @@ def test_project_tool_name_is_refused_by_released_format(tokenizer):
   )
   t = asyncio.run(
     run_trajectory(
-      eng, tokenizer, FakePool(), "Q", AgentLoopConfig(response_budget=4000, **RELEASED)
+      eng, tokenizer, FakePool(), "Q", RolloutSettings(response_budget=4000, **RELEASED)
     )
   )
   assert t.tool_calls[0].status == "parse_error"
@@ -84,10 +84,10 @@ def test_project_tool_name_is_refused_by_released_format(tokenizer):
 
 
 def test_config_rejects_unknown_options():
-  with pytest.raises(ValueError, match="AgentLoopConfig.tool_truncation"):
-    AgentLoopConfig(tool_truncation="left")
-  with pytest.raises(ValueError, match="AgentLoopConfig.chat_format"):
-    AgentLoopConfig(chat_format="chatml")
+  with pytest.raises(ValueError, match="RolloutSettings.tool_truncation"):
+    RolloutSettings(tool_truncation="left")
+  with pytest.raises(ValueError, match="RolloutSettings.chat_format"):
+    RolloutSettings(chat_format="chatml")
 
 
 @pytest.mark.parametrize("fmt", ["rstar2_released", "qwen3_thinking"])
@@ -104,7 +104,7 @@ def test_sft_renderer_matches_agent_loop_per_format(tokenizer, fmt):
       tokenizer,
       FakePool(),
       "Q",
-      AgentLoopConfig(response_budget=4000, chat_format=fmt),
+      RolloutSettings(response_budget=4000, chat_format=fmt),
       render=lambda r, n: r.stdout.strip(),
     )
   )

@@ -253,10 +253,10 @@ def test_agent_loop_ten_turns_prefill_only_new_tokens_through_the_lease_hook(tok
   trajectory equals one run by an engine without the hook (full re-prefill every turn)."""
   from rollout_helpers import FakePool
 
-  from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_trajectory
+  from rstar_jax.rollout.agent_loop import RolloutSettings, run_trajectory
   from rstar_jax.tokenization import chat_format as cf
 
-  loop_cfg = AgentLoopConfig(max_turns=10, response_budget=1400, seed=0)
+  loop_cfg = RolloutSettings(max_turns=10, response_budget=1400, seed=0)
   fmt = cf.get_format(loop_cfg.chat_format)
   prompt = cf.prompt_ids(tokenizer, fmt, "q0")
   tool_turn = cf.tool_turn_ids(tokenizer, fmt, ["x"])  # ends like the prompt

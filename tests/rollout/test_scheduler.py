@@ -3,7 +3,7 @@ import asyncio
 import pytest
 from rollout_helpers import FakePool
 
-from rstar_jax.rollout.agent_loop import AgentLoopConfig, run_agent_loop
+from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop
 from rstar_jax.rollout.scheduler import KVCapacityScheduler, choose_server
 from rstar_jax.rollout.sglang_engine import SGLangEngine
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
@@ -92,7 +92,7 @@ def test_agent_loop_over_mock_servers_respects_kv_capacity(tokenizer):
           FakePool(),
           [f"q{i}" for i in range(6)],
           2,
-          AgentLoopConfig(response_budget=budget, seed=1),
+          RolloutSettings(response_budget=budget, seed=1),
         )
         return trajs, servers, eng.scheduler.free()
     finally:

@@ -326,7 +326,7 @@ def test_wait_healthy_ctrl_c_is_one_line():
 
 def test_server_timeout_is_a_setting():
   from rstar_jax.config import RolloutConfig
-  from rstar_jax.pipelines.agent_runner import build_engine
+  from rstar_jax.pipelines.wiring import build_engine
 
   assert RolloutConfig().server_timeout_s == 600.0
   from rstar_jax.config import RunConfig

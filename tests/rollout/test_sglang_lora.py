@@ -189,7 +189,7 @@ def test_stand_in_refuses_unknown_adapter_names(tmp_path):
 
 def test_learner_params_copy_follows_lora_push():
   from rstar_jax.config import schema
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import wiring
 
   def run_cfg(push):
     return schema.RunConfig(
@@ -206,8 +206,8 @@ def test_learner_params_copy_follows_lora_push():
       rollout=schema.RolloutConfig(lora_push=push),
     )
 
-  merged = runtime.build_learner(run_cfg("merged")).params_copy()
-  adapters = runtime.build_learner(run_cfg("adapters")).params_copy()
+  merged = wiring.build_learner(run_cfg("merged")).params_copy()
+  adapters = wiring.build_learner(run_cfg("adapters")).params_copy()
   assert not lora.is_lora(merged) and lora.is_lora(adapters)
   for x, y in zip(jax.tree.leaves(merged), jax.tree.leaves(lora.merge(adapters))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

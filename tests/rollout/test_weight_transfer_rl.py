@@ -11,7 +11,7 @@ from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.models import qwen3_hf_layout as layout
-from rstar_jax.pipelines import agent_runner, data_sources, rl_loop, runtime
+from rstar_jax.pipelines import data_sources, rl_loop, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer
 
@@ -54,14 +54,14 @@ def test_rl_loop_pushes_through_transport(transport, delta, tmp_path, tok_dir):
       drop_solved_k_of_k=0,
     )
   ]
-  learner = runtime.build_learner(from_config_dict(cfg))
+  learner = wiring.build_learner(from_config_dict(cfg))
 
   async def main():
     async with MockSGLangServer(vocab_size=1024) as server:
       cfg.rollout.sglang_urls = [server.url]
       run = from_config_dict(cfg)
       assert (run.rollout.weight_transport, run.rollout.weight_delta) == (transport, delta)
-      async with agent_runner.open_runner(run, learner.model_config, None, tok) as runner:
+      async with wiring.open_runner(run, learner.model_config, None, tok) as runner:
         assert runner.engine.transport.name == transport
         loop = rl_loop.RLLoop(run, learner, runner, str(tmp_path), problems=problems[:1])
         await loop.run()

@@ -17,9 +17,9 @@ def _run_dir(path, rows, weights=b"\x00\x01"):
   return str(path)
 
 
-def _compare(a, b):
+def _compare(a, b, *extra):
   return subprocess.run(
-    [sys.executable, os.path.join(ROOT, "scripts", "compare_runs.py"), a, b],
+    [sys.executable, os.path.join(ROOT, "scripts", "compare_runs.py"), a, b, *extra],
     capture_output=True,
     text=True,
   )
@@ -39,3 +39,15 @@ def test_compare_runs_exact_metrics_and_weights(tmp_path):
   for other, want in ((c, "step 1 loss"), (d, "model.safetensors differs"), (e, "only in B")):
     out = _compare(a, other)
     assert out.returncode == 1 and want in out.stdout, out.stdout
+
+
+def test_ignore_leaves_out_only_the_named_key_and_says_so(tmp_path):
+  row = {"step": 1, "loss": 0.25, "sampler_logprob_drift": 1e-7}
+  a = _run_dir(tmp_path / "a", [row])
+  b = _run_dir(tmp_path / "b", [dict(row, sampler_logprob_drift=1.1e-7)])
+  assert _compare(a, b).returncode == 1
+  out = _compare(a, b, "--ignore", "sampler_logprob_drift")
+  assert out.returncode == 0 and "left out" in out.stdout and "identical" in out.stdout, out.stdout
+  c = _run_dir(tmp_path / "c", [dict(row, loss=0.5, sampler_logprob_drift=1.1e-7)])
+  out = _compare(a, c, "--ignore", "sampler_logprob_drift")
+  assert out.returncode == 1 and "step 1 loss" in out.stdout, out.stdout

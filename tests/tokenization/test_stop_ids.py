@@ -1,8 +1,9 @@
 """Stop ids: <|im_end|> plus the EOS ids of the checkpoint's generation_config.json, chosen
-where a run is wired (`AgentRunner.from_config`), so the JaxSampler and SGLang requests both
+where a run is wired (`wiring.rollout_settings`), so the JaxSampler and SGLang requests both
 stop on them."""
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,7 @@ from rollout_helpers import FakePool, ScriptedEngine, make_tokenizer
 
 from rstar_jax.config import RunConfig, schema
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines.agent_runner import AgentRunner, RolloutSettings
+from rstar_jax.pipelines import wiring
 from rstar_jax.rollout.sglang_engine import sampling_to_sglang
 from rstar_jax.tokenization import chat_format as cf
 
@@ -47,14 +48,11 @@ def test_runner_requests_stop_on_checkpoint_eos_ids(model_dir):
   d, tok, eot = model_dir
   run = RunConfig(mode="rl", model=schema.ModelConfig(hf_dir=str(d)))
   eng = ScriptedEngine(tok, lambda r, t: "so 4 <answer>\\boxed{4}</answer>")
-  runner = AgentRunner.from_config(run, eng, FakePool(), tok)
-  asyncio.run(
-    runner.rollout(
-      Problem("What is 2+2?", "4"),
-      seed=0,
-      settings=RolloutSettings(response_budget=64, max_turns=2),
-    )
+  runner = wiring.make_runner(run, eng, FakePool(), tok)
+  settings = dataclasses.replace(
+    wiring.rollout_settings(run, tokenizer=tok), response_budget=64, max_turns=2
   )
+  asyncio.run(runner.rollout(Problem("What is 2+2?", "4"), seed=0, settings=settings))
   sp = eng.requests[0].sampling
   assert sp.stop_token_ids == (cf.stop_token_id(tok), eot)
   assert sampling_to_sglang(sp)["stop_token_ids"] == [cf.stop_token_id(tok), eot]

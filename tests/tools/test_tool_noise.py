@@ -10,7 +10,9 @@ from configs import demo as demo_config
 from rstar_jax.config import from_config_dict
 from rstar_jax.config.schema import ToolConfig
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import agent_runner
+from rstar_jax.pipelines import wiring
+from rstar_jax.rollout import agent_runner
+from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import GenerateResult
 from rstar_jax.tokenization import bpe, chat_format
 from rstar_jax.tools import noise
@@ -114,7 +116,7 @@ def test_the_policy_sees_injected_failures_through_the_runner():
   the trajectory (status error, message in the tool turn), seed by seed reproducibly."""
   prob = Problem(problem="Compute 6 * 7.", answer="42")
   tok = bpe.train_bpe_tokenizer([chat_format.prompt_text("rstar2", prob.problem), "print(42)"], 600)
-  settings = agent_runner.RolloutSettings(response_budget=300, max_turns=3)
+  settings = RolloutSettings(response_budget=300, max_turns=3)
 
   async def run(rate, reverse=False):
     pool = noise.wrap(CountingPool(), ToolConfig(inject_failure_rate=rate))
@@ -152,7 +154,7 @@ def test_open_runner_wraps_the_pool_it_builds():
     run = from_config_dict(cfg)
 
     async def main(run, rate):
-      async with agent_runner.open_runner(run, None, None, tok, engine=object()) as runner:
+      async with wiring.open_runner(run, None, None, tok, engine=object()) as runner:
         seen[rate] = runner.pool
 
     asyncio.run(main(run, rate))

@@ -41,6 +41,8 @@ from typing import Any
 
 from aiohttp import web
 
+from rstar_jax.rollout.weight_transfer import buckets, process_group, tensor
+
 
 def mock_next_token(ids: list[int], vocab_size: int) -> int:
   """The mock model: next id from the last three ids (deterministic)."""
@@ -296,8 +298,6 @@ class MockSGLangServer:
     return self._ok(body)
 
   async def _init_group(self, request: web.Request) -> web.Response:
-    from rstar_jax.rollout.weight_transfer import process_group
-
     body = await request.json()
     try:
       name = body.get("group_name", "weight_update_group")
@@ -524,8 +524,6 @@ def _to_numpy(t) -> Any:
 
 
 def _receive_tensor_payload(payload: str, load_format: str | None) -> dict:
-  from rstar_jax.rollout.weight_transfer import buckets, tensor
-
   obj = tensor.deserialize(payload)
   if load_format == "flattened_bucket":
     named = buckets.reconstruct(obj["flattened_tensor"], obj["metadata"])
@@ -538,8 +536,6 @@ def _receive_tensor_payload(payload: str, load_format: str | None) -> dict:
 
 def _receive_broadcast(group, names, dtypes, shapes, load_format) -> dict:
   import torch
-
-  from rstar_jax.rollout.weight_transfer import buckets
 
   if not (len(names) == len(dtypes) == len(shapes)):
     raise ValueError("names, dtypes and shapes differ in length")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from rstar_jax.models import qwen3_hf_layout as layout
+from rstar_jax.models.qwen3_config import param_shapes
 
 
 class PushError(RuntimeError):
@@ -95,7 +96,6 @@ def dtype_name(x: Any) -> str:
 
 def check_params(config, params) -> None:
   """Every leaf the config needs is present with its shape (clear error otherwise)."""
-  from rstar_jax.models.qwen3_config import param_shapes
 
   for path, shape in layout.leaves(param_shapes(config)):
     try:

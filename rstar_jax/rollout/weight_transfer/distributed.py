@@ -19,6 +19,7 @@ import concurrent.futures
 
 import numpy as np
 
+from rstar_jax.models import qwen3_hf_layout as layout
 from rstar_jax.rollout.weight_transfer import base, buckets, process_group, source
 
 
@@ -127,7 +128,6 @@ class DistributedTransport:
     backend = self._backend(params)
     if self.group is None:
       await self._init(engine, backend)
-    from rstar_jax.models import qwen3_hf_layout as layout
 
     items = []
     for t in tensors:

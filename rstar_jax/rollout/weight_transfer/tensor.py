@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rstar_jax.models import qwen3_hf_layout as layout
 from rstar_jax.rollout.weight_transfer import base, buckets, source
 
 
@@ -86,8 +87,6 @@ class TensorTransport:
 
   def _fill_gpu(self, bucket, leaves: dict, params):
     import torch
-
-    from rstar_jax.models import qwen3_hf_layout as layout
 
     parts = []
     for e in bucket:
@@ -163,6 +162,4 @@ class TensorTransport:
 
 
 def _leaf(params, t):
-  from rstar_jax.models import qwen3_hf_layout as layout
-
   return layout.get_leaf(params, t.path)
