@@ -29,12 +29,14 @@ import jax
 from rstar_jax.config import RunConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
+from rstar_jax.distributed.primary import is_primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket, pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.pipelines import metrics_log, runtime
+from rstar_jax.pipelines import data_sources, hf_export, metrics_log, wiring
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
+from rstar_jax.tokenization import chat_format
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +68,6 @@ def encode_example(
   tool block when ``with_tools`` (`chat_settings` gives the run's); a chat's own system
   message replaces ``system_prompt``."""
   if isinstance(example, ChatExample):
-    from rstar_jax.tokenization import chat_format
-
     rc = chat_format.render_chat_ids(
       tokenizer,
       list(example.messages),
@@ -143,8 +143,6 @@ def run_sft(
     max_steps: stop after this many steps in this call (for tests / time-boxed runs).
     export: write ``<workdir>/hf`` (HF model + tokenizer) when training finishes.
   """
-  from rstar_jax.pipelines import data_sources
-
   t_start = time.monotonic()
   os.makedirs(workdir, exist_ok=True)
   s = run.sft
@@ -177,8 +175,8 @@ def run_sft(
   total = sft_total_steps(len(seqs), bs, s.epochs)
   warm = int(round(s.warmup_ratio * total))
   run = _with_warmup(run, warm, total)
-  learner = runtime.build_learner(run, total_steps=total, params=params)
-  runtime.check_vocab(tokenizer, learner.model_config)
+  learner = wiring.build_learner(run, total_steps=total, params=params)
+  data_sources.check_vocab(tokenizer, learner.model_config)
   js = learner.jitted
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
   pad_id = pad_id_of(tokenizer)
@@ -265,14 +263,11 @@ def export_with_tokenizer(
   ``run``, its chat template and generation_config.json with its stop ids (`hf_export`), so an
   RL run from this directory stops on the same ids (the source's EOS ids carry over)."""
   export_hf(out_dir, model_config, params)
-  from rstar_jax.distributed.primary import is_primary  # [multi-process] one writer
-
+  # [multi-process] one writer
   if tokenizer is not None and hasattr(tokenizer, "save_pretrained") and is_primary():
     if run is None:
       tokenizer.save_pretrained(out_dir)
     else:
-      from rstar_jax.pipelines import hf_export
-
       hf_export.write_tokenizer_and_generation_config(out_dir, run, tokenizer)
 
 

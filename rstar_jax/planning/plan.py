@@ -293,7 +293,7 @@ def compile_step(
   lora_cfg: lora.LoraConfig | None = None,
 ) -> dict[str, Any]:
   """Lowers and compiles the project's jitted step for ``shape`` (``packed``: with packed-row
-  inputs; ``lora_cfg``: a LoRA policy, as `runtime.build_learner` builds it: frozen base,
+  inputs; ``lora_cfg``: a LoRA policy, as `wiring.build_learner` builds it: frozen base,
   adapter-only optimizer); returns the raw analyses."""
   if lora_cfg is None:
     js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)

@@ -119,7 +119,7 @@ def test_sft_prompt_is_rls_prompt_with_the_configured_system_prompt(setup, with_
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(sft_loop, "encode_all", spy)
-    mp.setattr(sft_loop.runtime, "build_learner", _stop)  # the rendering is all this needs
+    mp.setattr(sft_loop.wiring, "build_learner", _stop)  # the rendering is all this needs
     with pytest.raises(_Stop):
       sft_loop.run_sft(run, str(tmp_path), tokenizer=tok, examples=examples[:2])
   assert seen == sft_loop.chat_settings(run)

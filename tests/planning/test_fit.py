@@ -17,7 +17,7 @@ from rstar_jax.config import from_config_dict
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.models import qwen3
-from rstar_jax.pipelines import runtime
+from rstar_jax.pipelines import wiring
 from rstar_jax.planning import fit, plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,8 +38,7 @@ def no_allocation(monkeypatch):
   def boom(*a, **k):
     raise AssertionError("params allocated before the memory check")
 
-  # Where build_learner lives (runtime today; issue 28 moves it to wiring).
-  monkeypatch.setattr(sys.modules[runtime.build_learner.__module__], "initial_params", boom)
+  monkeypatch.setattr(sys.modules[wiring.build_learner.__module__], "initial_params", boom)
   monkeypatch.setattr(qwen3, "init_params", boom)
 
 
@@ -96,7 +95,7 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
   check = fit.check_learner_fits
   monkeypatch.setattr(fit, "check_learner_fits", lambda *a: seen.append(check(*a)) or seen[-1])
   with pytest.raises(AssertionError, match="params allocated"):
-    runtime.build_learner(_run(mode, device_memory_gib=100.0), total_steps=10)
+    wiring.build_learner(_run(mode, device_memory_gib=100.0), total_steps=10)
   (f,) = seen
   floor = f["state_bytes"] + f["batch_bytes"] + f["sampler_bytes"]
   if mode == "rl":  # the embedded JaxSampler shares the device: KV cache + a params copy
@@ -112,7 +111,7 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
   # Below the state + batch bytes: fails without compiling.
   tiny = floor / 2 / plan.GIB
   with pytest.raises(fit.BatchDoesNotFit) as e:
-    runtime.build_learner(_run(mode, device_memory_gib=tiny), total_steps=10)
+    wiring.build_learner(_run(mode, device_memory_gib=tiny), total_steps=10)
   msg = str(e.value)
   assert "\n" not in msg and "params, optimizer state and batch alone" in msg
   shape = f["shape"]
@@ -122,7 +121,7 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
   # Between the floor and the compiled peak: the compiled estimate decides.
   mid = (floor + f["estimate_bytes"]) / 2 / plan.GIB
   with pytest.raises(fit.BatchDoesNotFit, match=r"compiled step peak") as e:
-    runtime.build_learner(_run(mode, device_memory_gib=mid), total_steps=10)
+    wiring.build_learner(_run(mode, device_memory_gib=mid), total_steps=10)
   assert "\n" not in str(e.value)
   assert f"needs {fit.gib(f['estimate_bytes'])} per device" in str(e.value)
   assert f"more than the {fit.gib(int(mid * plan.GIB))} budget (train.device_memory_gib=" in str(
@@ -133,8 +132,8 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
 def test_no_budget_skips_and_logs_once(caplog, monkeypatch):
   monkeypatch.setattr(fit, "_logged_skip", set())
   with caplog.at_level(logging.INFO, logger=fit.__name__):
-    runtime.build_learner(_run())
-    runtime.build_learner(_run())
+    wiring.build_learner(_run())
+    wiring.build_learner(_run())
   lines = [r.getMessage() for r in caplog.records if "memory check skipped" in r.getMessage()]
   assert lines == [
     "learner memory check skipped: the cpu device reports no memory limit; "
@@ -148,7 +147,7 @@ def test_fitting_budget_runs_and_the_loop_reuses_the_check_compile():
   from jax._src import monitoring
 
   run = _run("sft", device_memory_gib=100.0)
-  learner = runtime.build_learner(run, total_steps=10)
+  learner = wiring.build_learner(run, total_steps=10)
   rows = -(-run.sft.batch_size // learner.row_multiple) * learner.row_multiple
   n = run.sft.max_seq_len
   rng = np.random.default_rng(0)
@@ -232,4 +231,4 @@ def test_lora_state_is_checked_before_allocation(no_allocation):
     fit.BatchDoesNotFit,
     match=r"sft_step on its largest batch .*\(params, optimizer state and batch alone",
   ):
-    runtime.build_learner(run, total_steps=10)
+    wiring.build_learner(run, total_steps=10)

@@ -138,7 +138,7 @@ def test_readme_debug_run_reads_the_local_model_dir_the_snippet_builds(tmp_path,
   exec(compile(snippet, "README-model-snippet", "exec"), {})
   mc = run.model.qwen3_config()  # reads <hf_dir>/config.json, relative to the cwd
   assert mc.num_hidden_layers == 2 and mc.vocab_size == 512
-  from rstar_jax.pipelines import runtime
+  from rstar_jax.pipelines import data_sources
 
-  tok = runtime.load_tokenizer(run.tokenizer_dir())
+  tok = data_sources.load_tokenizer(run.tokenizer_dir())
   assert tok.convert_tokens_to_ids("<|im_end|>") is not None and len(tok) <= mc.vocab_size
