@@ -31,11 +31,10 @@ the claim; add ``--tool_failure_rate``).
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed x 4 arms, 20 RL steps
   python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
 
-Wall time on 2 CPU cores, estimated from the demo's measured phases (README run, quiet
-machine: data + tokenizer + SFT + SFT eval ~270 s, 40 RL steps + final eval ~490 s): --quick
-~35 minutes (3 SFT models + 4 RL runs of 20 steps), full --seeds=3 ~2 hours (3 SFT models + 12
-RL runs of 40 steps); not yet measured. The smoke run took 4.9 minutes of wall time (52 s of
-CPU) on the 2-core machine while it was shared with other jobs (load ~25).
+Wall time on 2 CPU cores (2026-12-06, 2 seeds per arm, machine shared with other jobs for most
+runs): the roc claim's 4 runs of 40 RL steps 5,053 s in all (one 40-step RL run took 590 s once
+the machine was free), the aster claim's 4 runs of 20 steps 3,266 s; the figures and what they
+show are in the README's demo section.
 """
 
 from __future__ import annotations

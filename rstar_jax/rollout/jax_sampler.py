@@ -189,9 +189,9 @@ def _decode(
   tok, act, cnt, length = (jnp.where(m, o, s) for s, o in zip(state, override[1:]))
 
   def body(carry, _):
-    pool, tok, act, cnt, length = carry
-    logits, pool = paged_kv.forward_paged(
-      params, config, tok[:, None], act[:, None], pool, page_table, length, implementation=impl
+    window, tok, act, cnt, length = carry
+    logits, window = paged_kv.forward_window(
+      params, config, tok[:, None], act[:, None], window, length, implementation=impl
     )
     keys = ops.row_keys(seeds, cnt)
     new, logp = ops.sample_tokens(logits[:, 0], keys, temperature, top_k, top_p, variant=variant)
@@ -201,11 +201,14 @@ def _decode(
     hit_stop = jnp.any(new[:, None] == stop_ids, axis=-1)
     tok = jnp.where(act, new, tok)
     act = act & ~hit_stop & (cnt < max_new)
-    return (pool, tok, act, cnt, length), out
+    return (window, tok, act, cnt, length), out
 
-  (pool, tok, act, cnt, length), (out_t, out_l) = jax.lax.scan(
-    body, (pool, tok, act, cnt, length), None, length=num_steps
+  start = length
+  window = paged_kv.gather_window(pool, page_table)
+  (window, tok, act, cnt, length), (out_t, out_l) = jax.lax.scan(
+    body, (window, tok, act, cnt, length), None, length=num_steps
   )
+  pool = paged_kv.scatter_window(pool, page_table, window, start, length - start, num_steps)
   return pool, (tok, act, cnt, length), out_t.T, out_l.T
 
 

@@ -56,6 +56,54 @@ def test_paged_prefill_then_decode_matches_full_forward(params, impl):
     lengths = lengths + m[:, 0]
 
 
+@pytest.mark.parametrize("impl", paged_kv.DECODE_IMPLEMENTATIONS)
+def test_window_decode_matches_full_forward_and_writes_back_only_new_positions(params, impl):
+  """Decode on a gathered window (as the sampler's chunk does): same logits as the full
+  forward, and the write-back touches exactly the appended positions of each row's pages."""
+  ids = np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 14)).astype(np.int32)
+  ref = np.asarray(qwen3.forward(params, CFG, jnp.asarray(ids)))
+  ip = qwen3.inference_params(params, CFG)
+  fwd = jax.jit(paged_kv.forward_paged, static_argnames=("config", "implementation", "logits"))
+  win_fwd = jax.jit(paged_kv.forward_window, static_argnames=("config", "implementation"))
+  pool = paged_kv.init_pool(CFG, 10, 4)
+  # Row 1 owns pages 1, 8, 3; its table's last entry names row 0's page 2, which row 0
+  # appends to during the chunk: a write-back past row 1's own tokens would clobber them.
+  table = np.array([[5, 2, 7, 0], [1, 8, 3, 2]], np.int32)
+  lengths = np.array([6, 10], np.int32)
+  mask = np.arange(10)[None, :] < lengths[:, None]
+  _, pool = fwd(
+    ip, CFG, ids[:, :10], mask, pool, table, jnp.zeros(2, jnp.int32), implementation=impl
+  )
+  before = jax.tree.map(np.asarray, pool)
+  window = paged_kv.gather_window(pool, jnp.asarray(table))
+  start, n_new = lengths.copy(), np.array([5, 1])  # row 1 stops after 1 of the 5 steps
+  for t in range(5):
+    m = t < n_new
+    tok = np.array([[ids[b, lengths[b]] if m[b] else 0] for b in range(2)], np.int32)
+    lg, window = win_fwd(
+      ip, CFG, tok, m[:, None], window, jnp.asarray(lengths), implementation=impl
+    )
+    for b in range(2):
+      if m[b]:
+        np.testing.assert_allclose(np.asarray(lg)[b, 0], ref[b, lengths[b]], atol=2e-5)
+    lengths = lengths + m
+  pool = paged_kv.scatter_window(pool, jnp.asarray(table), window, start, jnp.asarray(n_new), 5)
+  after = jax.tree.map(np.asarray, pool)
+  written = {
+    (int(table[b, p // 4]), p % 4) for b in range(2) for p in range(start[b], start[b] + n_new[b])
+  }
+  for a0, a1 in zip(before.k + before.v, after.k + after.v):
+    changed = {(int(i), int(j)) for i, j in zip(*np.nonzero(np.any(a0 != a1, axis=(2, 3))))}
+    assert changed == written  # the appended positions, nothing else
+  # Continuing from the pool with the paged forward sees the window's writes.
+  tok = np.array([[ids[0, lengths[0]]], [ids[1, lengths[1]]]], np.int32)
+  lg, _ = fwd(
+    ip, CFG, tok, np.ones((2, 1), bool), pool, table, jnp.asarray(lengths), implementation=impl
+  )
+  for b in range(2):
+    np.testing.assert_allclose(np.asarray(lg)[b, 0], ref[b, lengths[b]], atol=2e-5)
+
+
 def test_attention_paths_agree_with_gqa_and_masks():
   key = jax.random.split(jax.random.key(1), 3)
   q = jax.random.normal(key[0], (3, 2, 8, 16))
