@@ -31,10 +31,10 @@ the claim; add ``--tool_failure_rate``).
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed x 4 arms, 20 RL steps
   python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
 
-Wall time on 2 CPU cores (2026-12-06, 2 seeds per arm, machine shared with other jobs for most
-runs): the roc claim's 4 runs of 40 RL steps 5,053 s in all (one 40-step RL run took 590 s once
-the machine was free), the aster claim's 4 runs of 20 steps 3,266 s; the figures and what they
-show are in the README's demo section.
+Wall time on 2 CPU cores (2026-12-06, machine shared with other jobs for most runs): the roc
+claim's 4 runs of 40 RL steps 5,053 s in all (one 40-step RL run took 590 s once the machine was
+free), the aster claim's 6 runs (3 seeds) of 20 steps 3,733 s; the figures and what they show
+are in the README's demo section.
 """
 
 from __future__ import annotations
