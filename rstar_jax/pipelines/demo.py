@@ -167,10 +167,13 @@ def check_heldout_prompts(cfg, tokenizer, problems) -> None:
   """Every held-out prompt fits ``rollout.max_prompt_tokens`` under the trained tokenizer,
   checked before SFT: the training set drops overlong prompts, but dropping held-out ones would
   change what the accuracy is measured on, and finding one at the SFT evaluation wastes the SFT."""
-  fmt = chat_format.get_format(cfg.rollout.chat_format)
-  system = cfg.rollout.system_prompt or fmt.system_prompt  # as the agent runner renders it
+  s = sft_loop.chat_settings(cfg)  # the prompt SFT, RL and the export all render
   lengths = [
-    len(chat_format.prompt_ids(tokenizer, fmt, p.problem, system, cfg.rollout.with_tools))
+    len(
+      chat_format.prompt_ids(
+        tokenizer, s["chat_format_name"], p.problem, s["system_prompt"], s["with_tools"]
+      )
+    )
     for p in problems
   ]
   limit = cfg.rollout.max_prompt_tokens
