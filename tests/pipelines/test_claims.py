@@ -173,3 +173,63 @@ def test_claims_smoke_json_and_plots(tmp_path):
   assert stats["calls_failed"] / stats["calls_total"] >= 0.1  # the noisy cold start
   sparse = json.load(open(os.path.join(out, "sparse", "seed0", "coldstart_stats.json")))
   assert sparse["mean_tool_calls_kept"] == 1.0
+
+  # A budget-sweep point reuses those SFT models: the SFT evaluation, made under the old budget,
+  # reruns (--discard_stale), the SFT model itself is copied, not retrained.
+  out2 = str(tmp_path / "mt2")
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "benchmarks/claims.py",
+      f"--out={out2}",
+      "--smoke",
+      "--claims=aster",
+      "--max_turns=2",
+      f"--sft_from={out}",
+      "--discard_stale",
+      "--json",
+    ],
+    cwd=REPO,
+    env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert proc.returncode == 0, f"sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+  res2 = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert set(res2["arms"]) == {"dense", "sparse"} and res2["settings"]["max_turns"] == 2
+  for arm in ("dense", "sparse"):
+    with open(os.path.join(out2, arm, "seed0", "sft", "hf", "model.safetensors"), "rb") as f:
+      assert f.read() == sft(arm)
+    assert not os.path.exists(os.path.join(out2, arm, "seed0", "sft", "ckpt"))
+    rec = json.load(open(os.path.join(out2, arm, "seed0", "resolved_config", "eval_sft.json")))
+    assert rec["rollout.max_turns"] == rec["eval.max_turns"] == 2  # reran under the new budget
+
+
+def test_sft_from_points_each_cold_start_at_its_first_arm(tmp_path):
+  prev = tmp_path / "prev"
+  for arm in ("roc", "dense", "sparse"):
+    (prev / arm / "seed0" / "sft").mkdir(parents=True)
+  args = claims.parse_args(
+    [f"--out={tmp_path / 'mt2'}", "--max_turns=2", f"--sft_from={prev}", "--discard_stale"]
+  )
+  assert args.discard_stale and args.sft_from == str(prev)
+  # noisy's SFT model was trained by the roc arm (grpo reused it); dense and sparse by their own.
+  assert claims.sft_source("noisy", "/w", args.sft_from) == str(prev / "roc" / "seed0")
+  assert claims.sft_source("sparse", "/w", args.sft_from) == str(prev / "sparse" / "seed0")
+  assert claims.sft_source("dense", "/w", "") == "/w"  # no --sft_from: the run trains its own
+  cfg = claims.arm_config("dense", "paper", 0, args, claims.sft_source("dense", "/w", prev))
+  assert cfg.demo.reuse_sft_from == str(prev / "dense" / "seed0") and cfg.rollout.max_turns == 2
+
+
+def test_sft_from_without_the_models_is_one_line(tmp_path, capsys):
+  (tmp_path / "prev" / "dense" / "seed0" / "sft").mkdir(parents=True)
+  with pytest.raises(SystemExit):
+    claims.parse_args([f"--out={tmp_path}/o", f"--sft_from={tmp_path / 'prev'}", "--claims=aster"])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "--sft_from: no SFT model in" in err and "sparse/seed0" in err and "dense" not in err
+  with pytest.raises(SystemExit):
+    claims.parse_args(
+      [f"--out={tmp_path}/prev", f"--sft_from={tmp_path / 'prev'}", "--claims=aster"]
+    )
+  assert "--out itself" in capsys.readouterr().err
