@@ -37,10 +37,10 @@ A budget sweep reuses the SFT models of a finished run (``--sft_from``); the reu
 evaluation ran under the old budget, so it is stale and ``--discard_stale`` reruns it (without
 it the run stops with one line naming the changed settings).
 
-Wall time on 2 CPU cores (2026-12-06, machine shared with other jobs for most runs): the roc
-claim's 4 runs of 40 RL steps 5,053 s in all (one 40-step RL run took 590 s once the machine was
-free), the aster claim's 6 runs (3 seeds) of 20 steps 3,733 s; the figures and what they show
-are in the README's demo section.
+Wall time on 2 CPU cores (2026-12-06): --quick 1,497 s (25 min) on the quiet machine; the
+full roc claim (3 seeds, 40 steps) 6,520 s and the aster claim (3 seeds, 20 steps) 3,733 s, both
+on a machine shared with other jobs for most runs; the figures and what they show are in the
+README's demo section.
 """
 
 from __future__ import annotations
