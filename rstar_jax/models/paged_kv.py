@@ -13,7 +13,8 @@ compiled variants.
 
 Layout: per layer k and v pools [N, P, Hkv, Dh] (N pages of P tokens). A row's window is the
 gather ``pool[page_table[b]]`` -> [B, W, Hkv, Dh], the [batch, seq, heads, dim] layout that
-``jax.nn.dot_product_attention`` (cuDNN on CUDA) takes without a transpose.
+``jax.nn.dot_product_attention`` (cuDNN on CUDA) takes without a transpose. Decode on the XLA
+path keeps its window head-major instead (see `Window`).
 """
 
 from __future__ import annotations
@@ -153,9 +154,11 @@ def forward_paged(
   return out, PagedKV(k=tuple(ks), v=tuple(vs))
 
 
-def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: str):
+def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: str, attend=None):
   """The decoder layers over T new tokens per row; ``kv_step(i, k, v)`` stores layer i's new
-  keys/values wherever the caller keeps them and returns the [B, W, Hkv, Dh] window to attend."""
+  keys/values wherever the caller keeps them and returns the window to attend, which
+  ``attend(q, k, v, allowed, implementation)`` (default `attend_window`: [B, W, Hkv, Dh]) reads."""
+  attend = attend or attend_window
   allowed = jnp.arange(W)[None, None, :] <= positions[:, :, None]  # [B, T, W]
   x = qwen3._embed(params, input_ids, c)
   for i in range(c.num_hidden_layers):
@@ -163,7 +166,7 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
     h = qwen3.rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
     q, k, v = qwen3._qkv(h, p["self_attn"], positions, c)
     kw, vw = kv_step(i, k, v)
-    att = attend_window(q, kw, vw, allowed, implementation)
+    att = attend(q, kw, vw, allowed, implementation)
     x = x + qwen3._dense(att, p["self_attn"]["o_proj"])
     h = qwen3.rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
     x = x + qwen3._mlp(h, p["mlp"])
@@ -175,53 +178,99 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
 # batch 64 ~30% slower than attending over one contiguous cache. A chunk of K steps gathers the
 # window (`gather_window`), decodes on it (`forward_window`), and writes back only the <= K
 # positions each row appended (`scatter_window`).
+#
+# For the XLA path the window is kept head-major, keys [B, Hkv, W, Dh] and values
+# [B, Hkv, Dh, W]: the operand layouts XLA:CPU's batched dots take. Kept [B, W, Hkv, Dh], the
+# compiled step transposed both windows of every layer on every token (8 copies of 5 MB per step
+# at batch 64 on the 4.2M benchmark model), most of the step. `fused`
+# (``jax.nn.dot_product_attention``) takes [B, W, Hkv, Dh] and keeps it.
 
 
 class Window(NamedTuple):
-  """k, v: tuples of L arrays [B, W, Hkv, Dh]: each row's window, contiguous."""
+  """k, v: tuples of L arrays, each row's window, contiguous: [B, W, Hkv, Dh] for `fused`;
+  keys [B, Hkv, W, Dh] and values [B, Hkv, Dh, W] for `xla` (see `gather_window`)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
 
 
-def gather_window(pool: PagedKV, page_table: jax.Array) -> Window:
-  """Each row's window [B, W = n * P, Hkv, Dh] per layer, from page_table [B, n]."""
+def _head_major(implementation: str) -> bool:
+  return implementation != "fused"
+
+
+def gather_window(pool: PagedKV, page_table: jax.Array, implementation: str = "xla") -> Window:
+  """Each row's window (W = n * P positions) per layer, from page_table [B, n], in the layout
+  ``implementation`` attends over (`Window`)."""
   B, n = page_table.shape
 
   def g(a):
     return a[page_table].reshape(B, n * a.shape[1], a.shape[2], a.shape[3])
 
+  if _head_major(implementation):
+    return Window(
+      k=tuple(g(a).transpose(0, 2, 1, 3) for a in pool.k),
+      v=tuple(g(a).transpose(0, 2, 3, 1) for a in pool.v),
+    )
   return Window(k=tuple(g(a) for a in pool.k), v=tuple(g(a) for a in pool.v))
+
+
+def attend_head_major(q, k, v, allowed, implementation: str = "xla"):
+  """`attend_window` over a head-major window: q [B, T, Hq, Dh]; k [B, Hkv, W, Dh];
+  v [B, Hkv, Dh, W]; allowed [B, T, W] bool. Returns [B, T, Hq * Dh] in q.dtype."""
+  del implementation  # the XLA path (the only one that keeps head-major windows)
+  B, T, Hq, Dh = q.shape
+  Hkv = k.shape[1]
+  k, v = k.astype(q.dtype), v.astype(q.dtype)
+  qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  s = jnp.einsum("btkgd,bkwd->bkgtw", qg, k, preferred_element_type=jnp.float32) * (Dh**-0.5)
+  s = jnp.where(allowed[:, None, None], s, attention_lib.MASK_VALUE)
+  w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+  o = jnp.einsum("bkgtw,bkdw->btkgd", w, v)
+  return o.reshape(B, T, Hq * Dh)
 
 
 def forward_window(
   params, config, input_ids, input_mask, window: Window, lengths, *, implementation="xla"
 ):
-  """`forward_paged` for one new token per row over contiguous windows: input_ids, input_mask
-  [B, 1]; lengths [B] (the token's position, < W for a valid row). Returns (logits [B, 1, V]
-  float32, window)."""
+  """`forward_paged` for one new token per row over contiguous windows (`gather_window`'s layout
+  for ``implementation``): input_ids, input_mask [B, 1]; lengths [B] (the token's position,
+  < W for a valid row). Returns (logits [B, 1, V] float32, window)."""
   c = config
   B = input_ids.shape[0]
-  W = window.k[0].shape[1]
+  head_major = _head_major(implementation)
+  W = window.k[0].shape[2 if head_major else 1]
   positions = lengths[:, None]
   rows = jnp.arange(B)
   at = jnp.where(input_mask[:, 0].astype(bool), lengths, W)  # W: dropped
   ks, vs = list(window.k), list(window.v)
 
   def kv_step(i, k, v):
-    ks[i] = ks[i].at[rows, at].set(k[:, 0].astype(ks[i].dtype), mode="drop")
-    vs[i] = vs[i].at[rows, at].set(v[:, 0].astype(vs[i].dtype), mode="drop")
+    k1, v1 = k[:, 0].astype(ks[i].dtype), v[:, 0].astype(vs[i].dtype)  # [B, Hkv, Dh]
+    if head_major:  # advanced indices split by slices: the update is [B, Hkv, Dh]
+      ks[i] = ks[i].at[rows, :, at, :].set(k1, mode="drop")
+      vs[i] = vs[i].at[rows, :, :, at].set(v1, mode="drop")
+    else:
+      ks[i] = ks[i].at[rows, at].set(k1, mode="drop")
+      vs[i] = vs[i].at[rows, at].set(v1, mode="drop")
     return ks[i], vs[i]
 
-  x = _layers(params, c, input_ids, positions, W, kv_step, implementation)
+  attend = attend_head_major if head_major else attend_window
+  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend)
   return qwen3._logits(params, x, c), Window(k=tuple(ks), v=tuple(vs))
 
 
 def scatter_window(
-  pool: PagedKV, page_table: jax.Array, window: Window, start: jax.Array, count: jax.Array, K: int
+  pool: PagedKV,
+  page_table: jax.Array,
+  window: Window,
+  start: jax.Array,
+  count: jax.Array,
+  K: int,
+  implementation: str = "xla",
 ) -> PagedKV:
   """Writes positions start[b] .. start[b] + count[b] - 1 (count <= K, static K) of each row's
-  window back into its pages; nothing else of the pool changes."""
+  window (`gather_window`'s layout for ``implementation``) back into its pages; nothing else of
+  the pool changes."""
   N, P = pool.num_pages, pool.page_size
   n = page_table.shape[1]
   W = n * P
@@ -233,11 +282,14 @@ def scatter_window(
   off = pos % P
   src = jnp.minimum(pos, W - 1)
 
-  def put(dst, win):
+  def put(dst, win, axes):
+    if axes is not None:  # head-major window -> [B, W, Hkv, Dh]; only K positions are read
+      win = win.transpose(axes)
     vals = jnp.take_along_axis(win, src[:, :, None, None], 1)  # [B, K, Hkv, Dh]
     return dst.at[page, off].set(vals.astype(dst.dtype), mode="drop")
 
+  hm = _head_major(implementation)
   return PagedKV(
-    k=tuple(put(d, w) for d, w in zip(pool.k, window.k)),
-    v=tuple(put(d, w) for d, w in zip(pool.v, window.v)),
+    k=tuple(put(d, w, (0, 2, 1, 3) if hm else None) for d, w in zip(pool.k, window.k)),
+    v=tuple(put(d, w, (0, 3, 1, 2) if hm else None) for d, w in zip(pool.v, window.v)),
   )

@@ -204,11 +204,11 @@ def _decode(
     return (window, tok, act, cnt, length), out
 
   start = length
-  window = paged_kv.gather_window(pool, page_table)
+  window = paged_kv.gather_window(pool, page_table, impl)
   (window, tok, act, cnt, length), (out_t, out_l) = jax.lax.scan(
     body, (window, tok, act, cnt, length), None, length=num_steps
   )
-  pool = paged_kv.scatter_window(pool, page_table, window, start, length - start, num_steps)
+  pool = paged_kv.scatter_window(pool, page_table, window, start, length - start, num_steps, impl)
   return pool, (tok, act, cnt, length), out_t.T, out_l.T
 
 

@@ -75,7 +75,7 @@ def test_window_decode_matches_full_forward_and_writes_back_only_new_positions(p
     ip, CFG, ids[:, :10], mask, pool, table, jnp.zeros(2, jnp.int32), implementation=impl
   )
   before = jax.tree.map(np.asarray, pool)
-  window = paged_kv.gather_window(pool, jnp.asarray(table))
+  window = paged_kv.gather_window(pool, jnp.asarray(table), impl)
   start, n_new = lengths.copy(), np.array([5, 1])  # row 1 stops after 1 of the 5 steps
   for t in range(5):
     m = t < n_new
@@ -87,7 +87,9 @@ def test_window_decode_matches_full_forward_and_writes_back_only_new_positions(p
       if m[b]:
         np.testing.assert_allclose(np.asarray(lg)[b, 0], ref[b, lengths[b]], atol=2e-5)
     lengths = lengths + m
-  pool = paged_kv.scatter_window(pool, jnp.asarray(table), window, start, jnp.asarray(n_new), 5)
+  pool = paged_kv.scatter_window(
+    pool, jnp.asarray(table), window, start, jnp.asarray(n_new), 5, impl
+  )
   after = jax.tree.map(np.asarray, pool)
   written = {
     (int(table[b, p // 4]), p % 4) for b in range(2) for p in range(start[b], start[b] + n_new[b])

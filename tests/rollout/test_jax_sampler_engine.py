@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -116,6 +117,17 @@ def test_compiled_modules_have_no_conditional_known_trip_counts_and_never_recomp
     assert not unknown, f"{f}: while loop without a known trip count: {unknown[0][:200]}"
   # The decode chunk itself is one fixed-trip loop over its K = 4 steps.
   assert all('known_trip_count":{"n":"4"}' in (tmp_path / f).read_text() for f in decode)
+  # Its steps attend over the chunk's window in place: no transpose or copy of a whole window
+  # (B x W x Hkv x Dh, any order) inside the loop. Kept [B, W, Hkv, Dh], XLA transposed both
+  # windows of every layer on every token (most of a batch-64 step on CPU; the same on ROCm).
+  windows = [sorted((2, w, CFG.num_key_value_heads, CFG.head_dim)) for w in (8, 16)]
+  for f in decode:
+    for ln in (tmp_path / f).read_text().splitlines():
+      if "while/body" not in ln or not (" transpose(" in ln or " copy(" in ln):
+        continue
+      shape = re.search(r"= \w+\[([\d,]*)\]", ln)
+      dims = sorted(int(d) for d in shape.group(1).split(",")) if shape.group(1) else []
+      assert dims not in windows, f"{f}: the decode loop copies a whole window: {ln[:160]}"
 
 
 def test_one_dispatch_per_chunk_and_no_tail_chunk(params):
