@@ -182,8 +182,10 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
 # For the XLA path the window is kept head-major, keys [B, Hkv, W, Dh] and values
 # [B, Hkv, Dh, W]: the operand layouts XLA:CPU's batched dots take. Kept [B, W, Hkv, Dh], the
 # compiled step transposed both windows of every layer on every token (8 copies of 5 MB per step
-# at batch 64 on the 4.2M benchmark model), most of the step. `fused`
-# (``jax.nn.dot_product_attention``) takes [B, W, Hkv, Dh] and keeps it.
+# at batch 64 on the 4.2M benchmark model). The CPU's caches hid most of that (the step got 1%
+# faster without them, 10% at batch 8), but on a bandwidth-bound device each is a full read and
+# write of the window per layer per token. `fused` (``jax.nn.dot_product_attention``) takes
+# [B, W, Hkv, Dh] and keeps it.
 
 
 class Window(NamedTuple):
