@@ -38,7 +38,7 @@ evaluation ran under the old budget, so it is stale and ``--discard_stale`` reru
 it the run stops with one line naming the changed settings).
 
 Wall time on 2 CPU cores (2026-12-06): --quick 1,497 s (25 min) on the quiet machine; the
-full roc claim (3 seeds, 40 steps) 6,520 s and the aster claim (3 seeds, 20 steps) 3,733 s, both
+full roc claim (5 seeds, 40 steps) 8,222 s and the aster claim (3 seeds, 20 steps) 3,733 s, both
 on a machine shared with other jobs for most runs; the figures and what they show are in the
 README's demo section.
 """
