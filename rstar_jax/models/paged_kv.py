@@ -93,12 +93,18 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
     raise ValueError(
       f"decode attention: expected one of {DECODE_IMPLEMENTATIONS}, got {implementation!r}"
     )
-  G = Hq // Hkv
-  qg = q.reshape(B, T, Hkv, G, Dh)
-  s = jnp.einsum("btkgd,bwkd->bkgtw", qg, k, preferred_element_type=jnp.float32) * (Dh**-0.5)
-  s = jnp.where(allowed[:, None, None], s, attention_lib.MASK_VALUE)
+  return _xla_gqa(q, k, v, allowed, Hkv, "bwkd", "bwkd")
+
+
+def _xla_gqa(q, k, v, allowed, Hkv: int, k_dims: str, v_dims: str):
+  """GQA attention as two dot_generals with float32 scores; ``k_dims`` / ``v_dims`` name the
+  key / value layouts in einsum letters (b batch, w position, k kv head, d head dim)."""
+  B, T, Hq, Dh = q.shape
+  qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
+  s = jnp.einsum(f"btkgd,{k_dims}->bkgtw", qg, k, preferred_element_type=jnp.float32)
+  s = jnp.where(allowed[:, None, None], s * (Dh**-0.5), attention_lib.MASK_VALUE)
   w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-  o = jnp.einsum("bkgtw,bwkd->btkgd", w, v)
+  o = jnp.einsum(f"bkgtw,{v_dims}->btkgd", w, v)
   return o.reshape(B, T, Hq * Dh)
 
 
@@ -220,15 +226,8 @@ def attend_head_major(q, k, v, allowed, implementation: str = "xla"):
   """`attend_window` over a head-major window: q [B, T, Hq, Dh]; k [B, Hkv, W, Dh];
   v [B, Hkv, Dh, W]; allowed [B, T, W] bool. Returns [B, T, Hq * Dh] in q.dtype."""
   del implementation  # the XLA path (the only one that keeps head-major windows)
-  B, T, Hq, Dh = q.shape
-  Hkv = k.shape[1]
   k, v = k.astype(q.dtype), v.astype(q.dtype)
-  qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
-  s = jnp.einsum("btkgd,bkwd->bkgtw", qg, k, preferred_element_type=jnp.float32) * (Dh**-0.5)
-  s = jnp.where(allowed[:, None, None], s, attention_lib.MASK_VALUE)
-  w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-  o = jnp.einsum("bkgtw,bkdw->btkgd", w, v)
-  return o.reshape(B, T, Hq * Dh)
+  return _xla_gqa(q, k, v, allowed, k.shape[1], "bkwd", "bkdw")
 
 
 def forward_window(

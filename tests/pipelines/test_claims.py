@@ -129,17 +129,21 @@ def test_arm_configs_share_sft_and_differ_only_in_rl():
       claims.parse_args(["--out=/x", *bad])
 
 
-@pytest.mark.slow
-def test_claims_smoke_json_and_plots(tmp_path):
-  out = str(tmp_path / "claims")
-  proc = subprocess.run(
-    [sys.executable, "benchmarks/claims.py", f"--out={out}", "--smoke", "--json"],
+def _run_claims(*args):
+  return subprocess.run(
+    [sys.executable, "benchmarks/claims.py", *args],
     cwd=REPO,
     env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
     text=True,
     timeout=900,
   )
+
+
+@pytest.mark.slow
+def test_claims_smoke_json_and_plots(tmp_path):
+  out = str(tmp_path / "claims")
+  proc = _run_claims(f"--out={out}", "--smoke", "--json")
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
   res = json.loads(proc.stdout.strip().splitlines()[-1])
   assert res == json.load(open(os.path.join(out, "claims.json")))
@@ -177,23 +181,14 @@ def test_claims_smoke_json_and_plots(tmp_path):
   # A budget-sweep point reuses those SFT models: the SFT evaluation, made under the old budget,
   # reruns (--discard_stale), the SFT model itself is copied, not retrained.
   out2 = str(tmp_path / "mt2")
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "benchmarks/claims.py",
-      f"--out={out2}",
-      "--smoke",
-      "--claims=aster",
-      "--max_turns=2",
-      f"--sft_from={out}",
-      "--discard_stale",
-      "--json",
-    ],
-    cwd=REPO,
-    env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
-    capture_output=True,
-    text=True,
-    timeout=900,
+  proc = _run_claims(
+    f"--out={out2}",
+    "--smoke",
+    "--claims=aster",
+    "--max_turns=2",
+    f"--sft_from={out}",
+    "--discard_stale",
+    "--json",
   )
   assert proc.returncode == 0, f"sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
   res2 = json.loads(proc.stdout.strip().splitlines()[-1])
