@@ -11,10 +11,12 @@ static width, a bucket chosen on the host from the rows' lengths), so its cost f
 valid length, not the longest length the engine could hold; a bounded set of widths bounds the
 compiled variants.
 
-Layout: per layer k and v pools [N, P, Hkv, Dh] (N pages of P tokens). A row's window is the
-gather ``pool[page_table[b]]`` -> [B, W, Hkv, Dh], the [batch, seq, heads, dim] layout that
-``jax.nn.dot_product_attention`` (cuDNN on CUDA) takes without a transpose. Decode on the XLA
-path keeps its window head-major instead (see `Window`).
+Layout: per layer a key pool [N, Hkv, Dh, P] and a value pool [N, Hkv, P, Dh] (N pages of P
+tokens), head-major so that a row's window for the XLA attention path, keys [B, Hkv, Dh, W] and
+values [B, Hkv, W, Dh], is a gather of whole pages plus a move of the page axis next to the
+page's positions; see `Window` for why those layouts. The `fused` path
+(``jax.nn.dot_product_attention``, cuDNN on CUDA) takes [B, W, Hkv, Dh] windows, transposed from
+the same pool when gathered.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _logged: set[str] = set()
 
 
 class PagedKV(NamedTuple):
-  """k, v: tuples of L arrays [N, P, Hkv, Dh] (keys after RoPE)."""
+  """k: tuple of L arrays [N, Hkv, Dh, P] (keys after RoPE); v: L arrays [N, Hkv, P, Dh]."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -45,7 +47,7 @@ class PagedKV(NamedTuple):
 
   @property
   def page_size(self) -> int:
-    return self.k[0].shape[1]
+    return self.v[0].shape[2]
 
 
 def pool_bytes(config, num_pages: int, page_size: int, dtype) -> int:
@@ -55,11 +57,38 @@ def pool_bytes(config, num_pages: int, page_size: int, dtype) -> int:
 
 
 def init_pool(config, num_pages: int, page_size: int, dtype=jnp.float32) -> PagedKV:
-  shape = (num_pages, page_size, config.num_key_value_heads, config.head_dim)
-  n = config.num_hidden_layers
+  hkv, dh, n = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
   return PagedKV(
-    k=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
-    v=tuple(jnp.zeros(shape, dtype) for _ in range(n)),
+    k=tuple(jnp.zeros((num_pages, hkv, dh, page_size), dtype) for _ in range(n)),
+    v=tuple(jnp.zeros((num_pages, hkv, page_size, dh), dtype) for _ in range(n)),
+  )
+
+
+def _write(pool: PagedKV, i: int, page, off, k, v):
+  """Layer i's pools with k, v [B, T, Hkv, Dh] stored at (page, off) [B, T]; a page id out of
+  range (>= N) drops that token."""
+  # Advanced indices split by slices: the indexed axes come first, so the update is
+  # [B, T, Hkv, Dh] for both pools.
+  return (
+    pool.k[i].at[page, :, :, off].set(k.astype(pool.k[i].dtype), mode="drop"),
+    pool.v[i].at[page, :, off, :].set(v.astype(pool.v[i].dtype), mode="drop"),
+  )
+
+
+def _gather(pool: PagedKV, i: int, page_table, head_major: bool):
+  """Layer i's window for page_table [B, n] (W = n * P): head-major keys [B, Hkv, Dh, W] and
+  values [B, Hkv, W, Dh], or both [B, W, Hkv, Dh]."""
+  B, n = page_table.shape
+  k, v = pool.k[i][page_table], pool.v[i][page_table]  # [B, n, Hkv, Dh, P], [B, n, Hkv, P, Dh]
+  _, _, hkv, dh, P = k.shape
+  if head_major:
+    return (
+      k.transpose(0, 2, 3, 1, 4).reshape(B, hkv, dh, n * P),
+      v.transpose(0, 2, 1, 3, 4).reshape(B, hkv, n * P, dh),
+    )
+  return (
+    k.transpose(0, 1, 4, 2, 3).reshape(B, n * P, hkv, dh),
+    v.transpose(0, 1, 3, 2, 4).reshape(B, n * P, hkv, dh),
   )
 
 
@@ -74,7 +103,6 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
     [B, T, Hq * Dh] in q.dtype. A query with no allowed key gets an unspecified finite value.
   """
   B, T, Hq, Dh = q.shape
-  Hkv = k.shape[2]
   k, v = k.astype(q.dtype), v.astype(q.dtype)
   if implementation == "fused":
     reason = attention_lib.fused_unavailable_reason(q.dtype)
@@ -93,19 +121,31 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
     raise ValueError(
       f"decode attention: expected one of {DECODE_IMPLEMENTATIONS}, got {implementation!r}"
     )
-  return _xla_gqa(q, k, v, allowed, Hkv, "bwkd", "bwkd")
+  return attend_head_major(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), allowed)
 
 
-def _xla_gqa(q, k, v, allowed, Hkv: int, k_dims: str, v_dims: str):
-  """GQA attention as two dot_generals with float32 scores; ``k_dims`` / ``v_dims`` name the
-  key / value layouts in einsum letters (b batch, w position, k kv head, d head dim)."""
+def attend_head_major(q, k, v, allowed, implementation: str = "xla"):
+  """`attend_window` over a head-major window (the XLA path's layout, see `Window`).
+
+  Args:
+    q: [B, T, Hq, Dh]; k: [B, Hkv, Dh, W]; v: [B, Hkv, W, Dh]; allowed: [B, T, W] bool.
+  Returns:
+    [B, T, Hq * Dh] in q.dtype.
+  """
+  del implementation  # the XLA path (the only one that keeps head-major windows)
   B, T, Hq, Dh = q.shape
-  qg = q.reshape(B, T, Hkv, Hq // Hkv, Dh)
-  s = jnp.einsum(f"btkgd,{k_dims}->bkgtw", qg, k, preferred_element_type=jnp.float32)
+  Hkv, W = k.shape[1], k.shape[3]
+  G = Hq // Hkv
+  k, v = k.astype(q.dtype), v.astype(q.dtype)
+  # The (query, group) rows of a kv head form the small left operand and the window the
+  # right one, both products plain row-major matmuls per (row, kv head); see `Window`.
+  qg = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
+  s = jnp.einsum("bkmd,bkdw->bkmw", qg, k, preferred_element_type=jnp.float32)
+  s = s.reshape(B, Hkv, G, T, W)
   s = jnp.where(allowed[:, None, None], s * (Dh**-0.5), attention_lib.MASK_VALUE)
-  w = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-  o = jnp.einsum(f"bkgtw,{v_dims}->btkgd", w, v)
-  return o.reshape(B, T, Hq * Dh)
+  w = jax.nn.softmax(s, axis=-1).astype(q.dtype).reshape(B, Hkv, G * T, W)
+  o = jnp.einsum("bkmw,bkwd->bkmd", w, v).reshape(B, Hkv, G, T, Dh)
+  return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq * Dh)
 
 
 def forward_paged(
@@ -136,6 +176,7 @@ def forward_paged(
   Returns:
     (logits [B, T, V] float32 or None, pool).
   """
+  _check_implementation(implementation)
   c = config
   B, T = input_ids.shape
   N, P = pool.num_pages, pool.page_size
@@ -145,26 +186,36 @@ def forward_paged(
   page = jnp.take_along_axis(page_table, jnp.minimum(positions // P, page_table.shape[1] - 1), 1)
   page = jnp.where(mask, page, N)  # out of range: mode="drop" skips padding writes
   off = positions % P
-  ks, vs = list(pool.k), list(pool.v)
+  head_major = _head_major(implementation)
+  cur = pool
 
   def kv_step(i, k, v):
-    ks[i] = ks[i].at[page, off].set(k.astype(ks[i].dtype), mode="drop")
-    vs[i] = vs[i].at[page, off].set(v.astype(vs[i].dtype), mode="drop")
-    return (
-      ks[i][page_table].reshape(B, W, c.num_key_value_heads, c.head_dim),
-      vs[i][page_table].reshape(B, W, c.num_key_value_heads, c.head_dim),
+    nonlocal cur
+    ki, vi = _write(cur, i, page, off, k, v)
+    cur = PagedKV(k=_put(cur.k, i, ki), v=_put(cur.v, i, vi))
+    return _gather(cur, i, page_table, head_major)
+
+  attend = attend_head_major if head_major else attend_window
+  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend)
+  out = qwen3._logits(params, x, c) if logits else None
+  return out, cur
+
+
+def _put(arrays: tuple, i: int, a) -> tuple:
+  return arrays[:i] + (a,) + arrays[i + 1 :]
+
+
+def _check_implementation(implementation: str):
+  if implementation not in DECODE_IMPLEMENTATIONS:
+    raise ValueError(
+      f"decode attention: expected one of {DECODE_IMPLEMENTATIONS}, got {implementation!r}"
     )
 
-  x = _layers(params, c, input_ids, positions, W, kv_step, implementation)
-  out = qwen3._logits(params, x, c) if logits else None
-  return out, PagedKV(k=tuple(ks), v=tuple(vs))
 
-
-def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: str, attend=None):
+def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: str, attend):
   """The decoder layers over T new tokens per row; ``kv_step(i, k, v)`` stores layer i's new
-  keys/values wherever the caller keeps them and returns the window to attend, which
-  ``attend(q, k, v, allowed, implementation)`` (default `attend_window`: [B, W, Hkv, Dh]) reads."""
-  attend = attend or attend_window
+  keys/values wherever the caller keeps them and returns the window that
+  ``attend(q, k, v, allowed, implementation)`` reads."""
   allowed = jnp.arange(W)[None, None, :] <= positions[:, :, None]  # [B, T, W]
   x = qwen3._embed(params, input_ids, c)
   for i in range(c.num_hidden_layers):
@@ -185,18 +236,20 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
 # window (`gather_window`), decodes on it (`forward_window`), and writes back only the <= K
 # positions each row appended (`scatter_window`).
 #
-# For the XLA path the window is kept head-major, keys [B, Hkv, W, Dh] and values
-# [B, Hkv, Dh, W]: the operand layouts XLA:CPU's batched dots take. Kept [B, W, Hkv, Dh], the
-# compiled step transposed both windows of every layer on every token (8 copies of 5 MB per step
-# at batch 64 on the 4.2M benchmark model). The CPU's caches hid most of that (the step got 1%
-# faster without them, 10% at batch 8), but on a bandwidth-bound device each is a full read and
-# write of the window per layer per token. `fused` (``jax.nn.dot_product_attention``) takes
-# [B, W, Hkv, Dh] and keeps it.
+# For the XLA path the window is head-major, keys [B, Hkv, Dh, W] and values [B, Hkv, W, Dh],
+# so both attention products are, per (row, kv head), a G x Dh by Dh x W and a G x W by W x Dh
+# matmul: the small query group is the left operand and the window streams as a plain
+# row-major right operand. Measured on XLA:CPU (the 4.2M benchmark model, batch 64, window 192,
+# 4 layers, attention alone): 1.44 ms per step in this layout; 3.75 ms with keys [B, Hkv, W, Dh]
+# and values [B, Hkv, Dh, W] (the window as the left operand); and kept [B, W, Hkv, Dh] the
+# compiled step transposed both windows of every layer on every token. The pool is head-major
+# too, so the gather moves whole runs of a page's positions: 5.5 ms per chunk for that window
+# (8 arrays of 6.3 MB), against 14.3 ms when the pool was [N, P, Hkv, Dh].
 
 
 class Window(NamedTuple):
-  """k, v: tuples of L arrays, each row's window, contiguous: [B, W, Hkv, Dh] for `fused`;
-  keys [B, Hkv, W, Dh] and values [B, Hkv, Dh, W] for `xla` (see `gather_window`)."""
+  """k, v: tuples of L arrays, each row's window, contiguous: keys [B, Hkv, Dh, W] and values
+  [B, Hkv, W, Dh] for `xla`; both [B, W, Hkv, Dh] for `fused` (see `gather_window`)."""
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
@@ -209,25 +262,10 @@ def _head_major(implementation: str) -> bool:
 def gather_window(pool: PagedKV, page_table: jax.Array, implementation: str = "xla") -> Window:
   """Each row's window (W = n * P positions) per layer, from page_table [B, n], in the layout
   ``implementation`` attends over (`Window`)."""
-  B, n = page_table.shape
-
-  def g(a):
-    return a[page_table].reshape(B, n * a.shape[1], a.shape[2], a.shape[3])
-
-  if _head_major(implementation):
-    return Window(
-      k=tuple(g(a).transpose(0, 2, 1, 3) for a in pool.k),
-      v=tuple(g(a).transpose(0, 2, 3, 1) for a in pool.v),
-    )
-  return Window(k=tuple(g(a) for a in pool.k), v=tuple(g(a) for a in pool.v))
-
-
-def attend_head_major(q, k, v, allowed, implementation: str = "xla"):
-  """`attend_window` over a head-major window: q [B, T, Hq, Dh]; k [B, Hkv, W, Dh];
-  v [B, Hkv, Dh, W]; allowed [B, T, W] bool. Returns [B, T, Hq * Dh] in q.dtype."""
-  del implementation  # the XLA path (the only one that keeps head-major windows)
-  k, v = k.astype(q.dtype), v.astype(q.dtype)
-  return _xla_gqa(q, k, v, allowed, k.shape[1], "bkwd", "bkdw")
+  _check_implementation(implementation)
+  hm = _head_major(implementation)
+  kv = [_gather(pool, i, page_table, hm) for i in range(len(pool.k))]
+  return Window(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
 
 
 def forward_window(
@@ -239,7 +277,7 @@ def forward_window(
   c = config
   B = input_ids.shape[0]
   head_major = _head_major(implementation)
-  W = window.k[0].shape[2 if head_major else 1]
+  W = window.k[0].shape[3 if head_major else 1]
   positions = lengths[:, None]
   rows = jnp.arange(B)
   at = jnp.where(input_mask[:, 0].astype(bool), lengths, W)  # W: dropped
@@ -248,8 +286,8 @@ def forward_window(
   def kv_step(i, k, v):
     k1, v1 = k[:, 0].astype(ks[i].dtype), v[:, 0].astype(vs[i].dtype)  # [B, Hkv, Dh]
     if head_major:  # advanced indices split by slices: the update is [B, Hkv, Dh]
-      ks[i] = ks[i].at[rows, :, at, :].set(k1, mode="drop")
-      vs[i] = vs[i].at[rows, :, :, at].set(v1, mode="drop")
+      ks[i] = ks[i].at[rows, :, :, at].set(k1, mode="drop")
+      vs[i] = vs[i].at[rows, :, at, :].set(v1, mode="drop")
     else:
       ks[i] = ks[i].at[rows, at].set(k1, mode="drop")
       vs[i] = vs[i].at[rows, at].set(v1, mode="drop")
@@ -283,14 +321,16 @@ def scatter_window(
   off = pos % P
   src = jnp.minimum(pos, W - 1)
 
-  def put(dst, win, axes):
+  def take(win, axes):
     if axes is not None:  # head-major window -> [B, W, Hkv, Dh]; only K positions are read
       win = win.transpose(axes)
-    vals = jnp.take_along_axis(win, src[:, :, None, None], 1)  # [B, K, Hkv, Dh]
-    return dst.at[page, off].set(vals.astype(dst.dtype), mode="drop")
+    return jnp.take_along_axis(win, src[:, :, None, None], 1)  # [B, K, Hkv, Dh]
 
   hm = _head_major(implementation)
-  return PagedKV(
-    k=tuple(put(d, w, (0, 2, 1, 3) if hm else None) for d, w in zip(pool.k, window.k)),
-    v=tuple(put(d, w, (0, 3, 1, 2) if hm else None) for d, w in zip(pool.v, window.v)),
-  )
+  ks, vs = pool.k, pool.v
+  for i in range(len(ks)):
+    k = take(window.k[i], (0, 3, 1, 2) if hm else None)
+    v = take(window.v[i], (0, 2, 1, 3) if hm else None)
+    ki, vi = _write(PagedKV(k=ks, v=vs), i, page, off, k, v)
+    ks, vs = _put(ks, i, ki), _put(vs, i, vi)
+  return PagedKV(k=ks, v=vs)

@@ -94,9 +94,12 @@ def test_window_decode_matches_full_forward_and_writes_back_only_new_positions(p
   written = {
     (int(table[b, p // 4]), p % 4) for b in range(2) for p in range(start[b], start[b] + n_new[b])
   }
-  for a0, a1 in zip(before.k + before.v, after.k + after.v):
-    changed = {(int(i), int(j)) for i, j in zip(*np.nonzero(np.any(a0 != a1, axis=(2, 3))))}
-    assert changed == written  # the appended positions, nothing else
+  # Keys are [N, Hkv, Dh, P] and values [N, Hkv, P, Dh]: (page, position) pairs that changed.
+  pairs = [(before.k, after.k, (1, 2)), (before.v, after.v, (1, 3))]
+  for a0s, a1s, axes in pairs:
+    for a0, a1 in zip(a0s, a1s):
+      changed = {(int(i), int(j)) for i, j in zip(*np.nonzero(np.any(a0 != a1, axis=axes)))}
+      assert changed == written  # the appended positions, nothing else
   # Continuing from the pool with the paged forward sees the window's writes.
   tok = np.array([[ids[0, lengths[0]]], [ids[1, lengths[1]]]], np.int32)
   lg, _ = fwd(

@@ -128,6 +128,23 @@ def test_compiled_modules_have_no_conditional_known_trip_counts_and_never_recomp
       shape = re.search(r"= \w+\[([\d,]*)\]", ln)
       dims = sorted(int(d) for d in shape.group(1).split(",")) if shape.group(1) else []
       assert dims not in windows, f"{f}: the decode loop copies a whole window: {ln[:160]}"
+  # ... and each attention product takes the window as its right operand (G x Dh by Dh x W,
+  # G x W by W x Dh per row and kv head). With the window on the left (W x Dh by Dh x G),
+  # XLA:CPU's batched dot ran the batch-64 benchmark's attention at under half the speed.
+  for f in decode:
+    text = (tmp_path / f).read_text()
+    dims_of = {
+      m.group(1): sorted(int(d) for d in m.group(2).split(",") if d)
+      for m in re.finditer(r"%([\w.-]+) = \w+\[([\d,]*)\]", text)
+    }
+    rhs = 0
+    for ln in text.splitlines():
+      m = re.search(r" dot\(%([\w.-]+), %([\w.-]+)\)", ln)
+      if not m or "while/body" not in ln:
+        continue
+      assert dims_of[m.group(1)] not in windows, f"{f}: a window is a dot's left operand: {ln}"
+      rhs += dims_of[m.group(2)] in windows
+    assert rhs == 2 * CFG.num_hidden_layers, f"{f}: {rhs} attention dots over the window"
 
 
 def test_one_dispatch_per_chunk_and_no_tail_chunk(params):
