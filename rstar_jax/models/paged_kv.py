@@ -102,6 +102,7 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
   Returns:
     [B, T, Hq * Dh] in q.dtype. A query with no allowed key gets an unspecified finite value.
   """
+  _check_implementation(implementation)
   B, T, Hq, Dh = q.shape
   k, v = k.astype(q.dtype), v.astype(q.dtype)
   if implementation == "fused":
@@ -117,10 +118,6 @@ def attend_window(q, k, v, allowed, implementation: str = "xla"):
       logging.getLogger(__name__).info("decode attention 'fused': %s; XLA path", reason)
     o = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], implementation="xla")
     return o.reshape(B, T, Hq * Dh)
-  if implementation != "xla":
-    raise ValueError(
-      f"decode attention: expected one of {DECODE_IMPLEMENTATIONS}, got {implementation!r}"
-    )
   return attend_head_major(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), allowed)
 
 
