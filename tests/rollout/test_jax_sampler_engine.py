@@ -196,9 +196,11 @@ def test_cache_that_cannot_fit_fails_before_allocating(params):
     _gen(eng, [_req([1] * 10, 7)])
 
 
-async def _conversation_async(eng, turns, seed, tid=None):
+async def _conversation_async(eng, turns, seed, tid=None, before=None, after=None):
   """A multi-turn agent-style conversation: each turn appends the model's output and a
-  random 'tool response'. Returns (outputs, logprobs, inputs)."""
+  random 'tool response'. ``before(t, seed)`` / ``after()`` (async) bracket each turn, for
+  tests that fix the order of turns across trajectories. Returns (outputs, logprobs,
+  inputs)."""
   rng = np.random.default_rng(seed)
   ids = list(rng.integers(0, CFG.vocab_size, 7))
   outs, lps, inputs = [], [], []
@@ -206,7 +208,11 @@ async def _conversation_async(eng, turns, seed, tid=None):
   async with lease:
     for t in range(turns):
       inputs.append(list(ids))
+      if before is not None:
+        await before(t, seed)
       res = (await eng.generate([_req(ids, 6, t=0.7, seed=seed * 100 + t)]))[0]
+      if after is not None:
+        await after()
       outs.append(res.output_ids)
       lps.append(res.logprobs)
       ids.extend(res.output_ids)
@@ -219,6 +225,15 @@ def _conversation(eng, turns, seed, tid=None):
   return asyncio.run(_conversation_async(eng, turns, seed, tid))
 
 
+def _new_tokens(inputs, outs):
+  """Tokens a conversation prefills when every turn reuses the previous turn's cache: the
+  first prompt, then per turn its tool tokens plus the previous turn's last output token
+  (sampled, never fed back)."""
+  return len(inputs[0]) + sum(
+    len(inputs[t]) - len(inputs[t - 1]) - len(outs[t - 1]) + 1 for t in range(1, len(inputs))
+  )
+
+
 def test_ten_turn_conversation_prefills_only_new_tokens(params):
   plain = JaxSampler(CFG, params, max_batch=1, max_len=128, page_size=32)
   ref_out, ref_lp, inputs = _conversation(plain, 10, seed=3)
@@ -226,30 +241,50 @@ def test_ten_turn_conversation_prefills_only_new_tokens(params):
   out, lp, inputs2 = _conversation(eng, 10, seed=3, tid="traj-a")
   assert out == ref_out and inputs2 == inputs
   np.testing.assert_allclose(np.concatenate(lp), np.concatenate(ref_lp), atol=1e-4)
-  # Turn 1 runs its prompt; each later turn only its tool tokens plus the previous turn's
-  # last output token (sampled, never fed back). Without reuse: the sum of all inputs.
-  new = len(inputs[0]) + sum(
-    len(inputs[t]) - len(inputs[t - 1]) - len(out[t - 1]) + 1 for t in range(1, 10)
-  )
+  # Without reuse it would be the sum of all inputs.
+  new = _new_tokens(inputs, out)
   assert eng.prefill_tokens["traj-a"] == new < sum(len(x) for x in inputs) // 3
   assert eng.free_pages == 256 // 32  # the lease's pages came back on exit
 
 
 def test_kept_prefixes_are_evicted_when_admission_needs_room(params):
-  """Three trajectories run concurrently in a budget too small to keep every prefix:
-  admissions evict other trajectories' kept pages (a full prefill for them later) and every
-  output stays exact."""
+  """Three trajectories take turns (strict round robin, so the schedule does not depend on
+  timing) in a budget too small to keep every prefix: admissions evict other trajectories'
+  kept pages (a full prefill for them later) and every output stays exact."""
   plain = JaxSampler(CFG, params, max_batch=2, max_len=64)
   ref = [_conversation(plain, 4, seed=s)[0] for s in (5, 6, 7)]
-  eng = JaxSampler(CFG, params, max_batch=2, max_len=64, kv_budget_tokens=128, page_size=16)
+  eng = JaxSampler(CFG, params, max_batch=2, max_len=64, kv_budget_tokens=80, page_size=16)
+  order = [(t, s) for t in range(4) for s in (5, 6, 7)]
 
   async def main():
-    return await asyncio.gather(*(_conversation_async(eng, 4, s, tid=f"t{s}") for s in (5, 6, 7)))
+    turn = asyncio.Condition()
+    at = [0]
 
-  got = [r[0] for r in asyncio.run(main())]
-  assert got == ref
-  assert eng.evictions > 0
-  assert eng.free_pages == 128 // 16
+    async def wait_turn(t, s):
+      async with turn:
+        await turn.wait_for(lambda: order[at[0]] == (t, s))
+
+    async def done_turn():
+      async with turn:
+        at[0] += 1
+        turn.notify_all()
+
+    return await asyncio.gather(
+      *(
+        _conversation_async(eng, 4, s, tid=f"t{s}", before=wait_turn, after=done_turn)
+        for s in (5, 6, 7)
+      )
+    )
+
+  runs = asyncio.run(main())
+  assert [r[0] for r in runs] == ref
+  # 5 pages for three growing prefixes: from the second round on, admissions need pages the
+  # other two trajectories keep (5 evictions with this order; a timing-dependent schedule
+  # once made it 0 on a slower machine). An evicted trajectory prefills its whole prompt again.
+  assert eng.evictions >= 3, eng.evictions
+  assert sum(eng.prefill_tokens.values()) > sum(_new_tokens(r[2], r[0]) for r in runs)
+  assert eng.free_pages == 80 // 16  # every lease's pages came back
+  assert eng.free_pages == 80 // 16
 
 
 def _scripted_model(vocab, successor):
