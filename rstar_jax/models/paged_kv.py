@@ -64,14 +64,14 @@ def init_pool(config, num_pages: int, page_size: int, dtype=jnp.float32) -> Page
   )
 
 
-def _write(pool: PagedKV, i: int, page, off, k, v):
-  """Layer i's pools with k, v [B, T, Hkv, Dh] stored at (page, off) [B, T]; a page id out of
-  range (>= N) drops that token."""
+def _write(k_pool, v_pool, page, off, k, v):
+  """One layer's pools (keys [N, Hkv, Dh, P], values [N, Hkv, P, Dh]) with k, v [B, T, Hkv, Dh]
+  stored at (page, off) [B, T]; a page id out of range (>= N) drops that token."""
   # Advanced indices split by slices: the indexed axes come first, so the update is
   # [B, T, Hkv, Dh] for both pools.
   return (
-    pool.k[i].at[page, :, :, off].set(k.astype(pool.k[i].dtype), mode="drop"),
-    pool.v[i].at[page, :, off, :].set(v.astype(pool.v[i].dtype), mode="drop"),
+    k_pool.at[page, :, :, off].set(k.astype(k_pool.dtype), mode="drop"),
+    v_pool.at[page, :, off, :].set(v.astype(v_pool.dtype), mode="drop"),
   )
 
 
@@ -188,7 +188,7 @@ def forward_paged(
 
   def kv_step(i, k, v):
     nonlocal cur
-    ki, vi = _write(cur, i, page, off, k, v)
+    ki, vi = _write(cur.k[i], cur.v[i], page, off, k, v)
     cur = PagedKV(k=_put(cur.k, i, ki), v=_put(cur.v, i, vi))
     return _gather(cur, i, page_table, head_major)
 
@@ -328,6 +328,6 @@ def scatter_window(
   for i in range(len(ks)):
     k = take(window.k[i], (0, 3, 1, 2) if hm else None)
     v = take(window.v[i], (0, 2, 1, 3) if hm else None)
-    ki, vi = _write(PagedKV(k=ks, v=vs), i, page, off, k, v)
+    ki, vi = _write(ks[i], vs[i], page, off, k, v)
     ks, vs = _put(ks, i, ki), _put(vs, i, vi)
   return PagedKV(k=ks, v=vs)
