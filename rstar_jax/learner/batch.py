@@ -10,6 +10,10 @@ Layout (N rows, T = ``pad_to`` columns; every row right-padded):
     sampler_logprobs float32 [N, T] the sampler's log-prob of ``input_ids[n, t]``; 0 where
                                    loss_mask is 0 (``SAMPLER_KEY``: the one place they ride).
     advantages     float32 [N]     one scalar per trajectory (GRPO: constant over its tokens).
+    routes         int32   [N, T, R, k]  only when a trajectory carries MoE routes
+                                   (``ROUTES_KEY``; `rstar_jax.models.routes`): the engine's top-k
+                                   expert ids of input_ids[n, t] per MoE layer, NO_ROUTE (-1) on
+                                   tokens without a recorded route and on padding.
 
   RL step inputs (`rl_inputs`): the keys ``StepConfig.rl_keys`` names, built from the batch
   above: ``old_logprobs`` = the learner's recomputed log-probs (or the sampler's when not
@@ -34,7 +38,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rstar_jax.models import routes as routes_lib
+
 SAMPLER_KEY = "sampler_logprobs"  # the sampler's log-probs on the host batch
+ROUTES_KEY = "routes"  # the engine's MoE routes [N, T, R, k] (rollout routing replay)
+# Per-token keys whose padding is not 0: a zero route would read as expert 0.
+PAD_VALUES = {ROUTES_KEY: routes_lib.NO_ROUTE}
+
+
+def pad_value(key: str):
+  """The value padding cells of the per-token array ``key`` hold."""
+  return PAD_VALUES.get(key, 0)
+
+
 OLD_KEY = "old_logprobs"  # the step's reference log-probs (the PPO ratio's denominator)
 BEHAVIOUR_KEY = "behaviour_logprobs"  # the sampler's, as the step's off-policy input
 
@@ -75,7 +91,8 @@ def make_rl_batch(
 
   Returns:
       dict of numpy arrays: input_ids, attention_mask, loss_mask, sampler_logprobs [N', T] and
-      advantages [N'], with N' = N rounded up to ``row_multiple``.
+      advantages [N'], with N' = N rounded up to ``row_multiple``; plus routes [N', T, R, k]
+      when any trajectory has ``routes`` (one without gets NO_ROUTE everywhere).
   """
   advantages = np.asarray(advantages, np.float32)
   if advantages.shape != (len(trajectories),):
@@ -91,6 +108,15 @@ def make_rl_batch(
   batch[SAMPLER_KEY] = np.zeros((n, pad_to), np.float32)
   batch["advantages"] = np.zeros((n,), np.float32)
   batch["advantages"][: len(trajectories)] = advantages
+  shapes = {
+    np.shape(r)[1:] for r in (getattr(t, "routes", None) for t in trajectories) if r is not None
+  }
+  if len(shapes) > 1:
+    raise ValueError(
+      f"make_rl_batch: trajectories carry routes of different shapes {sorted(shapes)}"
+    )
+  if shapes:
+    batch[ROUTES_KEY] = np.full((n, pad_to) + shapes.pop(), routes_lib.NO_ROUTE, np.int32)
   for i, tr in enumerate(trajectories):
     prompt, response = list(tr.prompt_ids), list(tr.response_ids)
     mask, logp = list(tr.loss_mask), list(tr.logprobs)
@@ -121,6 +147,10 @@ def make_rl_batch(
     # Logprobs of masked tokens are meaningless (tool text was never sampled): zero them so
     # they cannot leak into a ratio by accident.
     batch[SAMPLER_KEY][i, p:length] = np.asarray(logp, np.float32) * mask_arr
+    routes = getattr(tr, "routes", None)
+    if routes is not None:
+      routes_lib.check_routes(routes, length, where)
+      batch[ROUTES_KEY][i, :length] = routes
   return batch
 
 
@@ -263,7 +293,7 @@ def split_rl_batch(
     )
   out = []
   for part in parts:
-    mb = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+    mb = {k: np.full((rows,) + v.shape[1:], pad_value(k), v.dtype) for k, v in batch.items()}
     if "input_ids" in mb:
       mb["input_ids"][:] = pad_id
     for k, v in batch.items():

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rstar_jax.learner.batch import pad_value
+
 PACKING_KEYS = ("segment_ids", "positions")
 
 
@@ -91,10 +93,17 @@ def pack_batch(
     raise ValueError(f"pack_batch: row_multiple must be an int >= 1, got {row_multiple!r}")
   bins = first_fit_decreasing(lengths, cap)
   rows = max(1, -(-len(bins) // row_multiple) * row_multiple)
+  # Per-token arrays are [N, T, ...] (routes carry [R, k] per token); padding cells take
+  # `batch_lib.pad_value` (NO_ROUTE for routes, never expert 0).
   per_token = [
-    k for k, v in batch.items() if np.ndim(v) == 2 and k not in ("attention_mask", "advantages")
+    k
+    for k, v in batch.items()
+    if np.ndim(v) >= 2 and np.shape(v)[:2] == (n, t) and k not in ("attention_mask", "advantages")
   ]
-  out = {k: np.zeros((rows, cap), np.asarray(batch[k]).dtype) for k in per_token}
+  out = {
+    k: np.full((rows, cap) + np.shape(batch[k])[2:], pad_value(k), np.asarray(batch[k]).dtype)
+    for k in per_token
+  }
   out["input_ids"][:] = pad_id
   out["attention_mask"] = np.zeros((rows, cap), np.asarray(batch["attention_mask"]).dtype)
   out["segment_ids"] = np.zeros((rows, cap), np.int32)

@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from rstar_jax.models import routes as routes_lib
 from rstar_jax.rollout.types import GenerateRequest, SamplingParams, ToolCallRecord, Trajectory
 from rstar_jax.tokenization import chat_format
 from rstar_jax.tools.render import render_tool_response
@@ -130,12 +133,39 @@ def _default_render(result, max_chars: int) -> str:
 
 @dataclasses.dataclass
 class _Builder:
-  """Accumulates the per-token fields of one trajectory."""
+  """Accumulates the per-token fields of one trajectory.
 
+  routes: [P + len(ids), R, k] MoE routes of the whole sequence (prompt included), created at
+  the first engine result that reports routes; each later report is written at the positions
+  it covers (`routes.write_routes`: the newest report wins, a NO_ROUTE never erases one), so
+  a tool turn's tokens get the routes the next turn's engine call reports for them.
+  """
+
+  prompt_len: int = 0
   ids: list = dataclasses.field(default_factory=list)
   mask: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
   versions: list = dataclasses.field(default_factory=list)
+  routes: Any = None
+
+  def add_routes(self, res):
+    """Records ``res``'s routes, called after its kept output tokens were added: positions
+    past them (output cut by the budget) are dropped."""
+    if res.routes is None:
+      return
+    self.routes = self.final_routes(tuple(np.shape(res.routes)[1:]))
+    routes_lib.write_routes(self.routes, int(res.routes_start), np.asarray(res.routes))
+
+  def final_routes(self, shape=None):
+    """[prompt_len + len(ids), R, k]: the recorded routes, NO_ROUTE-extended over tokens
+    appended since (tool turns); None when no engine result had routes."""
+    if self.routes is None and shape is None:
+      return None
+    n = self.prompt_len + len(self.ids)
+    have = self.routes if self.routes is not None else routes_lib.empty_routes(0, shape)
+    if len(have) < n:
+      have = np.concatenate([have, routes_lib.empty_routes(n - len(have), have.shape[1:])])
+    return have
 
   def add_generated(self, ids, logprobs, versions):
     self.ids += [int(t) for t in ids]
@@ -208,7 +238,7 @@ async def run_trajectory(
     if lease_fn is not None
     else contextlib.nullcontext()
   )
-  b = _Builder()
+  b = _Builder(prompt_len=len(prompt))
   calls: list[ToolCallRecord] = []
   turns = 0
   prefill: int | None = 0  # None once an engine turn does not report it
@@ -235,6 +265,7 @@ async def run_trajectory(
           prefill = None if res.prefill_tokens is None else prefill + res.prefill_tokens
         out = list(res.output_ids)[:remaining]  # an engine must not exceed the budget
         b.add_generated(out, list(res.logprobs)[: len(out)], res.token_versions()[: len(out)])
+        b.add_routes(res)
         if res.finish_reason == "abort":
           finish = "abort"
           break
@@ -291,6 +322,7 @@ async def run_trajectory(
     problem_index=problem_index,
     sample_index=sample_index,
     prefill_tokens=prefill,
+    routes=b.final_routes(),
   )
 
 

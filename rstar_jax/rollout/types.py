@@ -10,6 +10,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
+from rstar_jax.models import routes as routes_lib
+
 FINISH_REASONS = ("stop", "length", "abort")
 # Trajectory-level finish reasons written by the agent loop (see agent_loop.py).
 TRAJECTORY_FINISH_REASONS = (
@@ -89,6 +93,10 @@ class GenerateResult:
   prefill_tokens: input tokens the engine computed for this request, i.e. its input minus what
       it reused from a cache (a multi-turn trajectory that keeps its cache prefills only the
       appended tool turn); None = the engine does not say.
+  routes: MoE routes the engine recorded (`rstar_jax.models.routes`: int32 [S, R, k],
+      NO_ROUTE where it has none) for the positions ``routes_start ... routes_start + S - 1``
+      of the sequence ``input_ids + output_ids``; None = not asked for / dense model.
+  routes_start: the sequence position of ``routes[0]``.
   """
 
   output_ids: list[int]
@@ -97,6 +105,8 @@ class GenerateResult:
   weight_version: int = 0
   weight_versions: Sequence[int] | None = None
   prefill_tokens: int | None = None
+  routes: Any = None
+  routes_start: int = 0
 
   def __post_init__(self):
     if self.finish_reason not in FINISH_REASONS:
@@ -112,6 +122,12 @@ class GenerateResult:
       raise ValueError(
         f"GenerateResult: {len(self.weight_versions)} weight_versions for "
         f"{len(self.output_ids)} output ids"
+      )
+
+    if self.routes is not None and (np.ndim(self.routes) != 3 or self.routes_start < 0):
+      raise ValueError(
+        f"GenerateResult.routes: expected [S, R, k] from a position >= 0, got shape "
+        f"{np.shape(self.routes)} from {self.routes_start}"
       )
 
   def token_versions(self) -> list[int]:
@@ -171,6 +187,9 @@ class Trajectory:
   prefill_tokens: input tokens the engine computed over all turns (the rest came from its
       cache); equals the trajectory's new tokens when every turn reuses the previous one's
       cache, and approaches turns x length when none does. None = the engine does not say.
+  routes: [P + R, R_moe, k] int32 MoE routes of every token of ``prompt_ids + response_ids``
+      (`rstar_jax.models.routes`; NO_ROUTE where the engine recorded none); None = no routes
+      (dense model, or not asked for).
   """
 
   prompt_ids: list[int]
@@ -186,6 +205,7 @@ class Trajectory:
   problem_index: int = 0
   sample_index: int = 0
   prefill_tokens: int | None = None
+  routes: Any = None
 
   def __post_init__(self):
     n = len(self.response_ids)
@@ -194,6 +214,8 @@ class Trajectory:
         raise ValueError(
           f"Trajectory.{name}: length {len(getattr(self, name))} != len(response_ids) {n}"
         )
+    if self.routes is not None:
+      routes_lib.check_routes(self.routes, len(self.prompt_ids) + n, "Trajectory.routes")
 
   @property
   def num_generated_tokens(self) -> int:

@@ -1,0 +1,163 @@
+"""Recorded MoE routes (rollout routing replay): the array convention, host-side alignment and
+the agreement metric.
+
+A *route* is the top-k expert set a router chose for one token at one MoE layer. Routes travel
+as int32 arrays whose leading axes follow the tokens and whose last two are ``[R, k]``: one row
+per MoE layer (``RouteLayout.layers``, the hidden-layer index of each row) and the k expert ids
+of that layer (order carries no meaning: a route is a set). ``NO_ROUTE`` (-1) fills every row
+of a token without a recorded route (a prompt or tool token the engine did not report, the
+trajectory's last token, padding); the learner's forward then routes that token itself. A
+sentinel never becomes an expert id: -1 is out of range for every gather, and nothing here pads
+a routes array with zeros.
+
+Position convention: the route at sequence position t is the routing of the forward step whose
+INPUT is token t (the step that predicts token t + 1), exactly what the learner's forward
+computes at column t. An engine that samples token t + 1 therefore reports the route of
+position t; the last token of a sequence has none until something is generated after it.
+
+Layering: pure numpy / jax, no model code, so the rollout (engines, agent loop), the learner
+(batch, packing, steps) and the pipelines all share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+NO_ROUTE = -1
+ROUTES_DTYPE = np.int32
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteLayout:
+  """Which rows a token's route holds.
+
+  num_hidden_layers: the model's decoder layers (SGLang reports one row per hidden layer).
+  top_k: experts per token (``num_experts_per_tok``).
+  layers: ascending hidden-layer indices of the MoE layers; row r of a route is layer
+      ``layers[r]``. Dense (``mlp_only_layers``) layers carry no row.
+  """
+
+  num_hidden_layers: int
+  top_k: int
+  layers: tuple[int, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "layers", tuple(int(i) for i in self.layers))
+    if self.top_k < 1:
+      raise ValueError(f"RouteLayout.top_k: expected >= 1, got {self.top_k}")
+    if not self.layers or list(self.layers) != sorted(set(self.layers)):
+      raise ValueError(f"RouteLayout.layers: expected ascending unique indices, got {self.layers}")
+    if self.layers[0] < 0 or self.layers[-1] >= self.num_hidden_layers:
+      raise ValueError(
+        f"RouteLayout.layers: {self.layers} outside [0, {self.num_hidden_layers}) hidden layers"
+      )
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    """Per-token route shape ``(R, k)``."""
+    return (len(self.layers), self.top_k)
+
+
+def moe_layers(
+  num_hidden_layers: int, decoder_sparse_step: int = 1, mlp_only_layers: Sequence[int] = ()
+) -> tuple[int, ...]:
+  """Hidden-layer indices that are MoE under HF Qwen3-MoE's rule: layer i is sparse when it is
+  not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``."""
+  dense = set(int(i) for i in mlp_only_layers)
+  step = max(int(decoder_sparse_step), 1)
+  return tuple(i for i in range(num_hidden_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def layout_of(config) -> RouteLayout | None:
+  """The route layout of a model config (HF field names: ``num_experts``,
+  ``num_experts_per_tok``, ``decoder_sparse_step``, ``mlp_only_layers``); None for a dense
+  model (no experts), whose trajectories carry no routes."""
+  num_experts = int(getattr(config, "num_experts", 0) or 0)
+  if num_experts <= 0:
+    return None
+  n = int(config.num_hidden_layers)
+  layers = moe_layers(
+    n, getattr(config, "decoder_sparse_step", 1) or 1, getattr(config, "mlp_only_layers", ()) or ()
+  )
+  if not layers:
+    return None
+  return RouteLayout(n, int(config.num_experts_per_tok), layers)
+
+
+def empty_routes(num_tokens: int, shape: tuple[int, int]) -> np.ndarray:
+  """``[num_tokens, R, k]`` int32 of NO_ROUTE."""
+  return np.full((int(num_tokens),) + tuple(shape), NO_ROUTE, ROUTES_DTYPE)
+
+
+def has_route(routes) -> np.ndarray:
+  """``[..., R, k]`` -> ``[...]`` bool: the token has a recorded route (any non-sentinel id)."""
+  return np.asarray(routes).max(axis=(-2, -1)) >= 0
+
+
+def write_routes(dst: np.ndarray, start: int, src: np.ndarray) -> None:
+  """Writes ``src`` [S, R, k] into ``dst`` [N, R, k] at positions ``start ... start + S - 1``
+  (cut at N), in place. A token whose ``src`` rows are all NO_ROUTE keeps what ``dst`` had
+  (an engine's report of "no route here" never erases a recorded one); any other token takes
+  ``src``'s rows (the newest report wins: a later turn's engine report supersedes an earlier
+  one for the same position)."""
+  src = np.asarray(src)
+  if src.ndim != 3 or src.shape[1:] != dst.shape[1:]:
+    raise ValueError(f"write_routes: routes of shape {src.shape} into a [N, *{dst.shape[1:]}]")
+  if start < 0:
+    raise ValueError(f"write_routes: negative start {start}")
+  end = min(start + src.shape[0], dst.shape[0])
+  if end <= start:
+    return
+  src = src[: end - start]
+  keep = has_route(src)
+  dst[start:end][keep] = src[keep]
+
+
+def check_routes(routes, num_tokens: int, where: str, shape: tuple[int, int] | None = None):
+  """Raises ValueError naming ``where`` unless ``routes`` is ``[num_tokens, R, k]`` int."""
+  arr = np.asarray(routes)
+  if arr.ndim != 3 or arr.shape[0] != num_tokens or (shape is not None and arr.shape[1:] != shape):
+    want = f"[{num_tokens}, {', '.join(map(str, shape)) if shape else 'R, k'}]"
+    raise ValueError(f"{where}: routes must have shape {want}, got {list(arr.shape)}")
+  if not np.issubdtype(arr.dtype, np.integer):
+    raise ValueError(f"{where}: routes must be integer expert ids, got dtype {arr.dtype}")
+  return arr
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def same_sets(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+  """``[..., k]`` x ``[..., k]`` -> ``[...]`` bool: the two top-k id sets are equal, in any
+  order. Ids within one route are distinct (top-k), so sorting both compares the sets."""
+  return jnp.all(jnp.sort(a, axis=-1) == jnp.sort(b, axis=-1), axis=-1)
+
+
+def agreement_sums(
+  learner: jnp.ndarray, engine: jnp.ndarray, mask: jnp.ndarray
+) -> dict[str, tuple[jnp.ndarray, jnp.ndarray]]:
+  """(numerator, denominator) sums of router agreement between the learner and the engine.
+
+  Args:
+    learner: [B, T, R, k] int the learner's own top-k ids (its router, not the replayed ones).
+    engine: [B, T, R, k] int the engine's recorded ids, NO_ROUTE where none was recorded.
+    mask: [B, T] the tokens to count (e.g. attention_mask; pass loss_mask for loss tokens).
+  Returns:
+    ``routing/agree`` (tokens whose top-k set equals the engine's at EVERY MoE layer, over
+    tokens with a recorded route) and ``routing/agree_layer{r}`` for each route row r (the
+    same per layer); sentinel tokens are excluded from both sums. Reduce with
+    `rstar_jax.rl.losses.reduce_metrics` (num / den; NaN when nothing was recorded).
+  """
+  counted = (jnp.asarray(mask) > 0) & (engine[..., 0] >= 0).all(axis=-1)  # [B, T]
+  same = same_sets(learner, engine)  # [B, T, R]
+  w = counted.astype(jnp.float32)
+  den = jnp.sum(w)
+  out = {"routing/agree": (jnp.sum(w * jnp.all(same, axis=-1)), den)}
+  per_layer = jnp.sum(w[..., None] * same, axis=(0, 1))  # [R]
+  for r in range(learner.shape[-2]):
+    out[f"routing/agree_layer{r}"] = (per_layer[r], den)
+  return out
