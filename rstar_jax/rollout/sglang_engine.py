@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -46,6 +47,7 @@ from typing import Any
 from rstar_jax.errors import UserError
 from rstar_jax.models import lora
 from rstar_jax.models import qwen3_hf_layout as layout
+from rstar_jax.rollout import sglang_routes
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 from rstar_jax.rollout.weight_transfer import base, make_transport, source
@@ -157,6 +159,25 @@ def parse_generate_response(body: dict, default_version: int) -> GenerateResult:
   )
 
 
+def with_routes(result: GenerateResult, body: dict, num_input: int, layout, url: str = ""):
+  """``result`` with the routes of SGLang's ``meta_info.routed_experts`` (positions 0 ...
+  num_input + len(output) - 2). An aborted request may come back without them (None)."""
+  payload = (body.get("meta_info") or {}).get(sglang_routes.META_FIELD)
+  if payload is None:
+    if result.finish_reason == "abort":
+      return result
+    raise SGLangError(
+      f"{url}/generate: asked for {sglang_routes.REQUEST_FIELD} but the reply has no "
+      f"meta_info.{sglang_routes.META_FIELD}; start the server with {sglang_routes.SERVER_FLAG}"
+    )
+  n = num_input + len(result.output_ids) - 1
+  try:
+    routes = sglang_routes.decode_routed_experts(payload, n, layout, f"{url}/generate")
+  except ValueError as e:
+    raise SGLangError(str(e)) from None
+  return dataclasses.replace(result, routes=routes, routes_start=0)
+
+
 class SGLangEngine:
   """Engine over SGLang servers. Every argument but `urls` has a default.
 
@@ -170,6 +191,10 @@ class SGLangEngine:
   weight_delta: push only the HF tensors whose bytes changed since the last push.
   colocated: servers share the learner's accelerators (release/resume KV memory per push).
   server_timeout_s: how long `wait_healthy` waits for every server (``rollout.server_timeout_s``).
+  route_layout: an MoE policy's `routes.RouteLayout` to ask for the engine's routes
+  (``return_routed_experts``; servers started with ``--enable-return-routed-experts``; wire
+  format in `sglang_routes`); results then carry routes for every position but the last.
+  None = not asked.
   """
 
   def __init__(
@@ -192,6 +217,7 @@ class SGLangEngine:
     colocated: bool = False,
     transport_options: dict | None = None,
     server_timeout_s: float = 600.0,
+    route_layout=None,
   ):
     if isinstance(urls, str):
       urls = [urls]
@@ -205,6 +231,7 @@ class SGLangEngine:
     )
     self.request_timeout_s = request_timeout_s
     self.server_timeout_s = float(server_timeout_s)
+    self.route_layout = route_layout
     self.admin_timeout_s = admin_timeout_s
     self.max_retries = max_retries
     self.backoff_s = backoff_s
@@ -376,6 +403,8 @@ class SGLangEngine:
       "sampling_params": sampling_to_sglang(req.sampling),
       "return_logprob": True,
     }
+    if self.route_layout is not None:
+      body[sglang_routes.REQUEST_FIELD] = True
     if self._lora_names:  # SGLang resolves lora_path against the names of loaded adapters
       body["lora_path"] = self._lora_names[-1]
     if req.rid is not None:
@@ -395,7 +424,10 @@ class SGLangEngine:
       self._active[url] -= 1
       if req.rid is not None:
         self._inflight.pop(req.rid, None)
-    return parse_generate_response(reply, self._version)
+    result = parse_generate_response(reply, self._version)
+    if self.route_layout is not None:
+      result = with_routes(result, reply, len(body["input_ids"]), self.route_layout, url)
+    return result
 
   async def abort(self, rid: str) -> bool:
     """Aborts `rid` on the worker holding it; False when no such request is in flight."""

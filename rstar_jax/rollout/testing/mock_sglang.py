@@ -41,6 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rstar_jax.rollout import sglang_routes
 from rstar_jax.rollout.weight_transfer import buckets, process_group, tensor
 
 
@@ -54,6 +55,19 @@ def mock_logprob(ids: list[int], token: int) -> float:
   return -((token + len(ids)) % 17) / 10.0 - 0.05
 
 
+def mock_routes(ids: list[int], num_layers: int, top_k: int, num_experts: int):
+  """The mock router: [len(ids) - 1, num_layers, top_k] distinct expert ids for positions
+  0 ... len(ids) - 2 (the last token is never fed), from each token and its position, in
+  SGLang's layout (every hidden layer)."""
+  import numpy as np
+
+  t = np.asarray(ids[:-1], np.int64)[:, None, None]
+  p = np.arange(len(ids) - 1)[:, None, None]
+  layer = np.arange(num_layers)[None, :, None]
+  j = np.arange(top_k)[None, None, :]
+  return ((t * 7 + p * 3 + layer * 5 + j) % num_experts).astype(np.int32)
+
+
 class MockSGLangServer:
   def __init__(
     self,
@@ -61,11 +75,14 @@ class MockSGLangServer:
     max_total_num_tokens: int = 4096,
     token_delay_s: float = 0.0,
     weight_version: str = "0",
+    routed_experts: tuple[int, int, int] | None = None,
   ):
     self.vocab_size = vocab_size
     self.max_total_num_tokens = max_total_num_tokens
     self.token_delay_s = token_delay_s
     self.weight_version = weight_version
+    # (num_hidden_layers, top_k, num_experts): started with --enable-return-routed-experts.
+    self.routed_experts = routed_experts
     self.generate_delay_s = 0.0
     self.external_tokens = 0  # KV tokens held by "other clients" (/get_load)
     self.healthy = True
@@ -250,6 +267,9 @@ class MockSGLangServer:
     }
     if body.get("return_logprob"):
       meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, out)]
+    if body.get(sglang_routes.REQUEST_FIELD) and self.routed_experts is not None:
+      routes = mock_routes(list(ids) + out, *self.routed_experts)
+      meta[sglang_routes.META_FIELD] = sglang_routes.encode_routed_experts(routes)
     return web.json_response({"output_ids": out, "meta_info": meta})
 
   async def _update(self, request: web.Request) -> web.Response:

@@ -1,0 +1,103 @@
+"""SGLang routed experts (routing replay): the request field, the base64 int32 response and its
+decoding, round-tripped through the stand-in server (127.0.0.1), and through the agent loop."""
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+
+from rstar_jax.models.routes import NO_ROUTE, RouteLayout
+from rstar_jax.rollout import sglang_routes
+from rstar_jax.rollout.sglang_engine import SGLangEngine, SGLangError
+from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer, mock_next_token, mock_routes
+from rstar_jax.rollout.types import GenerateRequest, SamplingParams
+
+# 3 hidden layers, the middle one dense (mlp_only_layers=[1]); top 2 of 8 experts.
+LAYOUT = RouteLayout(num_hidden_layers=3, top_k=2, layers=(0, 2))
+SERVER = (3, 2, 8)
+
+
+def test_encoding_is_base64_of_little_endian_int32_in_c_order():
+  arr = np.arange(2 * 3 * 2, dtype=np.int32).reshape(2, 3, 2)
+  s = sglang_routes.encode_routed_experts(arr)
+  raw = base64.b64decode(s)
+  assert raw == arr.astype("<i4").tobytes() and len(raw) == arr.size * 4
+  got = sglang_routes.decode_routed_experts(s, 2, LAYOUT)
+  np.testing.assert_array_equal(got, arr[:, [0, 2]])  # the dense layer's row is dropped
+  with pytest.raises(ValueError, match="has 48 bytes, expected 72"):
+    sglang_routes.decode_routed_experts(s, 3, LAYOUT)
+  with pytest.raises(ValueError, match="not base64"):
+    sglang_routes.decode_routed_experts("%%%", 1, LAYOUT)
+
+
+async def _serve(fn, **kw):
+  server = await MockSGLangServer(**kw).start()
+  try:
+    return await fn(server)
+  finally:
+    await server.close()
+
+
+def test_engine_asks_for_routes_and_decodes_them():
+  async def fn(server):
+    async with SGLangEngine([server.url], max_retries=0, route_layout=LAYOUT) as eng:
+      (res,) = await eng.generate([GenerateRequest([5, 9, 11], SamplingParams(6), rid="a:0")])
+    return res, server.requests[0]
+
+  res, body = asyncio.run(_serve(fn, routed_experts=SERVER))
+  assert body[sglang_routes.REQUEST_FIELD] is True
+  seq = [5, 9, 11] + res.output_ids
+  assert res.routes_start == 0 and res.routes.shape == (len(seq) - 1, 2, 2)
+  np.testing.assert_array_equal(res.routes, mock_routes(seq, *SERVER)[:, [0, 2]])
+  assert (res.routes >= 0).all()
+
+
+def test_no_routes_asked_without_a_layout_and_a_clear_error_without_the_server_flag():
+  async def plain(server):
+    async with SGLangEngine([server.url], max_retries=0) as eng:
+      (res,) = await eng.generate([GenerateRequest([5, 9], SamplingParams(3))])
+    return res, server.requests[0]
+
+  res, body = asyncio.run(_serve(plain, routed_experts=SERVER))
+  assert sglang_routes.REQUEST_FIELD not in body and res.routes is None
+
+  async def unflagged(server):
+    async with SGLangEngine([server.url], max_retries=0, route_layout=LAYOUT) as eng:
+      await eng.generate([GenerateRequest([5, 9], SamplingParams(3))])
+
+  with pytest.raises(SGLangError, match="--enable-return-routed-experts"):
+    asyncio.run(_serve(unflagged))
+
+
+def test_multi_turn_trajectory_routes_from_the_server(tokenizer, monkeypatch):
+  """Agent loop over the stand-in server: every position but the last, prompt and tool turns
+  included, carries the server's route of that token."""
+  from rollout_helpers import FakePool
+
+  from rstar_jax.rollout import agent_loop
+  from rstar_jax.rollout.agent_loop import RolloutSettings, run_trajectory
+  from rstar_jax.tokenization import chat_format
+
+  vocab = len(tokenizer)
+  # The mock's tokens are noise: its first turn is read as one tool call, so a tool turn
+  # follows and the second request re-sends it.
+  calls = iter([[chat_format.ToolCall("python", {"code": "print(2+2)"})]])
+  monkeypatch.setattr(agent_loop.chat_format, "parse_tool_calls", lambda *a: next(calls, []))
+
+  # Stop the first turn on its 5th token (the mock model is a known function of the ids).
+  hist = chat_format.prompt_ids(tokenizer, "rstar2", "What is 2+2?")
+  for _ in range(5):
+    hist.append(mock_next_token(hist, vocab))
+
+  async def fn(server):
+    async with SGLangEngine([server.url], max_retries=0, route_layout=LAYOUT) as eng:
+      cfg = RolloutSettings(response_budget=80, max_turns=2, stop_token_ids=(hist[-1],))
+      return await run_trajectory(eng, tokenizer, FakePool(), "What is 2+2?", cfg)
+
+  t = asyncio.run(_serve(fn, routed_experts=SERVER, vocab_size=vocab))
+  assert t.num_turns == 2 and 0 in t.loss_mask
+  seq = t.prompt_ids + t.response_ids
+  assert t.routes.shape == (len(seq), 2, 2)
+  np.testing.assert_array_equal(t.routes[:-1], mock_routes(seq, *SERVER)[:, [0, 2]])
+  assert (t.routes[-1] == NO_ROUTE).all()
