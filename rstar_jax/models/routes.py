@@ -2,13 +2,14 @@
 the agreement metric.
 
 A *route* is the top-k expert set a router chose for one token at one MoE layer. Routes travel
-as int32 arrays whose leading axes follow the tokens and whose last two are ``[R, k]``: one row
-per MoE layer (``RouteLayout.layers``, the hidden-layer index of each row) and the k expert ids
-of that layer (order carries no meaning: a route is a set). ``NO_ROUTE`` (-1) fills every row
-of a token without a recorded route (a prompt or tool token the engine did not report, the
-trajectory's last token, padding); the learner's forward then routes that token itself. A
-sentinel never becomes an expert id: -1 is out of range for every gather, and nothing here pads
-a routes array with zeros.
+as int32 arrays whose leading axes follow the tokens and whose last two are ``[L, k]``: one row
+per decoder layer (L = ``num_hidden_layers``, as ``qwen3_moe.forward(routes=...)`` takes them
+and as SGLang reports them) and the k expert ids of that layer (order carries no meaning: a
+route is a set). ``NO_ROUTE`` (-1) fills the rows of dense layers (``mlp_only_layers``) and
+every row of a token without a recorded route (a prompt or tool token the engine did not
+report, the trajectory's last token, padding); the learner's forward then routes that token
+itself. A sentinel never becomes an expert id: the forward treats any id outside [0, E) as
+"not recorded", and nothing here pads a routes array with zeros.
 
 Position convention: the route at sequence position t is the routing of the forward step whose
 INPUT is token t (the step that predicts token t + 1), exactly what the learner's forward
@@ -35,10 +36,9 @@ ROUTES_DTYPE = np.int32
 class RouteLayout:
   """Which rows a token's route holds.
 
-  num_hidden_layers: the model's decoder layers (SGLang reports one row per hidden layer).
+  num_hidden_layers: L, one row per decoder layer.
   top_k: experts per token (``num_experts_per_tok``).
-  layers: ascending hidden-layer indices of the MoE layers; row r of a route is layer
-      ``layers[r]``. Dense (``mlp_only_layers``) layers carry no row.
+  layers: ascending indices of the MoE (sparse) layers; the other rows are NO_ROUTE.
   """
 
   num_hidden_layers: int
@@ -58,8 +58,16 @@ class RouteLayout:
 
   @property
   def shape(self) -> tuple[int, int]:
-    """Per-token route shape ``(R, k)``."""
-    return (len(self.layers), self.top_k)
+    """Per-token route shape ``(L, k)``."""
+    return (self.num_hidden_layers, self.top_k)
+
+  def dense_rows_cleared(self, routes: np.ndarray) -> np.ndarray:
+    """``routes`` [..., L, k] with the rows of dense layers set to NO_ROUTE (an engine may
+    leave anything there: SGLang never writes them)."""
+    out = np.array(routes, ROUTES_DTYPE)
+    dense = [i for i in range(self.num_hidden_layers) if i not in set(self.layers)]
+    out[..., dense, :] = NO_ROUTE
+    return out
 
 
 def moe_layers(
@@ -80,9 +88,13 @@ def layout_of(config) -> RouteLayout | None:
   if num_experts <= 0:
     return None
   n = int(config.num_hidden_layers)
-  layers = moe_layers(
-    n, getattr(config, "decoder_sparse_step", 1) or 1, getattr(config, "mlp_only_layers", ()) or ()
-  )
+  layers = getattr(config, "sparse_layers", None)  # Qwen3MoeConfig knows its own
+  if layers is None:
+    layers = moe_layers(
+      n,
+      getattr(config, "decoder_sparse_step", 1) or 1,
+      getattr(config, "mlp_only_layers", ()) or (),
+    )
   if not layers:
     return None
   return RouteLayout(n, int(config.num_experts_per_tok), layers)
@@ -138,26 +150,33 @@ def same_sets(a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
 
 
 def agreement_sums(
-  learner: jnp.ndarray, engine: jnp.ndarray, mask: jnp.ndarray
+  learner: jnp.ndarray,
+  engine: jnp.ndarray,
+  mask: jnp.ndarray,
+  layers: Sequence[int] | None = None,
 ) -> dict[str, tuple[jnp.ndarray, jnp.ndarray]]:
   """(numerator, denominator) sums of router agreement between the learner and the engine.
 
   Args:
-    learner: [B, T, R, k] int the learner's own top-k ids (its router, not the replayed ones).
-    engine: [B, T, R, k] int the engine's recorded ids, NO_ROUTE where none was recorded.
+    learner: [B, T, L, k] int the learner's own top-k ids (its router, not the replayed ones;
+      ``qwen3_moe.MoeAux.topk``).
+    engine: [B, T, L, k] int the engine's recorded ids, NO_ROUTE where none was recorded.
     mask: [B, T] the tokens to count (e.g. attention_mask; pass loss_mask for loss tokens).
+    layers: the layers that get a per-layer metric (the MoE layers; static); None = none.
   Returns:
-    ``routing/agree`` (tokens whose top-k set equals the engine's at EVERY MoE layer, over
-    tokens with a recorded route) and ``routing/agree_layer{r}`` for each route row r (the
-    same per layer); sentinel tokens are excluded from both sums. Reduce with
-    `rstar_jax.rl.losses.reduce_metrics` (num / den; NaN when nothing was recorded).
+    ``routing/agree``: the share of tokens whose top-k set equals the engine's at every layer
+    the engine recorded, over tokens with a recorded route (sentinel tokens excluded);
+    ``routing/agree_layer{i}`` for i in ``layers``: the same at layer i over the tokens
+    recorded there. Reduce with `rstar_jax.rl.losses.reduce_metrics` (num / den; NaN when
+    nothing was recorded).
   """
-  counted = (jnp.asarray(mask) > 0) & (engine[..., 0] >= 0).all(axis=-1)  # [B, T]
-  same = same_sets(learner, engine)  # [B, T, R]
-  w = counted.astype(jnp.float32)
-  den = jnp.sum(w)
-  out = {"routing/agree": (jnp.sum(w * jnp.all(same, axis=-1)), den)}
-  per_layer = jnp.sum(w[..., None] * same, axis=(0, 1))  # [R]
-  for r in range(learner.shape[-2]):
-    out[f"routing/agree_layer{r}"] = (per_layer[r], den)
+  on = jnp.asarray(mask) > 0
+  recorded = (engine >= 0).all(axis=-1) & on[..., None]  # [B, T, L]
+  same = same_sets(learner, engine)  # [B, T, L]
+  token = recorded.any(axis=-1).astype(jnp.float32)
+  agree = jnp.all(same | ~recorded, axis=-1).astype(jnp.float32) * token
+  out = {"routing/agree": (jnp.sum(agree), jnp.sum(token))}
+  for i in layers or ():
+    rec = recorded[..., i].astype(jnp.float32)
+    out[f"routing/agree_layer{i}"] = (jnp.sum(rec * same[..., i]), jnp.sum(rec))
   return out

@@ -19,7 +19,8 @@ What SGLang does (checked against sgl-project/sglang, python/sglang/srt/):
     bytes, C order (``tokenizer_manager.py``: ``pybase64.b64encode(t.numpy().tobytes())``,
     or pre-encoded the same way by the detokenizer).
 
-Decoding keeps the rows of the MoE layers (`RouteLayout.layers`) and drops the rest.
+Decoding keeps SGLang's layout ([positions, num_hidden_layers, top_k], as
+``qwen3_moe.forward(routes=...)`` takes it) and sets the rows of dense layers to NO_ROUTE.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def encode_routed_experts(routes: np.ndarray) -> str:
 def decode_routed_experts(
   payload: str, num_positions: int, layout: RouteLayout, where: str = "/generate"
 ) -> np.ndarray:
-  """SGLang's ``meta_info["routed_experts"]`` -> routes [num_positions, R, k] int32 (rows of
-  ``layout.layers``) for positions 0 ... num_positions - 1.
+  """SGLang's ``meta_info["routed_experts"]`` -> routes [num_positions, L, k] int32 for
+  positions 0 ... num_positions - 1 (dense layers' rows NO_ROUTE).
 
   Raises ValueError naming the mismatch when the payload is not base64 of exactly
   ``num_positions x num_hidden_layers x top_k`` int32 values.
@@ -63,4 +64,4 @@ def decode_routed_experts(
       "x int32); does the server run the same model config?"
     )
   full = np.frombuffer(raw, "<i4").reshape(num_positions, layout.num_hidden_layers, layout.top_k)
-  return full[:, list(layout.layers)].astype(np.int32)
+  return layout.dense_rows_cleared(full)

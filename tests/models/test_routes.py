@@ -22,7 +22,11 @@ def test_layout_of_a_config():
     decoder_sparse_step, mlp_only_layers = 1, [1]
 
   lay = R.layout_of(Cfg)
-  assert lay.layers == (0, 2) and lay.shape == (2, 2)
+  assert lay.layers == (0, 2) and lay.shape == (3, 2)
+  cleared = lay.dense_rows_cleared(np.zeros((4, 3, 2), np.int64))
+  assert (
+    cleared.dtype == np.int32 and (cleared[:, 1] == -1).all() and (cleared[:, [0, 2]] == 0).all()
+  )
 
   class Dense:
     num_hidden_layers = 3
@@ -48,22 +52,36 @@ def test_write_routes_newest_wins_and_sentinel_never_erases():
 class AgreementTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_sets_compare_order_free_and_sentinels_are_excluded(self):
-    # 1 row x 4 tokens, 2 MoE layers, top 2.
+    # 1 row x 5 tokens, 3 layers (layer 1 dense: NO_ROUTE from both sides), top 2.
+    d = [-1, -1]
     engine = jnp.array(
       [
         [
-          [[1, 2], [3, 4]],  # learner agrees, in another order
-          [[1, 2], [3, 4]],  # learner differs at layer 1
-          [[-1, -1], [-1, -1]],  # no recorded route: excluded
-          [[5, 6], [0, 7]],  # masked out
+          [[1, 2], d, [3, 4]],  # learner agrees, in another order
+          [[1, 2], d, [3, 4]],  # learner differs at layer 2
+          [d, d, d],  # no recorded route: excluded
+          [[5, 6], d, [0, 7]],  # masked out
+          [[1, 3], d, d],  # recorded at layer 0 only: counted there
         ]
       ]
     )
-    learner = jnp.array([[[[2, 1], [4, 3]], [[1, 2], [3, 5]], [[0, 0], [0, 0]], [[5, 6], [0, 7]]]])
-    mask = jnp.array([[1, 1, 1, 0]])
-    sums = self.variant(R.agreement_sums)(learner, engine, mask)
-    got = {k: float(v) for k, v in losses.reduce_metrics(sums).items()}
-    assert got == {"routing/agree": 0.5, "routing/agree_layer0": 1.0, "routing/agree_layer1": 0.5}
+    learner = jnp.array(
+      [
+        [
+          [[2, 1], d, [4, 3]],
+          [[1, 2], d, [3, 5]],
+          [[0, 0], d, [0, 0]],
+          [[5, 6], d, [0, 7]],
+          [[3, 1], d, [0, 1]],
+        ]
+      ]
+    )
+    mask = jnp.array([[1, 1, 1, 0, 1]])
+    fn = self.variant(lambda a, b, m: R.agreement_sums(a, b, m, layers=(0, 2)))
+    got = {k: float(v) for k, v in losses.reduce_metrics(fn(learner, engine, mask)).items()}
+    assert got == pytest.approx(
+      {"routing/agree": 2 / 3, "routing/agree_layer0": 1.0, "routing/agree_layer2": 0.5}
+    )
 
   def test_nothing_recorded_is_nan_not_agreement(self):
     e = jnp.full((1, 2, 1, 2), -1)

@@ -24,7 +24,9 @@ def test_encoding_is_base64_of_little_endian_int32_in_c_order():
   raw = base64.b64decode(s)
   assert raw == arr.astype("<i4").tobytes() and len(raw) == arr.size * 4
   got = sglang_routes.decode_routed_experts(s, 2, LAYOUT)
-  np.testing.assert_array_equal(got, arr[:, [0, 2]])  # the dense layer's row is dropped
+  want = arr.copy()
+  want[:, 1] = NO_ROUTE  # the dense layer's row (SGLang never writes it)
+  np.testing.assert_array_equal(got, want)
   with pytest.raises(ValueError, match="has 48 bytes, expected 72"):
     sglang_routes.decode_routed_experts(s, 3, LAYOUT)
   with pytest.raises(ValueError, match="not base64"):
@@ -48,9 +50,9 @@ def test_engine_asks_for_routes_and_decodes_them():
   res, body = asyncio.run(_serve(fn, routed_experts=SERVER))
   assert body[sglang_routes.REQUEST_FIELD] is True
   seq = [5, 9, 11] + res.output_ids
-  assert res.routes_start == 0 and res.routes.shape == (len(seq) - 1, 2, 2)
-  np.testing.assert_array_equal(res.routes, mock_routes(seq, *SERVER)[:, [0, 2]])
-  assert (res.routes >= 0).all()
+  assert res.routes_start == 0 and res.routes.shape == (len(seq) - 1, 3, 2)
+  np.testing.assert_array_equal(res.routes, LAYOUT.dense_rows_cleared(mock_routes(seq, *SERVER)))
+  assert (res.routes[:, [0, 2]] >= 0).all() and (res.routes[:, 1] == NO_ROUTE).all()
 
 
 def test_no_routes_asked_without_a_layout_and_a_clear_error_without_the_server_flag():
@@ -98,6 +100,6 @@ def test_multi_turn_trajectory_routes_from_the_server(tokenizer, monkeypatch):
   t = asyncio.run(_serve(fn, routed_experts=SERVER, vocab_size=vocab))
   assert t.num_turns == 2 and 0 in t.loss_mask
   seq = t.prompt_ids + t.response_ids
-  assert t.routes.shape == (len(seq), 2, 2)
-  np.testing.assert_array_equal(t.routes[:-1], mock_routes(seq, *SERVER)[:, [0, 2]])
+  assert t.routes.shape == (len(seq), 3, 2)
+  np.testing.assert_array_equal(t.routes[:-1], LAYOUT.dense_rows_cleared(mock_routes(seq, *SERVER)))
   assert (t.routes[-1] == NO_ROUTE).all()
