@@ -36,6 +36,7 @@ from rstar_jax.config.checks import (
 from rstar_jax.config.imports import import_user_modules
 
 MODES = ("rl", "sft", "eval")
+ROUTING_REPLAY = ("off", "rollout")
 DTYPES = ("float32", "bfloat16")
 STAGE_DATA = ("full", "hard", "recent")
 DATA_FORMATS = ("auto", "jsonl", "parquet", "hf_dataset")  # == rstar_jax.data.formats.FORMATS
@@ -380,6 +381,17 @@ class RLConfig(_Section):
     "tis",
     registered("off_policy_loss"),
     "Loss used when tis_cap > 0 (rstar_jax.rl.registry 'off_policy_loss', `rl.off_policy`): 'tis' (w = min(rho, C); ASTER) or 'decoupled_ppo' (AReaL, w = rho * 1[rho <= C]).",
+  )
+
+  routing_replay: str = field(
+    "off",
+    one_of(ROUTING_REPLAY),
+    "MoE rollout routing replay: 'off' (the learner routes every token itself) or 'rollout' (the engine records each token's top-k experts per layer, SGLang: servers need --enable-return-routed-experts, and the learner's forward, old log-probs included, uses that expert set with gate weights from its own router; tokens without a recorded route route themselves). Ignored for a dense model.",
+  )
+  routing_metrics: bool = field(
+    False,
+    IS_BOOL,
+    "MoE: record the engine's routes even with routing_replay 'off' and log router agreement (routing/agree*, the learner's top-k set vs the engine's, per layer) and sampler-vs-learner importance ratios without replay (routing/no_replay/*; with replay on this costs one extra forward per step, beside routing/replay/*).",
   )
 
   def _cross(self):
@@ -1026,6 +1038,7 @@ class RunConfig:
       agg=LOSS_AGG_CANONICAL[rl.loss_agg],
       tis_cap=rl.tis_cap or None,
       off_policy_loss=rl.off_policy_loss,
+      routing_replay=rl.routing_replay == "rollout",
     )
 
   def tokenizer_dir(self) -> str:

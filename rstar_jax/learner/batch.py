@@ -213,6 +213,29 @@ def importance_metrics(
   }
 
 
+def ratio_stats(behaviour_logprobs, learner_logprobs, loss_mask, prefix: str) -> dict[str, float]:
+  """Sampler-vs-learner token importance ratios r = exp(learner - behaviour) on loss tokens
+  (all inputs [N, T]; routing replay compares them with and without replay).
+
+  Returns ``{prefix}is_ratio_mean``, ``..._max``, ``..._min`` and ``{prefix}abs_log_ratio_mean``
+  (mean |log r|, the spread that replay should shrink); NaN without loss tokens.
+  """
+  m = np.asarray(loss_mask) > 0
+  m[:, :1] = False  # column 0 is never a target
+  if not m.any():
+    nan = float("nan")
+    names = ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "abs_log_ratio_mean")
+    return {prefix + k: nan for k in names}
+  d = np.asarray(learner_logprobs, np.float64)[m] - np.asarray(behaviour_logprobs, np.float64)[m]
+  r = np.exp(np.clip(d, -50.0, 50.0))
+  return {
+    prefix + "is_ratio_mean": float(r.mean()),
+    prefix + "is_ratio_max": float(r.max()),
+    prefix + "is_ratio_min": float(r.min()),
+    prefix + "abs_log_ratio_mean": float(np.abs(d).mean()),
+  }
+
+
 def make_sft_batch(
   sequences: Sequence[tuple[Sequence[int], Sequence[Any]]],
   pad_to: int,

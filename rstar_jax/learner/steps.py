@@ -12,6 +12,11 @@ Batch layout (built by `rstar_jax.learner.batch`; N rows, T columns, right-padde
   positions      int32   [N, T]  optional, with segment_ids: position within the segment
   behaviour_logprobs float32 [N, T]  RL with StepConfig.tis_cap only: the sampler's log-probs
                                  (old_logprobs are then the learner's recomputed ones)
+  routes         int32   [N, T, L, k]  optional, MoE (`rstar_jax.models.routes`): the engine's
+                                 top-k experts of input_ids[:, t] per layer, -1 = none. Forced in
+                                 the forward with StepConfig.routing_replay; with an apply_fn
+                                 that returns (logits, aux) whose aux has the learner's own
+                                 ``topk``, the RL step adds routing/agree* metrics either way.
 
 Target convention ("token-aligned"): column t of loss_mask / old_logprobs / the returned
 log-probs is about token ``input_ids[:, t]``, predicted by the logits at column ``t - 1``.
@@ -58,10 +63,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rstar_jax.distributed import hostdata
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import optim
-from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
+from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, ROUTES_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
+from rstar_jax.models import routes as routes_lib
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
@@ -104,6 +110,9 @@ class StepConfig:
       off_policy_loss: name in ``rstar_jax.rl.registry`` kind "off_policy_loss" used when
           ``tis_cap`` is set: "tis" (w = min(rho, C)) or "decoupled_ppo" (AReaL,
           w = rho * 1[rho <= C]); `rstar_jax.rl.off_policy`.
+      routing_replay: MoE rollout routing replay: a batch's ``routes`` are passed to the
+          forward (``apply_fn(..., routes=...)``) of the RL step and of `compute_logprobs`;
+          False leaves routing to the learner (routes, when present, only feed metrics).
   """
 
   num_micro_batches: int = 1
@@ -117,6 +126,7 @@ class StepConfig:
   optim: optim.OptimConfig | None = None
   tis_cap: float | None = None
   off_policy_loss: str = "tis"
+  routing_replay: bool = False
 
   def __post_init__(self):
     def bad(field, expected):
@@ -153,8 +163,12 @@ def check_batch(batch: Batch, keys: tuple[str, ...], num_micro_batches: int = 1)
   if missing:
     raise ValueError(f"batch is missing {missing} (has {sorted(batch)}); expected {list(keys)}")
   n, t = batch["input_ids"].shape
-  for k in keys + tuple(k for k in PACKING_KEYS if k in batch):
+  for k in keys + tuple(k for k in PACKING_KEYS + (ROUTES_KEY,) if k in batch):
     want = [(n,), (n, t)] if k == "advantages" else [(n, t)]
+    if k == ROUTES_KEY:
+      if batch[k].ndim != 4 or tuple(batch[k].shape[:2]) != (n, t):
+        raise ValueError(f"batch[{k!r}]: expected shape ({n}, {t}, L, k), got {batch[k].shape}")
+      continue
     if tuple(batch[k].shape) not in want:
       raise ValueError(
         f"batch[{k!r}]: expected shape {' or '.join(map(str, want))}, got {tuple(batch[k].shape)}"
@@ -192,20 +206,32 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
   return jnp.maximum(count, 1.0)
 
 
-def _apply(apply_fn, params, mb):
+def _apply_aux(apply_fn, params, mb, replay: bool = False):
+  """(logits, aux): aux is what an apply_fn that returns (logits, aux) gives (MoE), else
+  None. ``replay`` passes the batch's routes (when it has them) to the forward."""
+  kw = {}
   if "segment_ids" in mb:
-    return apply_fn(
-      params,
-      mb["input_ids"],
-      mb["attention_mask"],
-      segment_ids=mb["segment_ids"],
-      positions=mb["positions"],
-    )
-  return apply_fn(params, mb["input_ids"], mb["attention_mask"])
+    kw = dict(segment_ids=mb["segment_ids"], positions=mb["positions"])
+  if replay and ROUTES_KEY in mb:
+    kw["routes"] = mb[ROUTES_KEY]
+  out = apply_fn(params, mb["input_ids"], mb["attention_mask"], **kw)
+  return out if isinstance(out, tuple) else (out, None)
+
+
+def _apply(apply_fn, params, mb, replay: bool = False):
+  return _apply_aux(apply_fn, params, mb, replay)[0]
+
+
+def _routing_sums(aux, mb) -> dict:
+  """Router agreement of the learner's own top-k (``aux.topk``) with the batch's routes."""
+  topk = getattr(aux, "topk", None)
+  if topk is None or ROUTES_KEY not in mb:
+    return {}
+  return routes_lib.agreement_sums(topk, mb[ROUTES_KEY], mb["attention_mask"])
 
 
 def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
-  return {k: batch[k] for k in keys + PACKING_KEYS if k in batch}
+  return {k: batch[k] for k in keys + PACKING_KEYS + (ROUTES_KEY,) if k in batch}
 
 
 def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
@@ -216,7 +242,12 @@ def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-  logits = _apply(apply_fn, params, mb)
+  logits, aux = _apply_aux(apply_fn, params, mb, cfg.routing_replay)
+  loss, metrics = _rl_policy_loss(logits, mb, normaliser, cfg)
+  return loss, {**metrics, **_routing_sums(aux, mb)}
+
+
+def _rl_policy_loss(logits, mb, normaliser, cfg: StepConfig):
   logp, ent = _token_aligned(logits, mb["input_ids"])
   kw = dict(
     eps_low=cfg.eps_low,
@@ -356,11 +387,13 @@ def compute_logprobs(
 
   Used to recompute old log-probs after RoC instead of trusting the sampler's. Column 0 is 0;
   padding columns hold the (meaningless) log-prob of the pad id: multiply by loss_mask.
+  A batch with ``routes`` (MoE routing replay) runs with them forced; leave them out for the
+  learner's own routing.
   """
   check_batch(batch, ("input_ids", "attention_mask"), num_micro_batches)
 
   def one(mb):
-    return _token_aligned(_apply(apply_fn, params, mb), mb["input_ids"])[0]
+    return _token_aligned(_apply(apply_fn, params, mb, replay=True), mb["input_ids"])[0]
 
   mb_in = _with_packing(batch, ("input_ids", "attention_mask"))
   if num_micro_batches == 1:
@@ -601,13 +634,20 @@ def make_jitted_steps_for(
       out_shardings=rows_sharding(jax.ShapeDtypeStruct((1, 1), jnp.float32)),
     ),
   }
+  # Routes ride with the batch (`_with_packing`) only under replay: then they are forced.
   lp_keys = ("input_ids", "attention_mask")
   logprobs = traced_under_mesh(jitted["compute_logprobs"])
+
+  def lp_inputs(batch):
+    out = _with_packing(batch, lp_keys)
+    if not config.routing_replay:
+      out.pop(ROUTES_KEY, None)
+    return out
 
   return JittedSteps(
     sft_step=run_step(jitted["sft_step"], SFT_KEYS),
     rl_step=run_step(jitted["rl_step"], config.rl_keys),
-    compute_logprobs=lambda params, batch: logprobs(params, _with_packing(batch, lp_keys)),
+    compute_logprobs=lambda params, batch: logprobs(params, lp_inputs(batch)),
     state_shardings=state_sh,
     mesh=mesh,
     data_axes=data_axes,

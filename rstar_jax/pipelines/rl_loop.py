@@ -371,13 +371,15 @@ class RLLoop:
     shape (old log-probs from the params before the first). Returns the updates' mean metrics."""
     js, rl = self.learner.jitted, self.config.rl
     proximal = None
-    if rl.recompute_old_logprobs:
+    if rl.recompute_old_logprobs:  # under routing replay with the recorded routes forced
       lp = js.compute_logprobs(self.learner.state.params, js.shard_batch(batch))
       proximal = hostdata.to_host(lp)  # [multi-process] rows spread over processes: gathered
+    routing = self.routing_ratio_metrics(batch, proximal) if rl.routing_metrics else {}
     # The learner's batch contract: old / behaviour log-probs and their metrics.
     batch, metrics = steps_lib.step_inputs(
       batch, js.config, proximal, older_weights=self.source.off_policy
     )
+    metrics.update(routing)
     m, epochs = rl.ppo_mini_batches, rl.ppo_epochs
     if m == 1 and epochs == 1:
       updates = [js.shard_batch(batch)]
@@ -401,6 +403,29 @@ class RLLoop:
     metrics["batch_rows"] = float(batch["input_ids"].shape[0])
     metrics["batch_len"] = batch["input_ids"].shape[1]
     return metrics
+
+  def routing_ratio_metrics(self, batch, proximal) -> dict[str, float]:
+    """MoE routing replay: sampler-vs-learner importance ratios (`batch.ratio_stats`) with the
+    engine's routes replayed (``routing/replay/*``, only under ``rl.routing_replay``) and with
+    the learner's own routing (``routing/no_replay/*``). Reuses the recomputed old log-probs
+    where they are the wanted forward; otherwise one extra forward each. Empty without routes."""
+    if batch_lib.ROUTES_KEY not in batch:
+      return {}
+    js, params = self.learner.jitted, self.learner.state.params
+    sampler, mask = batch[batch_lib.SAMPLER_KEY], batch["loss_mask"]
+
+    def logprobs(with_routes: bool):
+      b = batch if with_routes else {k: v for k, v in batch.items() if k != batch_lib.ROUTES_KEY}
+      return hostdata.to_host(js.compute_logprobs(params, js.shard_batch(b)))
+
+    replay = js.config.routing_replay
+    out = {}
+    if replay:
+      lp = proximal if proximal is not None else logprobs(True)
+      out.update(batch_lib.ratio_stats(sampler, lp, mask, "routing/replay/"))
+    lp = proximal if (proximal is not None and not replay) else logprobs(False)
+    out.update(batch_lib.ratio_stats(sampler, lp, mask, "routing/no_replay/"))
+    return out
 
   async def push(self, metrics: dict[str, Any] | None = None) -> float:
     """Sends the current params to the weight transfer; returns the seconds it took.

@@ -32,6 +32,7 @@ from rstar_jax.errors import UserError
 from rstar_jax.learner import optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
+from rstar_jax.models import routes as routes_lib
 from rstar_jax.pipelines import data_sources, eval_protocols
 from rstar_jax.planning import fit, plan
 from rstar_jax.rewards import registry as reward_registry
@@ -257,6 +258,9 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
   """The rollout engine named by ``run.rollout.engine`` (SGLang: this process's servers and
   staging directory, `distributed.fleet`)."""
   r = run.rollout
+  # MoE routing replay / metrics: the engine records each token's experts (None = not asked).
+  wants = run.rl.routing_replay != "off" or run.rl.routing_metrics
+  layout = routes_lib.layout_of(model_config) if wants else None
   if r.engine == "jax":
     return JaxSampler(
       model_config,
@@ -267,6 +271,7 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
       seed=run.train.seed,
       tokenizer=tokenizer,
       weight_version=weight_version,
+      return_routes=layout is not None,
     )
   return SGLangEngine(
     fleet.process_urls(list(r.sglang_urls)),
@@ -275,6 +280,7 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
     weight_delta=r.weight_delta,
     colocated=r.colocated,
     server_timeout_s=r.server_timeout_s,
+    route_layout=layout,
   )
 
 

@@ -122,7 +122,9 @@ def _free_bytes() -> int | None:
 # ----------------------------------------------------------------------------- jitted steps
 
 
-def _prefill(params, pool, input_ids, input_mask, page_table, lengths, *, config, impl, counter):
+def _prefill(
+  params, pool, input_ids, input_mask, page_table, lengths, *, config, impl, counter, routes=False
+):
   """Writes P rows' new tokens (all but each request's last token) into their pages.
 
   The last prompt token is fed by the first decode step, which samples the first output
@@ -133,20 +135,19 @@ def _prefill(params, pool, input_ids, input_mask, page_table, lengths, *, config
     input_ids, input_mask: [P, T] right-padded new tokens (a padding row has none).
     page_table: [P, n] the rows' pages (window n * page_size).
     lengths: [P] int32 tokens each row already has cached (reused prefix).
+    routes: (static) also return the MoE routes of the new tokens.
   Returns:
-    the pool.
+    the pool, or (pool, routes [P, T, L, k] int32) with ``routes``.
   """
   counter["prefill"] += 1
+  kw = dict(implementation=impl, logits=False)
+  if routes:  # the model's decode step reports the experts it routed each token to
+    _, pool, r = paged_kv.forward_paged(
+      params, config, input_ids, input_mask, pool, page_table, lengths, return_routes=True, **kw
+    )
+    return pool, r
   _, pool = paged_kv.forward_paged(
-    params,
-    config,
-    input_ids,
-    input_mask,
-    pool,
-    page_table,
-    lengths,
-    implementation=impl,
-    logits=False,
+    params, config, input_ids, input_mask, pool, page_table, lengths, **kw
   )
   return pool
 
@@ -169,6 +170,7 @@ def _decode(
   variant,
   num_steps,
   counter,
+  routes=False,
 ):
   """Exactly ``num_steps`` decode steps for every slot; inactive rows are masked.
 
@@ -180,9 +182,11 @@ def _decode(
       values instead (newly admitted rows, rows the host ended).
     max_new: [B] int32; seeds [B, 2] uint32; temperature, top_p [B] float32; top_k [B] int32.
     stop_ids: [B, K] int32, -1 padded. page_table: [B, n] int32.
+    routes: (static) also return each step's MoE routes (of the step's INPUT token).
   Returns:
     (pool, state, out_tokens [B, num_steps] int32 (-1 where a row was inactive),
-     out_logprobs [B, num_steps] float32).
+     out_logprobs [B, num_steps] float32[, out_routes [B, num_steps, L, k] int32, -1 where
+     inactive]).
   """
   counter["decode"] += 1
   m = override[0]
@@ -190,12 +194,18 @@ def _decode(
 
   def body(carry, _):
     window, tok, act, cnt, length = carry
-    logits, window = paged_kv.forward_window(
-      params, config, tok[:, None], act[:, None], window, length, implementation=impl
-    )
+    fw = functools.partial(paged_kv.forward_window, implementation=impl)
+    if routes:
+      logits, window, rt = fw(
+        params, config, tok[:, None], act[:, None], window, length, return_routes=True
+      )
+    else:
+      logits, window = fw(params, config, tok[:, None], act[:, None], window, length)
     keys = ops.row_keys(seeds, cnt)
     new, logp = ops.sample_tokens(logits[:, 0], keys, temperature, top_k, top_p, variant=variant)
     out = (jnp.where(act, new, -1), jnp.where(act, logp, 0.0))
+    if routes:
+      out += (jnp.where(act[:, None, None], rt[:, 0], -1),)
     step = act.astype(jnp.int32)
     cnt, length = cnt + step, length + step
     hit_stop = jnp.any(new[:, None] == stop_ids, axis=-1)
@@ -205,11 +215,12 @@ def _decode(
 
   start = length
   window = paged_kv.gather_window(pool, page_table, impl)
-  (window, tok, act, cnt, length), (out_t, out_l) = jax.lax.scan(
+  (window, tok, act, cnt, length), outs = jax.lax.scan(
     body, (window, tok, act, cnt, length), None, length=num_steps
   )
   pool = paged_kv.scatter_window(pool, page_table, window, start, length - start, num_steps, impl)
-  return pool, (tok, act, cnt, length), out_t.T, out_l.T
+  extra = (jnp.swapaxes(outs[2], 0, 1),) if routes else ()
+  return (pool, (tok, act, cnt, length), outs[0].T, outs[1].T) + extra
 
 
 # ----------------------------------------------------------------------------- host state
@@ -239,9 +250,15 @@ class _Row:
   pages: list[int] = dataclasses.field(default_factory=list)
   dispatched: int = 0  # tokens the dispatched chunks may have produced (upper bound)
   prefilled: int = 0  # input tokens computed at admission (the rest reused a kept cache)
+  # MoE routes (JaxSampler(return_routes=True)): one [L, k] per decode step (the route of the
+  # step's input token), and the prefill's (device routes [P, T, L, k], row, count, start).
+  routes: list | None = None
+  prefill_routes: tuple | None = None
 
-  def push(self, token: int, logprob: float, version: int) -> bool:
+  def push(self, token: int, logprob: float, version: int, route=None) -> bool:
     """Appends one token; returns True (and sets finish_reason) when the request ends."""
+    if route is not None:
+      self.routes.append(route)
     self.output_ids.append(token)
     self.logprobs.append(logprob)
     self.versions.append(version)
@@ -271,6 +288,7 @@ class _Chunk:
   out_l: jax.Array
   version: int
   rows: dict[int, _Row]
+  out_r: jax.Array | None = None
 
 
 class JaxSampler:
@@ -298,6 +316,11 @@ class JaxSampler:
       so a stop string produced with a different tokenisation is not caught. Entries of
       ``stop`` that are sequences of ints are used as pre-tokenised stop sequences directly.
     weight_version: initial version reported in results.
+    return_routes: an MoE policy's results carry routes (`GenerateResult.routes`): those of
+      the positions the sampler computed for the request (prefilled input tokens and every
+      decode step's input token), i.e. from the first token not reused from a kept cache to
+      the second-to-last output token. The model's paged forward must report them
+      (``paged_kv.forward_paged`` / ``forward_window`` with ``return_routes=True``).
   """
 
   # update_weights lands between decode chunks; rows in flight continue with the new weights
@@ -319,6 +342,7 @@ class JaxSampler:
     seed: int = 0,
     tokenizer: Any = None,
     weight_version: int = 0,
+    return_routes: bool = False,
   ):
     if not isinstance(max_batch, int) or max_batch < 1:
       raise ValueError(f"max_batch: expected an int >= 1, got {max_batch!r}")
@@ -364,6 +388,7 @@ class JaxSampler:
     self._max_pages = -(-max_len // page_size)
     self._windows = window_buckets(self._max_pages)
     self._attention = attention
+    self.return_routes = bool(return_routes)
     self._prefill_buckets = prefill_buckets or _default_buckets(max_len)
     self._tokenizer = tokenizer
     self._stop_cache: dict[str, tuple[int, ...]] = {}
@@ -490,7 +515,9 @@ class JaxSampler:
       impl = "fused" if attention_lib.fused_unavailable_reason(self._cache_dtype) is None else "xla"
     self.attention = impl
     self._prefill_fn = jax.jit(
-      functools.partial(_prefill, config=config, impl=impl, counter=self.compile_counts),
+      functools.partial(
+        _prefill, config=config, impl=impl, counter=self.compile_counts, routes=self.return_routes
+      ),
       donate_argnames=("pool",),
     )
     self._decode_fns = {
@@ -502,6 +529,7 @@ class JaxSampler:
           variant=v,
           num_steps=self.decode_chunk,
           counter=self.compile_counts,
+          routes=self.return_routes,
         ),
         donate_argnames=("pool", "state"),
       )
@@ -694,6 +722,8 @@ class JaxSampler:
         self._free.extend(kept.pages[len(have) :])
       slot = free_slots.pop(0)
       row = _Row(req, pages=have + extra, prefilled=n_in - reuse)
+      if self.return_routes:
+        row.routes = []
       self._rows[slot] = row
       admitted.append((slot, row, reuse))
       if req.tid is not None:
@@ -731,8 +761,14 @@ class JaxSampler:
         k = row.req.prompt.size - 1 - reuse
         ids[i, :k], mask[i, :k] = row.req.prompt[reuse:-1], True
         table[i], lengths[i] = self._table[slot, :n], reuse
-      self._pool = self._prefill_fn(self._params, self._pool, ids, mask, table, lengths)
+      out = self._prefill_fn(self._params, self._pool, ids, mask, table, lengths)
       self.dispatch_counts["prefill"] += 1
+      if self.return_routes:  # read at the request's end, so the prefill stays asynchronous
+        self._pool, r = out
+        for i, (slot, row, reuse) in enumerate(group):
+          row.prefill_routes = (r, i, row.req.prompt.size - 1 - reuse, reuse)
+      else:
+        self._pool = out
 
   def _setup_row(self, slot: int, row: _Row, reuse: int):
     req, sp = row.req, row.req.request.sampling
@@ -766,7 +802,7 @@ class JaxSampler:
       B = self.max_batch
       z = np.zeros(B, np.int32)
       self._state = (z, np.zeros(B, bool), z, z)
-    self._pool, self._state, out_t, out_l = self._decode_fns[variant](
+    self._pool, self._state, out_t, out_l, *out_r = self._decode_fns[variant](
       self._params,
       self._pool,
       self._state,
@@ -783,21 +819,25 @@ class JaxSampler:
     self._clear_override()
     for r in live.values():
       r.dispatched += K
-    self._chunks.append(_Chunk(out_t, out_l, self._weight_version, live))
+    self._chunks.append(
+      _Chunk(out_t, out_l, self._weight_version, live, out_r[0] if out_r else None)
+    )
     return True
 
   def _read(self, chunk: _Chunk, finished):
     out_t, out_l = np.asarray(chunk.out_t), np.asarray(chunk.out_l)
+    out_r = None if chunk.out_r is None else np.asarray(chunk.out_r)
     for slot, row in chunk.rows.items():
       if self._rows[slot] is not row:  # ended by the host while this chunk ran
         continue
-      for t, lp in zip(out_t[slot], out_l[slot]):
+      for i, (t, lp) in enumerate(zip(out_t[slot], out_l[slot])):
         if t < 0:
           raise RuntimeError(
             f"JaxSampler: row {slot} stopped on the device but not on the host "
             f"after {len(row.output_ids)} tokens"
           )
-        if row.push(int(t), float(lp), chunk.version):
+        route = None if out_r is None else out_r[slot, i]
+        if row.push(int(t), float(lp), chunk.version, route):
           self._finish(slot, finished)
           break
 
@@ -829,6 +869,7 @@ def _make_result(row: _Row, current_version: int) -> GenerateResult:
   """``weight_version`` is the oldest version that produced a token (the staleness bound;
   ``current_version`` when there are none); ``weight_versions`` has each token's version
   (weights can change mid-request)."""
+  routes, start = _row_routes(row)
   return GenerateResult(
     output_ids=row.output_ids,
     logprobs=row.logprobs,
@@ -836,4 +877,20 @@ def _make_result(row: _Row, current_version: int) -> GenerateResult:
     weight_version=min(row.versions, default=current_version),
     weight_versions=row.versions,
     prefill_tokens=row.prefilled,
+    routes=routes,
+    routes_start=start,
   )
+
+
+def _row_routes(row: _Row) -> tuple[np.ndarray | None, int]:
+  """(routes [S, L, k], first position): the prefilled input tokens' routes (positions
+  reuse ... prompt - 2) then each decode step's (prompt - 1 ... prompt + outputs - 2)."""
+  if not row.routes and row.prefill_routes is None:
+    return None, 0
+  decode_start = row.req.prompt.size - 1
+  parts = [np.stack(row.routes)] if row.routes else []
+  start = decode_start
+  if row.prefill_routes is not None:
+    r, i, n, start = row.prefill_routes
+    parts.insert(0, np.asarray(r[i, :n]))
+  return np.concatenate(parts).astype(np.int32), start
