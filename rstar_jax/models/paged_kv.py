@@ -216,14 +216,14 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
   allowed = jnp.arange(W)[None, None, :] <= positions[:, :, None]  # [B, T, W]
   x = qwen3._embed(params, input_ids, c)
   for i in range(c.num_hidden_layers):
-    p = qwen3.layer_params(params, i)
+    p = qwen3.layer_params(params, i, c)
     h = qwen3.rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
     q, k, v = qwen3._qkv(h, p["self_attn"], positions, c)
     kw, vw = kv_step(i, k, v)
     att = attend(q, kw, vw, allowed, implementation)
     x = x + qwen3._dense(att, p["self_attn"]["o_proj"])
     h = qwen3.rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
-    x = x + qwen3._mlp(h, p["mlp"])
+    x = x + qwen3._mlp(h, p["mlp"], c)
   return x
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar_jax.models import attention as attention_lib
-from rstar_jax.models import lora
+from rstar_jax.models import lora, moe
 from rstar_jax.models.kv_cache import KVCache, cache_logical_axes, cache_shardings, init_cache
 from rstar_jax.models.qwen3_config import (
   SUPPORTED_MODEL_TYPES,
@@ -161,7 +161,9 @@ def _qkv(x: jax.Array, p: Params, positions: jax.Array, c: Qwen3Config):
   return q, k, v
 
 
-def _mlp(x: jax.Array, p: Params) -> jax.Array:
+def _mlp(x: jax.Array, p: Params, c: Qwen3Config | None = None) -> jax.Array:
+  if "experts" in p:  # a Qwen3-MoE sparse layer (routes and stats dropped; see qwen3_moe)
+    return moe.sparse_mlp(x, p, c)[0]
   if "gate_up_proj" in p:  # fused by `inference_params`
     gu = _dense(x, p["gate_up_proj"])
     f = gu.shape[-1] // 2
@@ -204,6 +206,28 @@ def _check_static_config(config: Any, fn: str) -> None:
     )
 
 
+def _attention_fn(c: Qwen3Config, mask: jax.Array, segment_ids: jax.Array | None):
+  """attend(q, k, v) -> [B, T, Hq*Dh] for the full-sequence forward (``c.attention``)."""
+  if c.attention == "xla":
+    # Built once outside the layer scan (as before the other implementations existed).
+    allowed = attention_lib.allowed_mask(mask, segment_ids)  # [B, T(q), T(k)]
+    return lambda q, k, v: attention_lib.attend_dense(q, k, v, allowed)
+  return functools.partial(
+    attention_lib.self_attention,
+    kv_valid=mask,
+    segment_ids=segment_ids,
+    implementation=c.attention,
+    block_size=c.attention_block_size,
+  )
+
+
+def _attention_residual(x, p: Params, positions, attend, c: Qwen3Config) -> jax.Array:
+  """x + self-attention(input_layernorm(x)) for one layer's params ``p``."""
+  h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
+  q, k, v = _qkv(h, p["self_attn"], positions, c)
+  return x + _dense(attend(q, k, v), p["self_attn"]["o_proj"])
+
+
 def default_positions(attention_mask: jax.Array) -> jax.Array:
   """[B, T] mask -> positions cumsum(mask) - 1, clipped at 0 (pads before a row's start)."""
   return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
@@ -234,28 +258,17 @@ def forward(
     logits: [B, T, V] float32.
   """
   _check_static_config(config, "forward")
+  if config.is_moe:
+    raise TypeError("qwen3.forward: a Qwen3MoeConfig model runs with qwen3_moe.forward")
   c = config
   B, T = input_ids.shape
   mask = jnp.ones((B, T), bool) if attention_mask is None else attention_mask.astype(bool)
   if positions is None:
     positions = default_positions(mask)
-  if c.attention == "xla":
-    # Built once outside the layer scan (as before the other implementations existed).
-    allowed = attention_lib.allowed_mask(mask, segment_ids)  # [B, T(q), T(k)]
-    attend = lambda q, k, v: attention_lib.attend_dense(q, k, v, allowed)
-  else:
-    attend = functools.partial(
-      attention_lib.self_attention,
-      kv_valid=mask,
-      segment_ids=segment_ids,
-      implementation=c.attention,
-      block_size=c.attention_block_size,
-    )
+  attend = _attention_fn(c, mask, segment_ids)
 
   def layer(x, p):
-    h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
-    q, k, v = _qkv(h, p["self_attn"], positions, c)
-    x = x + _dense(attend(q, k, v), p["self_attn"]["o_proj"])
+    x = _attention_residual(x, p, positions, attend, c)
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
     x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
     return x, None
@@ -264,13 +277,23 @@ def forward(
   return _logits(params, x, c)
 
 
-def layer_params(params: Params, i: int) -> Params:
+def layer_params(params: Params, i: int, config: Qwen3Config | None = None) -> Params:
   """Layer ``i``'s params from the stacked layout (``params["layers"]`` a dict of [L, ...]
-  arrays) or the per-layer layout of ``inference_params`` (a tuple of per-layer dicts)."""
+  arrays) or the per-layer layout of ``inference_params`` (a tuple of per-layer dicts).
+  A stacked Qwen3-MoE tree (MLPs in ``dense_mlp`` / ``moe`` stacks) needs ``config``; its
+  layer gets ``mlp`` from the stack of its kind."""
   layers = params["layers"]
   if isinstance(layers, (list, tuple)):
     return layers[i]
-  return jax.tree.map(lambda a: a[i], layers)
+  p = jax.tree.map(lambda a: a[i], layers)
+  if "mlp" not in p and ("moe" in params or "dense_mlp" in params):
+    if config is None or not config.is_moe:
+      raise ValueError("qwen3.layer_params: a stacked MoE param tree needs its Qwen3MoeConfig")
+    if config.is_sparse_layer(i):
+      p["mlp"] = jax.tree.map(lambda a: a[config.sparse_layers.index(i)], params["moe"])
+    else:
+      p["mlp"] = jax.tree.map(lambda a: a[config.dense_layers.index(i)], params["dense_mlp"])
+  return p
 
 
 def inference_params(params: Params, config: Qwen3Config) -> Params:
@@ -285,9 +308,9 @@ def inference_params(params: Params, config: Qwen3Config) -> Params:
   a group where a projection carries unmerged LoRA adapters stays separate. Costs one copy of
   the weights (plus V x D when tied). ``forward`` and the learner keep the stacked layout.
   """
-  out = {k: v for k, v in params.items() if k != "layers"}
+  out = {k: v for k, v in params.items() if k not in ("layers", "moe", "dense_mlp")}
   out["layers"] = tuple(
-    _fuse_layer(layer_params(params, i)) for i in range(config.num_hidden_layers)
+    _fuse_layer(layer_params(params, i, config)) for i in range(config.num_hidden_layers)
   )
   if config.tie_word_embeddings and "lm_head" not in params:
     out["lm_head"] = {"kernel": params["embed_tokens"]["embedding"].T}
@@ -315,7 +338,7 @@ def _fuse_layer(p: Params) -> Params:
     for n in ("q_proj", "k_proj", "v_proj"):
       del attn[n]
     attn["qkv_proj"] = qkv
-  gu = None if "gate_up_proj" in mlp else _fuse([mlp["gate_proj"], mlp["up_proj"]])
+  gu = None if "gate_proj" not in mlp else _fuse([mlp["gate_proj"], mlp["up_proj"]])
   if gu is not None:
     del mlp["gate_proj"], mlp["up_proj"]
     mlp["gate_up_proj"] = gu
@@ -364,7 +387,7 @@ def forward_cached(
   x = _embed(params, input_ids, c)
   k_all, v_all = list(cache.k), list(cache.v)
   for i in range(c.num_hidden_layers):
-    p = layer_params(params, i)
+    p = layer_params(params, i, c)
     h = rms_norm(x, p["input_layernorm"]["scale"], c.rms_norm_eps)
     q, k, v = _qkv(h, p["self_attn"], positions, c)
     # Advanced indices around sliced axes put [B, T] first: the update is [B, T, Hkv, Dh].
@@ -372,7 +395,7 @@ def forward_cached(
     v_all[i] = v_all[i].at[rows, :, slots].set(v.astype(v_all[i].dtype), mode="drop")
     x = x + _dense(_attend_cached(q, k_all[i], v_all[i], allowed), p["self_attn"]["o_proj"])
     h = rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
-    x = constrain(x + _mlp(h, p["mlp"]), ("batch", "seq", "act_embed"))
+    x = constrain(x + _mlp(h, p["mlp"], c), ("batch", "seq", "act_embed"))
   lengths = jnp.minimum(cache.lengths + mask.sum(-1).astype(jnp.int32), S)
   return _logits(params, x, c), KVCache(k=tuple(k_all), v=tuple(v_all), lengths=lengths)
 

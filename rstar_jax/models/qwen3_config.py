@@ -17,6 +17,13 @@ decoder is one ``lax.scan``)::
      "lm_head"?: {"kernel": [D, V]}}          # absent when tie_word_embeddings
 
 Kernels are ``[in, out]`` (HF ``nn.Linear.weight`` transposed).
+
+Qwen3-MoE (`Qwen3MoeConfig`): ``layers`` holds no ``mlp``; the MLPs are stacked per kind,
+``"dense_mlp"`` (as ``mlp`` above, [Ld, ...], rows = ``config.dense_layers``) and::
+
+    "moe": {"gate": {"kernel": [Ls, D, E]},                   # router
+            "experts": {"gate_proj": {"kernel": [Ls, E, D, F]}, "up_proj": {...[Ls, E, D, F]},
+                        "down_proj": {"kernel": [Ls, E, F, D]}}}   # rows = config.sparse_layers
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2")
 _DTYPES = ("float32", "bfloat16")
@@ -34,6 +41,9 @@ _ATTENTIONS = ("xla", "blockwise", "fused")  # == rstar_jax.models.attention.IMP
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Qwen3Config:
   """Decoder hyper-parameters. Frozen and hashable: pass as a static jit argument."""
+
+  model_types: ClassVar[tuple[str, ...]] = SUPPORTED_MODEL_TYPES
+  is_moe: ClassVar[bool] = False
 
   vocab_size: int
   hidden_size: int
@@ -64,14 +74,12 @@ class Qwen3Config:
   """Query / key block length of the "blockwise" attention."""
 
   def __post_init__(self):
-    if self.model_type not in SUPPORTED_MODEL_TYPES:
-      raise ValueError(
-        f"unsupported model_type {self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}"
-      )
+    if self.model_type not in self.model_types:
+      raise ValueError(f"unsupported model_type {self.model_type!r}; supported: {self.model_types}")
     if self.head_dim is None:
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
     if self.use_qk_norm is None:
-      object.__setattr__(self, "use_qk_norm", self.model_type == "qwen3")
+      object.__setattr__(self, "use_qk_norm", self.model_type != "qwen2")
     if self.model_type == "qwen2":
       object.__setattr__(self, "attention_bias", True)
     for f in (
@@ -105,18 +113,27 @@ class Qwen3Config:
 
   @property
   def o_bias(self) -> bool:
-    return self.attention_bias and self.model_type == "qwen3"
+    return self.attention_bias and self.model_type != "qwen2"
 
   def replace(self, **kw) -> Qwen3Config:
     return dataclasses.replace(self, **kw)
 
   @classmethod
   def from_hf_dict(cls, d: dict[str, Any], **overrides) -> Qwen3Config:
-    """From a parsed HF ``config.json`` (transformers 4 or 5 style)."""
+    """From a parsed HF ``config.json`` (transformers 4 or 5 style). On ``Qwen3Config`` a
+    ``qwen3_moe`` config gives a `Qwen3MoeConfig`."""
+    if cls is Qwen3Config and d.get("model_type") in Qwen3MoeConfig.model_types:
+      return Qwen3MoeConfig.from_hf_dict(d, **overrides)
+    kw = cls._hf_kwargs(d)
+    kw.update(overrides)
+    return cls(**kw)
+
+  @classmethod
+  def _hf_kwargs(cls, d: dict[str, Any]) -> dict[str, Any]:
     mt = d.get("model_type")
-    if mt not in SUPPORTED_MODEL_TYPES:
+    if mt not in cls.model_types:
       raise ValueError(
-        f"unsupported model_type {mt!r} in config.json; supported: {SUPPORTED_MODEL_TYPES}"
+        f"unsupported model_type {mt!r} in config.json; supported: {cls.model_types}"
       )
     if d.get("use_sliding_window"):
       raise ValueError("config.json: use_sliding_window=true is not supported")
@@ -140,7 +157,7 @@ class Qwen3Config:
     ]
     if missing:
       raise ValueError(f"config.json is missing fields {missing}")
-    kw = dict(
+    return dict(
       vocab_size=d["vocab_size"],
       hidden_size=d["hidden_size"],
       intermediate_size=d["intermediate_size"],
@@ -155,8 +172,6 @@ class Qwen3Config:
       model_type=mt,
       attention_bias=bool(d.get("attention_bias", mt == "qwen2")),
     )
-    kw.update(overrides)
-    return cls(**kw)
 
   @classmethod
   def from_hf(cls, hf_dir: str | os.PathLike, **overrides) -> Qwen3Config:
@@ -191,8 +206,130 @@ class Qwen3Config:
       attention_dropout=0.0,
       dtype=dtype_name,
     )
-    if self.model_type == "qwen3":
+    if self.model_type != "qwen2":
       d["attention_bias"] = self.attention_bias
+    return d
+
+
+MOE_IMPLEMENTATIONS = (
+  "auto",
+  "ragged",
+  "block",
+  "dense",
+)  # == rstar_jax.models.moe.IMPLEMENTATIONS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Qwen3MoeConfig(Qwen3Config):
+  """Qwen3-MoE (HF ``qwen3_moe``): the Qwen3 decoder with sparse (mixture-of-experts) MLPs.
+
+  Layer ``i`` is sparse when ``i not in mlp_only_layers`` and ``(i + 1) % decoder_sparse_step
+  == 0`` (HF's rule); the other layers keep a dense SwiGLU MLP of ``intermediate_size``.
+  """
+
+  model_types: ClassVar[tuple[str, ...]] = ("qwen3_moe",)
+  is_moe: ClassVar[bool] = True
+
+  model_type: str = "qwen3_moe"
+  num_experts: int
+  num_experts_per_tok: int
+  """Top-k: experts each token is routed to."""
+  moe_intermediate_size: int
+  """SwiGLU hidden width of one expert."""
+  norm_topk_prob: bool = False
+  """Renormalise the k gate weights to sum to 1 (HF default False; Qwen3-30B-A3B sets True)."""
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  router_aux_loss_coef: float = 0.001
+  """Coefficient of the load-balancing loss (`moe.load_balancing_loss`) in the training loss."""
+  router_z_loss_coef: float = 0.0
+  """Coefficient of the router z-loss (`moe.router_z_loss`) in the training loss."""
+  moe_implementation: str = "auto"
+  """Grouped expert matmul (`rstar_jax.models.moe`): "auto" (``ragged`` on GPU/TPU, ``block``
+    on CPU), "ragged" (``jax.lax.ragged_dot``), "block" (expert groups padded to blocks, one
+    batched matmul) or "dense" (every expert on every token: the reference)."""
+  moe_block_size: int = 256
+  """Largest row block of the "block" implementation (smaller for few tokens)."""
+
+  def __post_init__(self):
+    object.__setattr__(self, "mlp_only_layers", tuple(int(i) for i in self.mlp_only_layers))
+    super().__post_init__()
+    for f in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+      if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+        raise ValueError(f"Qwen3MoeConfig.{f} must be an int >= 1, got {getattr(self, f)!r}")
+    if self.num_experts_per_tok > self.num_experts:
+      raise ValueError(
+        f"Qwen3MoeConfig.num_experts_per_tok ({self.num_experts_per_tok}) must be <= "
+        f"num_experts ({self.num_experts})"
+      )
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+    if bad:
+      raise ValueError(
+        f"Qwen3MoeConfig.mlp_only_layers {bad} out of range for {self.num_hidden_layers} layers"
+      )
+    if self.moe_implementation not in MOE_IMPLEMENTATIONS:
+      raise ValueError(
+        f"Qwen3MoeConfig.moe_implementation must be one of {MOE_IMPLEMENTATIONS}, "
+        f"got {self.moe_implementation!r}"
+      )
+    if self.moe_block_size < 1:
+      raise ValueError(f"Qwen3MoeConfig.moe_block_size must be >= 1, got {self.moe_block_size}")
+
+  def is_sparse_layer(self, i: int) -> bool:
+    return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
+  @property
+  def sparse_layers(self) -> tuple[int, ...]:
+    """Indices of the MoE layers (rows of the ``moe`` param stacks, in order)."""
+    return tuple(i for i in range(self.num_hidden_layers) if self.is_sparse_layer(i))
+
+  @property
+  def dense_layers(self) -> tuple[int, ...]:
+    """Indices of the dense-MLP layers (rows of the ``dense_mlp`` param stacks, in order)."""
+    return tuple(i for i in range(self.num_hidden_layers) if not self.is_sparse_layer(i))
+
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> Qwen3MoeConfig:
+    kw = cls._hf_kwargs(d)
+    # transformers 5 writes ``num_local_experts``; Qwen's released configs ``num_experts``.
+    experts = d.get("num_experts", d.get("num_local_experts"))
+    missing = [
+      k
+      for k, v in (
+        ("num_experts", experts),
+        ("num_experts_per_tok", d.get("num_experts_per_tok")),
+        ("moe_intermediate_size", d.get("moe_intermediate_size")),
+      )
+      if v is None
+    ]
+    if missing:
+      raise ValueError(f"config.json (qwen3_moe) is missing fields {missing}")
+    kw.update(
+      num_experts=int(experts),
+      num_experts_per_tok=int(d["num_experts_per_tok"]),
+      moe_intermediate_size=int(d["moe_intermediate_size"]),
+      norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+      decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+      mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+      router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
+    )
+    kw.update(overrides)
+    return cls(**kw)
+
+  def to_hf_dict(self, dtype_name: str = "float32") -> dict[str, Any]:
+    d = super().to_hf_dict(dtype_name)
+    d.update(
+      architectures=["Qwen3MoeForCausalLM"],
+      num_experts=self.num_experts,
+      num_local_experts=self.num_experts,
+      num_experts_per_tok=self.num_experts_per_tok,
+      moe_intermediate_size=self.moe_intermediate_size,
+      norm_topk_prob=self.norm_topk_prob,
+      decoder_sparse_step=self.decoder_sparse_step,
+      mlp_only_layers=list(self.mlp_only_layers),
+      router_aux_loss_coef=self.router_aux_loss_coef,
+      output_router_logits=False,
+    )
     return d
 
 
@@ -231,14 +368,38 @@ def _is_entry(x) -> bool:
   return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], tuple)
 
 
+def _stack(n: int, tree) -> dict[str, Any]:
+  return _map(lambda e: ((n,) + e[0], ("layers",) + e[1]), tree)
+
+
+def _moe_layout(c: Qwen3MoeConfig) -> dict[str, Any]:
+  """One sparse layer's MLP: router ``gate`` [D, E] and expert stacks [E, ...]."""
+  D, E, F = c.hidden_size, c.num_experts, c.moe_intermediate_size
+  return {
+    "gate": {"kernel": ((D, E), ("embed", None))},
+    "experts": {
+      "gate_proj": {"kernel": ((E, D, F), ("expert", "embed", "expert_mlp"))},
+      "up_proj": {"kernel": ((E, D, F), ("expert", "embed", "expert_mlp"))},
+      "down_proj": {"kernel": ((E, F, D), ("expert", "expert_mlp", "embed"))},
+    },
+  }
+
+
 def _layout(c: Qwen3Config) -> dict[str, Any]:
   L, V, D = c.num_hidden_layers, c.vocab_size, c.hidden_size
-  layers = _map(lambda e: ((L,) + e[0], ("layers",) + e[1]), _layer_layout(c))
-  tree = {
-    "embed_tokens": {"embedding": ((V, D), ("vocab", "embed"))},
-    "layers": layers,
-    "norm": {"scale": ((D,), ("norm",))},
-  }
+  per_layer = _layer_layout(c)
+  tree = {"embed_tokens": {"embedding": ((V, D), ("vocab", "embed"))}}
+  if c.is_moe:
+    # Attention and norms stay stacked over all L layers; the MLPs are stacked per kind.
+    dense_mlp = per_layer.pop("mlp")
+    tree["layers"] = _stack(L, per_layer)
+    if c.dense_layers:
+      tree["dense_mlp"] = _stack(len(c.dense_layers), dense_mlp)
+    if c.sparse_layers:
+      tree["moe"] = _stack(len(c.sparse_layers), _moe_layout(c))
+  else:
+    tree["layers"] = _stack(L, per_layer)
+  tree["norm"] = {"scale": ((D,), ("norm",))}
   if not c.tie_word_embeddings:
     tree["lm_head"] = {"kernel": ((D, V), ("embed", "vocab"))}
   return tree

@@ -81,7 +81,7 @@ def load_hf_params(
   dtype=jnp.float32,
   layout: str = "train",
 ) -> dict[str, Any]:
-  """Reads an HF Qwen3/Qwen2 checkpoint into the param pytree.
+  """Reads an HF Qwen3/Qwen2/Qwen3-MoE checkpoint into the param pytree.
 
   Args:
     hf_dir: directory with config.json and *.safetensors (one file or an index + shards).
@@ -130,20 +130,31 @@ def load_hf_params(
           f"{hf_dir}: tensor {t.name!r} has shape {got}, expected {t.shape} for this config"
         )
 
+    # Per leaf: the HF tensor names on a grid over its leading (layer[, expert]) axes.
+    grids: dict[tuple[str, ...], list] = {}
+    for t in hf_layout.hf_table(config):
+      grids.setdefault(t.path, []).append(t)
     out: dict[str, Any] = {}
     for path, shape in _leaves(shapes):
-      stacked, trans = path[0] == "layers", _transposed(path)
+      trans, tensors = _transposed(path), grids[path]
+      first = tensors[0].layer
+      lead = 0 if first is None else len(first) if isinstance(first, tuple) else 1
+      names = np.empty(len(tensors), object)
+      names[:] = [t.name for t in tensors]
+      names = names.reshape(tuple(shape[:lead]))
 
-      def read(index, path=path, shape=shape, stacked=stacked, trans=trans):
+      def read(index, shape=shape, trans=trans, names=names, lead=lead):
         index = tuple(index) + (slice(None),) * (len(shape) - len(index))
-        inner = index[1:] if stacked else index
+        inner = index[lead:]
         inner = inner[::-1] if trans else inner
-        layers = range(shape[0])[index[0]] if stacked else [None]
+        picked = names[index[:lead]] if lead else names
         parts = []
-        for i in layers:
-          x = tensor_slice(_hf_name(path, i))[inner]
+        for name in np.ravel(picked):
+          x = tensor_slice(name)[inner]
           parts.append(np.asarray(x.T if trans else x, dtype=dtype))
-        return np.stack(parts) if stacked else parts[0]
+        if not lead:
+          return parts[0]
+        return np.stack(parts).reshape(np.shape(picked) + parts[0].shape)
 
       sharding = (
         _get(shardings, path)

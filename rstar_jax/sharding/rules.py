@@ -3,9 +3,10 @@
 Model code names each array dimension by what it is ("embed", "mlp", "batch", ...); which mesh
 axis (if any) a name is split over is decided only here. Two layouts:
 
-* ``TRAIN_RULES``: FSDP + tensor parallel. Weights are split over ``fsdp`` along the model
-  width and over ``tensor`` along heads / MLP / vocab, so the optimizer state is spread over
-  every device; the batch is split over ``data`` and ``fsdp``.
+* ``TRAIN_RULES``: FSDP + tensor parallel (+ expert parallel for MoE). Weights are split over
+  ``fsdp`` along the model width and over ``tensor`` along heads / MLP / vocab, MoE expert
+  stacks over ``expert``, so the optimizer state is spread over every device; the batch is
+  split over ``data``, ``fsdp`` and ``expert``.
 * ``SAMPLING_RULES``: the same minus FSDP. Decoding reads every weight once per token, so
   gathering FSDP shards per step would dominate; weights are replicated over ``fsdp`` (which
   then acts as one more data-parallel axis for the batch) and only tensor-split.
@@ -40,8 +41,12 @@ TRAIN_RULES: dict[str, MeshAxes] = {
   "mlp": "tensor",  # SwiGLU hidden width
   "norm": None,  # RMSNorm scales are tiny: replicate
   "head_dim": None,  # q/k-norm scales over head_dim: replicate
+  "expert": "expert",  # MoE expert stacks: expert parallel (tokens exchanged by all-to-all)
+  "expert_mlp": "tensor",  # one expert's SwiGLU hidden width
   # ---- activations ----
-  "batch": ("data", "fsdp"),  # rows: data parallel over both batch-like axes
+  # rows: data parallel over the batch-like axes (the expert axis is one: expert parallelism
+  # splits the tokens over it too and exchanges them inside the MoE layer)
+  "batch": ("data", "fsdp", "expert"),
   "seq": None,  # no sequence parallelism
   "act_embed": None,  # residual stream width stays whole on each device
   "act_heads": "tensor",  # attention heads follow the tensor-split projections

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # for model_test_utils (tests are not a package)
-from model_test_utils import CASES, build_torch_model  # noqa: E402
+from model_test_utils import CASES, MOE_CASES, build_torch_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,7 @@ def hf_models(tmp_path_factory):
 
   def get(case: str):
     if case not in cache:
-      model_type, kw = CASES[case]
+      model_type, kw = {**CASES, **MOE_CASES}[case]
       model = build_torch_model(model_type, kw)
       d = tmp_path_factory.mktemp(case)
       model.save_pretrained(d)

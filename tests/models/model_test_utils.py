@@ -54,6 +54,53 @@ CASES = {
   ),
 }
 
+# Qwen3-MoE cases (kept apart from CASES: the dense-model tests parametrize over CASES).
+MOE_CASES = {
+  # Sparse layers 0, 2, 3 and a dense layer 1 (mlp_only_layers), k=2 of 6 experts, raw top-k
+  # probabilities (norm_topk_prob False), GQA 2:1, untied.
+  "qwen3_moe_mixed": (
+    "qwen3_moe",
+    dict(
+      vocab_size=96,
+      hidden_size=32,
+      intermediate_size=40,
+      moe_intermediate_size=16,
+      num_hidden_layers=4,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=8,
+      num_experts=6,
+      num_experts_per_tok=2,
+      norm_topk_prob=False,
+      decoder_sparse_step=1,
+      mlp_only_layers=[1],
+      rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+      tie_word_embeddings=False,
+    ),
+  ),
+  # Every other layer sparse (decoder_sparse_step 2: layers 1, 3), k=3 of 8, renormalised
+  # gate weights, tied embeddings.
+  "qwen3_moe_step2_norm": (
+    "qwen3_moe",
+    dict(
+      vocab_size=80,
+      hidden_size=32,
+      intermediate_size=48,
+      moe_intermediate_size=24,
+      num_hidden_layers=4,
+      num_attention_heads=4,
+      num_key_value_heads=4,
+      head_dim=8,
+      num_experts=8,
+      num_experts_per_tok=3,
+      norm_topk_prob=True,
+      decoder_sparse_step=2,
+      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+      tie_word_embeddings=True,
+    ),
+  ),
+}
+
 
 def build_torch_model(model_type: str, kwargs: dict, seed: int = 0):
   """Random transformers model whose norm weights and biases are not the init constants."""
@@ -61,15 +108,18 @@ def build_torch_model(model_type: str, kwargs: dict, seed: int = 0):
   import transformers
 
   torch.manual_seed(seed)
-  cfg_cls = transformers.Qwen3Config if model_type == "qwen3" else transformers.Qwen2Config
-  model_cls = (
-    transformers.Qwen3ForCausalLM if model_type == "qwen3" else transformers.Qwen2ForCausalLM
-  )
+  cfg_cls, model_cls = {
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+  }[model_type]
   model = model_cls(cfg_cls(**kwargs, max_position_embeddings=256)).eval()
   gen = torch.Generator().manual_seed(seed + 1)
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if "norm" in name:
+      if name.endswith("mlp.gate.weight"):  # router: spread logits so top-k is well separated
+        p.copy_(torch.randn(p.shape, generator=gen))
+      elif "norm" in name:
         p.copy_(0.5 + torch.rand(p.shape, generator=gen))
       elif name.endswith("bias"):
         p.copy_(0.1 * torch.randn(p.shape, generator=gen))
