@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar_jax.models import attention as attention_lib
-from rstar_jax.models import qwen3
+from rstar_jax.models import moe, qwen3
 
 DECODE_IMPLEMENTATIONS = ("xla", "fused")
 
@@ -156,6 +156,7 @@ def forward_paged(
   *,
   implementation: str = "xla",
   logits: bool = True,
+  return_routes: bool = False,
 ):
   """Forward of T new tokens per row that appends them to the rows' pages and attends over
   each row's window; pure (jit with config / implementation / logits static, donate pool).
@@ -170,8 +171,9 @@ def forward_paged(
       it owns; entries past a row's pages may name any page (never attended).
     lengths: [B] int32 tokens already cached per row (the first new token's position).
     logits: False skips the LM head (prefill of tokens whose logits nobody reads).
+    return_routes: also return the MoE routes (the router's own top-k, routing replay).
   Returns:
-    (logits [B, T, V] float32 or None, pool).
+    (logits [B, T, V] float32 or None, pool[, routes [B, T, L, k] int32, -1 on dense layers]).
   """
   _check_implementation(implementation)
   c = config
@@ -193,9 +195,10 @@ def forward_paged(
     return _gather(cur, i, page_table, head_major)
 
   attend = attend_head_major if head_major else attend_window
-  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend)
+  routes = [] if return_routes else None
+  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend, routes)
   out = qwen3._logits(params, x, c) if logits else None
-  return out, cur
+  return (out, cur) + ((jnp.stack(routes, 2),) if return_routes else ())
 
 
 def _put(arrays: tuple, i: int, a) -> tuple:
@@ -209,10 +212,13 @@ def _check_implementation(implementation: str):
     )
 
 
-def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: str, attend):
+def _layers(
+  params, c, input_ids, positions, W: int, kv_step, implementation: str, attend, routes=None
+):
   """The decoder layers over T new tokens per row; ``kv_step(i, k, v)`` stores layer i's new
   keys/values wherever the caller keeps them and returns the window that
-  ``attend(q, k, v, allowed, implementation)`` reads."""
+  ``attend(q, k, v, allowed, implementation)`` reads. A ``routes`` list gets each layer's
+  [B, T, k] top-k expert ids (-1 for a dense layer; MoE routing replay)."""
   allowed = jnp.arange(W)[None, None, :] <= positions[:, :, None]  # [B, T, W]
   x = qwen3._embed(params, input_ids, c)
   for i in range(c.num_hidden_layers):
@@ -223,7 +229,15 @@ def _layers(params, c, input_ids, positions, W: int, kv_step, implementation: st
     att = attend(q, kw, vw, allowed, implementation)
     x = x + qwen3._dense(att, p["self_attn"]["o_proj"])
     h = qwen3.rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
-    x = x + qwen3._mlp(h, p["mlp"], c)
+    if routes is None:
+      x = x + qwen3._mlp(h, p["mlp"], c)
+    elif "experts" in p["mlp"]:
+      y, rt, _ = moe.sparse_mlp(h, p["mlp"], c)
+      x = x + y
+      routes.append(rt.topk.reshape(h.shape[:2] + (c.num_experts_per_tok,)))
+    else:
+      x = x + qwen3._mlp(h, p["mlp"], c)
+      routes.append(jnp.full(h.shape[:2] + (c.num_experts_per_tok,), -1, jnp.int32))
   return x
 
 
@@ -266,11 +280,20 @@ def gather_window(pool: PagedKV, page_table: jax.Array, implementation: str = "x
 
 
 def forward_window(
-  params, config, input_ids, input_mask, window: Window, lengths, *, implementation="xla"
+  params,
+  config,
+  input_ids,
+  input_mask,
+  window: Window,
+  lengths,
+  *,
+  implementation="xla",
+  return_routes=False,
 ):
   """`forward_paged` for one new token per row over contiguous windows (`gather_window`'s layout
   for ``implementation``): input_ids, input_mask [B, 1]; lengths [B] (the token's position,
-  < W for a valid row). Returns (logits [B, 1, V] float32, window)."""
+  < W for a valid row). Returns (logits [B, 1, V] float32, window[, routes [B, 1, L, k] int32
+  with ``return_routes``])."""
   c = config
   B = input_ids.shape[0]
   head_major = _head_major(implementation)
@@ -291,8 +314,10 @@ def forward_window(
     return ks[i], vs[i]
 
   attend = attend_head_major if head_major else attend_window
-  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend)
-  return qwen3._logits(params, x, c), Window(k=tuple(ks), v=tuple(vs))
+  routes = [] if return_routes else None
+  x = _layers(params, c, input_ids, positions, W, kv_step, implementation, attend, routes)
+  out = (qwen3._logits(params, x, c), Window(k=tuple(ks), v=tuple(vs)))
+  return out + ((jnp.stack(routes, 2),) if return_routes else ())
 
 
 def scatter_window(
