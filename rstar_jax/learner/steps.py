@@ -66,7 +66,7 @@ from rstar_jax.learner import optim
 from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, ROUTES_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import lora, qwen3
+from rstar_jax.models import lora, qwen3, qwen3_moe
 from rstar_jax.models import routes as routes_lib
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
@@ -682,14 +682,14 @@ def make_jitted_steps(
     is_leaf=lambda x: isinstance(x, tuple),
   )
 
-  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return qwen3.forward(
-      params,
-      model_config,
-      input_ids,
-      positions=positions,
-      attention_mask=attention_mask,
-      segment_ids=segment_ids,
-    )
+  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None, routes=None):
+    kw = dict(positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
+    if getattr(model_config, "is_moe", False):
+      # (logits, MoeAux): the routers' own top-k feeds routing/agree*; routes are forced
+      # (rollout routing replay) when the step passes them.
+      return qwen3_moe.forward(
+        params, model_config, input_ids, routes=routes, return_aux=True, **kw
+      )
+    return qwen3.forward(params, model_config, input_ids, **kw)
 
   return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules, config=config)

@@ -92,26 +92,62 @@ def test_forced_routes_reproduce_the_engine_routing_and_logprobs(generated):
   np.testing.assert_allclose(got, b.logprobs, atol=2e-4)
 
 
-def test_replayed_routes_change_a_perturbed_learner(generated):
-  """A learner whose router drifted (other weights) routes some tokens elsewhere on its own;
-  with the engine's routes forced, every recorded token uses the engine's set."""
+def test_jitted_learner_steps_replay_the_trajectory_routes(generated):
+  """make_jitted_steps on the MoE config with routing replay: the batch built from the
+  trajectory's routes gives the sampler's log-probs and full agreement in the RL step."""
+  import optax
+
+  from rstar_jax.learner import batch as batch_lib
+  from rstar_jax.learner import steps
+  from rstar_jax.learner.train_state import TrainState
+  from rstar_jax.rollout.types import Trajectory
+  from rstar_jax.sharding import make_mesh
+
   params, prompt, a, b, turn2 = generated
-  seq = prompt + a.output_ids
-  routes = routes_lib.empty_routes(len(seq), (CONFIG.num_hidden_layers, CONFIG.num_experts_per_tok))
+  resp = turn2[len(prompt) :] + b.output_ids
+  mask = [1] * len(a.output_ids) + [0, 0, 0] + [1] * len(b.output_ids)
+  logp = a.logprobs + [0.0] * 3 + b.logprobs
+  routes = routes_lib.empty_routes(len(prompt) + len(resp), (3, 2))
   routes_lib.write_routes(routes, a.routes_start, a.routes)
-  drift = jax.tree.map(lambda x: x, params)
-  gate = drift["moe"]["gate"]["kernel"]
-  drift["moe"]["gate"]["kernel"] = gate + 0.5 * jax.random.normal(jax.random.key(7), gate.shape)
-  ids = jnp.asarray([seq], jnp.int32)
-  _, free = fwd(drift, CONFIG, ids, return_aux=True)
-  _, forced = fwd(drift, CONFIG, ids, routes=jnp.asarray(routes[None]), return_aux=True)
-  mask = jnp.ones((1, len(seq)))
-  agree = losses.reduce_metrics(
-    routes_lib.agreement_sums(free.topk, jnp.asarray(routes[None]), mask)
+  routes_lib.write_routes(routes, b.routes_start, b.routes)
+  traj = Trajectory(prompt, resp, mask, logp, [0] * len(resp), 2, [], "stop", routes=routes)
+  batch = batch_lib.make_rl_batch([traj, traj], [1.0, -1.0], 64)
+  tx = optax.sgd(1e-3)
+  mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+  js = steps.make_jitted_steps(CONFIG, mesh, tx=tx, config=steps.StepConfig(routing_replay=True))
+  lp = np.asarray(js.compute_logprobs(params, js.shard_batch(batch)))
+  m = batch["loss_mask"] > 0
+  np.testing.assert_allclose(lp[m], batch[batch_lib.SAMPLER_KEY][m], atol=2e-4)
+  inputs, _ = steps.step_inputs(batch, js.config, lp)
+  state = js.shard_state(TrainState.create(jax.tree.map(jnp.copy, params), tx, 0))  # donated
+  _, metrics = js.rl_step(state, js.shard_batch(inputs))
+  assert float(metrics["routing/agree"]) == 1.0
+  assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+  # The RL loop's ratio metrics with and without replay (rl.routing_metrics): with the same
+  # weights both are ~1; with a drifted router only the replayed forward stays near the sampler.
+  import types
+
+  from rstar_jax.pipelines.rl_loop import RLLoop
+
+  gate = params["moe"]["gate"]["kernel"]
+  drift = dict(
+    params,
+    moe=dict(
+      params["moe"], gate={"kernel": gate + 0.5 * jax.random.normal(jax.random.key(7), gate.shape)}
+    ),
   )
-  assert float(agree["routing/agree"]) < 1.0  # the drifted router disagrees somewhere
-  used = np.asarray(forced.routes[0])
-  rec = routes_lib.has_route(routes)
-  np.testing.assert_array_equal(
-    np.sort(used[rec][:, [0, 2]], -1), np.sort(routes[rec][:, [0, 2]], -1)
-  )
+  for p, same in ((params, True), (drift, False)):
+    loop = types.SimpleNamespace(
+      learner=types.SimpleNamespace(jitted=js, state=types.SimpleNamespace(params=p))
+    )
+    got = RLLoop.routing_ratio_metrics(loop, batch, None)
+    assert set(got) == {
+      f"routing/{m}/{s}"
+      for m in ("replay", "no_replay")
+      for s in ("is_ratio_mean", "is_ratio_max", "is_ratio_min", "abs_log_ratio_mean")
+    }
+    if same:
+      assert got["routing/replay/abs_log_ratio_mean"] < 1e-3
+      assert got["routing/no_replay/abs_log_ratio_mean"] < 1e-3
+    else:
+      assert got["routing/no_replay/abs_log_ratio_mean"] != got["routing/replay/abs_log_ratio_mean"]
