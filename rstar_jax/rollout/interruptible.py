@@ -34,10 +34,14 @@ import asyncio
 import collections
 import contextvars
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from rstar_jax.models import routes as routes_lib
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -136,6 +140,7 @@ class InterruptibleEngine:
     lps: list[float] = []
     vers: list[int] = []
     prefill: int | None = 0  # summed over resubmissions; None once any part is unknown
+    parts: list = []  # (first position, routes) of each part that reported MoE routes
     cur = req
     while True:
       key, epoch = self._next_key, self._epoch
@@ -151,16 +156,19 @@ class InterruptibleEngine:
       prefill = (
         None if prefill is None or res.prefill_tokens is None else prefill + res.prefill_tokens
       )
+      if res.routes is not None:  # positions of req.input_ids + ids: one coordinate system
+        parts.append((res.routes_start, res.routes))
+      merged = functools.partial(self._merged, prefill=prefill, routes=(len(req.input_ids), parts))
       interrupted = res.finish_reason == "abort" and self._epoch != epoch
       if not interrupted:
-        return self._merged(ids, lps, vers, res.finish_reason, prefill)
+        return merged(ids, lps, vers, res.finish_reason)
       self.stats["interrupted_requests"] += 1
       if ticket is not None and ticket.restarted:
-        return self._merged(ids, lps, vers, "abort", prefill)
+        return merged(ids, lps, vers, "abort")
       await self._event().wait()
       left = req.sampling.max_new_tokens - len(ids)
       if left <= 0:
-        return self._merged(ids, lps, vers, "length", prefill)
+        return merged(ids, lps, vers, "length")
       self.stats["resubmitted_requests"] += 1
       sp = dataclasses.replace(
         req.sampling, max_new_tokens=left, seed=_continuation_seed(req.sampling.seed, len(ids))
@@ -171,9 +179,25 @@ class InterruptibleEngine:
         rid=req.rid and f"{req.rid}.{self.stats['resubmitted_requests']}",
       )
 
-  def _merged(self, ids, lps, vers, finish, prefill=None) -> GenerateResult:
+  def _merged(self, ids, lps, vers, finish, prefill=None, routes=(0, ())) -> GenerateResult:
+    """The parts of one request as one result; ``routes`` = (input length, [(first position,
+    routes)]) of the parts' MoE routes, written into one array (the newest part wins)."""
+    n_in, parts = routes
+    out, lo = None, 0
+    if parts:
+      lo = min(start for start, _ in parts)
+      out = routes_lib.empty_routes(n_in + len(ids) - lo, np.shape(parts[0][1])[1:])
+      for start, r in parts:
+        routes_lib.write_routes(out, start - lo, r)
     return GenerateResult(
-      ids, lps, finish, min(vers, default=self.weight_version), vers, prefill_tokens=prefill
+      ids,
+      lps,
+      finish,
+      min(vers, default=self.weight_version),
+      vers,
+      prefill_tokens=prefill,
+      routes=out,
+      routes_start=lo,
     )
 
   def _mark_restarted(self, ticket: RolloutTicket) -> None:

@@ -4,6 +4,7 @@ decoding, round-tripped through the stand-in server (127.0.0.1), and through the
 import asyncio
 import base64
 
+import jax
 import numpy as np
 import pytest
 
@@ -103,3 +104,42 @@ def test_multi_turn_trajectory_routes_from_the_server(tokenizer, monkeypatch):
   assert t.routes.shape == (len(seq), 3, 2)
   np.testing.assert_array_equal(t.routes[:-1], LAYOUT.dense_rows_cleared(mock_routes(seq, *SERVER)))
   assert (t.routes[-1] == NO_ROUTE).all()
+
+
+def test_interrupted_request_keeps_one_route_per_position(tmp_path):
+  """A weight push mid-request (partial rollouts, "continue"): the remainder is resubmitted
+  and the merged result's routes are those of the whole sequence, as if uninterrupted."""
+  from rstar_jax.models import qwen3
+  from rstar_jax.rollout.interruptible import CURRENT_TICKET, InterruptibleEngine, RolloutTicket
+
+  cfg = qwen3.Qwen3Config(
+    vocab_size=64, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+    num_attention_heads=1, num_key_value_heads=1,
+  )  # fmt: skip
+  req = GenerateRequest([3, 5, 7, 9], SamplingParams(30, temperature=0.0), rid="t0:0")
+
+  async def fn(server):
+    inner = SGLangEngine(
+      [server.url], staging_dir=str(tmp_path), capacities={server.url: 4096}, route_layout=LAYOUT
+    )
+    eng = InterruptibleEngine(inner, "continue")
+    try:
+      token = CURRENT_TICKET.set(RolloutTicket())
+      task = asyncio.create_task(eng.generate([req]))
+      CURRENT_TICKET.reset(token)
+      while not any(s["tokens"] > 6 for s in server._running.values()):
+        await asyncio.sleep(0.002)
+      await eng.update_weights(cfg, qwen3.init_params(cfg, jax.random.key(0)), 1)
+      (res,) = await task
+      return res, dict(eng.stats)
+    finally:
+      await eng.close()
+
+  res, stats = asyncio.run(_serve(fn, routed_experts=SERVER, vocab_size=64, token_delay_s=0.004))
+  assert stats["resubmitted_requests"] == 1 and len(res.output_ids) == 30
+  seq = list(req.input_ids) + res.output_ids
+  assert res.routes_start == 0 and len(res.routes) == len(seq)
+  np.testing.assert_array_equal(
+    res.routes[:-1], LAYOUT.dense_rows_cleared(mock_routes(seq, *SERVER))
+  )
+  assert (res.routes[-1] == NO_ROUTE).all()
