@@ -143,3 +143,42 @@ def test_interrupted_request_keeps_one_route_per_position(tmp_path):
     res.routes[:-1], LAYOUT.dense_rows_cleared(mock_routes(seq, *SERVER))
   )
   assert (res.routes[-1] == NO_ROUTE).all()
+
+
+def test_config_decides_whether_engines_ask_for_routes():
+  """rl.routing_replay / rl.routing_metrics on an MoE policy make build_engine ask for routes
+  (SGLang: the layout of the model's MoE layers); off, or a dense model, asks for none; a bad
+  value is a one-line config error."""
+  from rstar_jax.config import ConfigError, RLConfig, RolloutConfig, RunConfig
+  from rstar_jax.models.qwen3_config import Qwen3MoeConfig
+  from rstar_jax.pipelines.wiring import build_engine
+
+  moe_cfg = Qwen3MoeConfig(
+    vocab_size=64, hidden_size=8, intermediate_size=8, moe_intermediate_size=4,
+    num_hidden_layers=3, num_attention_heads=1, num_key_value_heads=1, num_experts=4,
+    num_experts_per_tok=2, mlp_only_layers=(1,),
+  )  # fmt: skip
+
+  def layout(model, **rl):
+    run = RunConfig(rollout=RolloutConfig(engine="sglang"), rl=RLConfig(**rl))
+    return build_engine(run, model, None, None).route_layout
+
+  assert layout(moe_cfg, routing_replay="rollout") == LAYOUT
+  assert layout(moe_cfg, routing_metrics=True) == LAYOUT
+  assert layout(moe_cfg) is None
+  dense = qwen3_dense_config()
+  assert layout(dense, routing_replay="rollout") is None
+  assert RunConfig(rl=RLConfig(routing_replay="rollout")).step_config().routing_replay
+  with pytest.raises(
+    ConfigError, match=r"rl\.routing_replay: expected one of \['off', 'rollout'\]"
+  ):
+    RLConfig(routing_replay="engine")
+
+
+def qwen3_dense_config():
+  from rstar_jax.models import qwen3
+
+  return qwen3.Qwen3Config(
+    vocab_size=64, hidden_size=8, intermediate_size=8, num_hidden_layers=3,
+    num_attention_heads=1, num_key_value_heads=1,
+  )  # fmt: skip
