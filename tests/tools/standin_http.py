@@ -25,6 +25,7 @@ class StandIn:
     self.requests: list = []
     self.sent: list[int] = []
     self._conns: set = set()
+    self._tasks: set = set()
 
   async def __aenter__(self):
     self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -36,6 +37,9 @@ class StandIn:
     self.server.close()
     for w in list(self._conns):
       w.transport.abort()
+    for t in list(self._tasks):
+      t.cancel()
+    await asyncio.gather(*self._tasks, return_exceptions=True)
     await self.server.wait_closed()
 
   async def _read_request(self, reader):
@@ -56,6 +60,7 @@ class StandIn:
 
   async def _serve(self, reader, writer):
     self._conns.add(writer)
+    self._tasks.add(asyncio.current_task())
     try:
       while True:
         try:
@@ -66,6 +71,7 @@ class StandIn:
         if not await self._answer(writer, path, headers, body):
           return
     finally:
+      self._tasks.discard(asyncio.current_task())
       self._conns.discard(writer)
       writer.transport.abort()
 
