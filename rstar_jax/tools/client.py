@@ -414,15 +414,21 @@ class CodePoolClient(BatchExecuteMixin):
           break
       # Session calls go to their session's node; the stateless ones to whichever node is up.
       groups: dict[int | None, list] = {}
-      for entry in batch:
-        sid = entry[3]
-        node = None
-        if sid is not None:
-          sess = self._sessions.get(sid)
-          if sess is None:
-            sess = self._sessions[sid] = _Session(self._pick(), 0)
-          node = sess.node
-        groups.setdefault(node, []).append(entry)
+      try:
+        for entry in batch:
+          sid = entry[3]
+          node = None
+          if sid is not None:
+            sess = self._sessions.get(sid)
+            if sess is None:
+              sess = self._sessions[sid] = _Session(self._pick(), 0)
+            node = sess.node
+          groups.setdefault(node, []).append(entry)
+      except Exception as e:  # a bug here must not leave the batch's callers waiting
+        for _, fut, _, _ in batch:
+          if not fut.done():
+            fut.set_result(_internal(f"code pool client error: {self._describe(e)}"))
+        continue
       for node, entries in groups.items():
         await self._sem.acquire()
         self._spawn(self._send(entries, node))

@@ -478,7 +478,9 @@ class CodePoolServer:
 
   async def start(self) -> CodePoolServer:
     await self.pool.start()
-    self._runner = web.AppRunner(self.app(), access_log=None)
+    # Idle keep-alive connections close after 75 s (aiohttp's default is an hour); clients
+    # (aiohttp's connector: 15 s) drop theirs first, so a request never races the close.
+    self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=75.0)
     await self._runner.setup()
     self.connections.install(self._runner.server)
     site = web.TCPSite(self._runner, self.host, self.port)

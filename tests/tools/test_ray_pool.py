@@ -15,6 +15,7 @@ def triple(x):
   return 3 * x
 
 
+@pytest.mark.slow  # ~30 s: ray.init, two actor starts (the second replaces a killed one)
 def test_ray_pool_interface(runner):
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
   try:
@@ -40,8 +41,8 @@ def test_ray_pool_interface(runner):
         # call is re-sent to a replacement; its session comes back session_lost, once.
         await pool.execute("q = 5", session_id="held")
         dead = pool.actors[0]
-        slow = asyncio.ensure_future(pool.execute("import time; time.sleep(2); print('done')"))
-        await asyncio.sleep(0.5)
+        slow = asyncio.ensure_future(pool.execute("import time; time.sleep(1.5); print('done')"))
+        await asyncio.sleep(0.3)
         ray.kill(dead, no_restart=True)
         done = await slow
         lost = await pool.execute("print(q)", session_id="held")
