@@ -222,6 +222,13 @@ class CodePoolClient(BatchExecuteMixin):
     text = re.sub(r"(?i)(authorization|bearer)\S*\s*\S*", "<credential>", text)
     return _UNPRINTABLE.sub(" ", text)[:limit]
 
+  def _scrub(self, text: str) -> str:
+    """`text` without the token: a service that echoes it back cannot hand it to the policy."""
+    for s in self._secrets:
+      if s in text:
+        text = text.replace(s, "<token>")
+    return text
+
   def _describe(self, e: BaseException) -> str:
     # Never repr() an aiohttp error: its request_info holds the request headers.
     if isinstance(e, aiohttp.ClientResponseError):
@@ -577,7 +584,7 @@ class CodePoolClient(BatchExecuteMixin):
       if status == "invalid_request":
         fut.set_result(_internal(f"invalid_request: {res.get('stderr', '')}"))
         continue
-      stdout = res["stdout"]
+      stdout, stderr = self._scrub(res["stdout"]), self._scrub(str(res.get("stderr", "")))
       if sid is not None:
         sess = self._sessions.get(sid)
         if sess is not None and sess.node == node and sess.service_id is None:
@@ -592,7 +599,7 @@ class CodePoolClient(BatchExecuteMixin):
           ExecResult(
             status,
             stdout,
-            str(res.get("stderr", "")),
+            stderr,
             float(res.get("duration_s", 0.0)),
             res.get("exit_code"),
           )

@@ -14,6 +14,7 @@ class StandIn:
   "deep":      200 whose JSON nests `depth` lists deep
   "redirect":  302 back to the same path (a loop)
   "echo401" / "echo500": 401 / 500 whose body quotes the request headers (a credential too)
+  "echo200":   200 whose results quote the request headers in stdout and stderr
   "hang":      reads the request, never answers
   "500":       500 "boom" on every path (a node failing forever)
   "ok":        a healthy service: /health ok, every item answered "from stand-in"
@@ -108,6 +109,12 @@ class StandIn:
       return await self._send(writer, 302, b"", f"Location: {path}\r\n")
     if mode in ("echo401", "echo500"):
       return await self._send(writer, int(mode[4:]), json.dumps(headers).encode())
+    if mode == "echo200":  # "results" that quote the request headers
+      n = len((body or {}).get("requests", []))
+      r = {"status": "ok", "stdout": json.dumps(headers), "stderr": json.dumps(headers)}
+      return await self._send(
+        writer, 200, json.dumps({"results": [r] * n, "closed": True}).encode()
+      )
     if mode == "500":
       return await self._send(writer, 500, b'{"error": "boom"}')
     if mode == "ok":
