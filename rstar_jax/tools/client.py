@@ -9,10 +9,12 @@ Several service URLs (tool nodes) may be given. Stateless calls go round-robin t
 are up; a node whose request fails (connection refused or dropped, a timeout, a 5xx) is marked
 down and the stateless calls of that request are re-sent to another node. A down node is probed
 (`GET /health`) every `probe_interval_s` and rejoins when it answers. A session lives on the node
-of its first call. A session call is re-sent only when the request surely never reached the
-service (the connection could not be opened), and then only to its own node: the request names
-the service instance that holds the session (`service_id`), so a node that restarted in between
-answers `session_lost` instead of running the call on a fresh interpreter. After a 5xx, a dropped
+of its first call. A refused connection means the service, and its sessions with it, is gone:
+the session call comes back `session_lost` at once. Otherwise a session call is re-sent only when
+the request surely never reached the service (the connection could not be opened), and only to
+its own node: the request names the service instance that holds the session (`service_id`), so
+a node that restarted in between answers `session_lost` instead of running the call on a fresh
+interpreter. After a 5xx, a dropped
 connection or a timeout the call may have run, so it comes back with status `session_lost`
 (never re-run); the next call on that session id starts a fresh session, its stdout opening with
 a note that says so. A 4xx or a 3xx (redirects are not followed) is never retried.
@@ -63,9 +65,12 @@ class _Failed(Exception):
   """One POST gave no results. `sent`: the service may have run the batch; `node_fault`: the
   node itself failed (transport or 5xx), as opposed to refusing the batch (4xx, bad body)."""
 
-  def __init__(self, msg: str, sent: bool, retry: bool = True, node_fault: bool = True):
+  def __init__(
+    self, msg: str, sent: bool, retry: bool = True, node_fault: bool = True, gone: bool = False
+  ):
     super().__init__(msg)
     self.sent, self.retry, self.node_fault = sent, retry, node_fault
+    self.gone = gone  # the connection was refused: no service listens there any more
 
 
 def _internal(msg: str) -> ExecResult:
@@ -475,7 +480,8 @@ class CodePoolClient(BatchExecuteMixin):
         raw = await self._read(resp, self.max_response_bytes, "response (max_response_bytes)")
     except _NOT_SENT as e:
       self.stats["transport_errors"] += 1
-      raise _Failed(self._describe(e), sent=False) from None
+      gone = isinstance(getattr(e, "os_error", None), ConnectionRefusedError)
+      raise _Failed(self._describe(e), sent=False, gone=gone) from None
     except (TimeoutError, aiohttp.ClientError) as e:
       self.stats["transport_errors"] += 1
       raise _Failed(self._describe(e), sent=True) from None
@@ -528,6 +534,18 @@ class CodePoolClient(BatchExecuteMixin):
                 fut.set_result(_internal(str(e)))
             return
           last = str(e)
+          if e.gone and not e.sent:
+            # Nothing listens on the session's node: its sessions died with the service (a
+            # restarted one would refuse them anyway), so waiting out the retries gains nothing.
+            keep = []
+            for entry in pending:
+              if entry[3] is not None:
+                self._session_lost(entry, f"the session's tool node refuses connections ({e})")
+              else:
+                keep.append(entry)
+            pending = keep
+            if not pending:
+              return
           if e.sent:  # the session calls may have run: never a second time
             keep = []
             for entry in pending:
