@@ -25,8 +25,8 @@ recently used idle session (its next call says so), never another tenant's. The 
 start) and sandbox uids the service has: a larger configured cap is lowered with a logged line.
 A connection must present a valid token within `header_timeout_s` of opening, and at most
 `max_unauthenticated_connections` (of `max_connections`) may be waiting to: past that a new
-connection is closed at once, so idle sockets cannot exhaust the descriptors. Each output field comes
-back at most `max_output_bytes` (+4 KiB) long once JSON-encoded, the whole response at most
+connection is closed at once, so idle sockets cannot exhaust the descriptors. Each output field
+comes back at most `max_output_bytes` (+4 KiB) long once JSON-encoded, the whole response at most
 `max_response_bytes`; a cut field says so and an "ok" result becomes "output_limit".
 There is deliberately no endpoint that unpickles functions: run_function stays in-process/Ray.
 """
@@ -43,7 +43,6 @@ import json
 import logging
 import resource
 import secrets
-import time
 from typing import Any
 
 from aiohttp import web
@@ -296,8 +295,8 @@ def session_capacity(config: PoolConfig, nofile: int, max_connections: int) -> t
 
 
 class _Tenant:
-  """One token's sessions (LRU order, each [calls in flight, last use]), the ids the service
-  closed with why (the next call says so), and its figures."""
+  """One token's sessions (least recently used first, each [calls in flight]), the ids the
+  service closed with why (the next call says so), and its figures."""
 
   def __init__(self):
     self.sessions: collections.OrderedDict[str, list] = collections.OrderedDict()
@@ -562,7 +561,7 @@ class CodePoolServer:
       entry[0] += 1
       tenant.sessions.move_to_end(sid)
       return entry
-    entry = tenant.sessions[sid] = [1, time.monotonic()]  # reserved before any await
+    entry = tenant.sessions[sid] = [1]  # reserved before any await
     victims = []
     while len(tenant.sessions) > self.max_sessions_per_token:
       victim = next((s for s, e in tenant.sessions.items() if e[0] == 0), None)
@@ -661,7 +660,8 @@ class CodePoolServer:
         r = await run(i, p, pool_session_id(ns, user_sid))
       finally:
         entry[0] -= 1
-        entry[1] = time.monotonic()
+        if user_sid in tenant.sessions:
+          tenant.sessions.move_to_end(user_sid)  # least recently *used*, ends included
       if r["status"] not in (INVALID, "queue_timeout") and user_sid in tenant.notes:
         note = tenant.notes.pop(user_sid)
         r["stdout"] = f"[session {note}: previous state is lost]\n" + r["stdout"]
