@@ -172,3 +172,17 @@ def test_killed_node_loses_its_sessions_and_rejoins(runner, server):
   assert fresh.stdout.startswith("[session lost earlier")
   assert again.stdout == "7\n"
   assert stats["sessions_lost"] == 2 and stats["nodes_rejoined"] >= 1
+
+
+def test_the_fleet_config_gives_the_client_every_url():
+  """`tool.urls` with several nodes: the http backend's client gets them all (process 0 starts at
+  the first); nothing is contacted."""
+  from configs import rstar2_tiny_cpu
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import wiring
+
+  cfg = rstar2_tiny_cpu.get_config("rl")
+  urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+  cfg.tool.backend, cfg.tool.urls = "http", urls
+  pool = wiring.tool_pool(from_config_dict(cfg).tool)
+  assert isinstance(pool, CodePoolClient) and [n.url for n in pool.nodes] == urls
