@@ -113,6 +113,8 @@ class StepConfig:
       routing_replay: MoE rollout routing replay: a batch's ``routes`` are passed to the
           forward (``apply_fn(..., routes=...)``) of the RL step and of `compute_logprobs`;
           False leaves routing to the learner (routes, when present, only feed metrics).
+      route_layers: the MoE layers that get a ``routing/agree_layer{i}`` metric
+          (`make_jitted_steps` fills it from a Qwen3-MoE config).
   """
 
   num_micro_batches: int = 1
@@ -127,6 +129,7 @@ class StepConfig:
   tis_cap: float | None = None
   off_policy_loss: str = "tis"
   routing_replay: bool = False
+  route_layers: tuple[int, ...] = ()
 
   def __post_init__(self):
     def bad(field, expected):
@@ -222,12 +225,12 @@ def _apply(apply_fn, params, mb, replay: bool = False):
   return _apply_aux(apply_fn, params, mb, replay)[0]
 
 
-def _routing_sums(aux, mb) -> dict:
+def _routing_sums(aux, mb, layers=()) -> dict:
   """Router agreement of the learner's own top-k (``aux.topk``) with the batch's routes."""
   topk = getattr(aux, "topk", None)
   if topk is None or ROUTES_KEY not in mb:
     return {}
-  return routes_lib.agreement_sums(topk, mb[ROUTES_KEY], mb["attention_mask"])
+  return routes_lib.agreement_sums(topk, mb[ROUTES_KEY], mb["attention_mask"], layers)
 
 
 def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -244,7 +247,7 @@ def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
   logits, aux = _apply_aux(apply_fn, params, mb, cfg.routing_replay)
   loss, metrics = _rl_policy_loss(logits, mb, normaliser, cfg)
-  return loss, {**metrics, **_routing_sums(aux, mb)}
+  return loss, {**metrics, **_routing_sums(aux, mb, cfg.route_layers)}
 
 
 def _rl_policy_loss(logits, mb, normaliser, cfg: StepConfig):
@@ -675,6 +678,9 @@ def make_jitted_steps(
   passing it in. Build states with `JittedSteps.shard_state(TrainState.create(params, tx, rng))`.
   """
 
+  layout = routes_lib.layout_of(model_config)
+  if layout is not None and not config.route_layers:  # per-layer routing/agree_layer{i}
+    config = dataclasses.replace(config, route_layers=layout.layers)
   params_sh = qwen3.param_shardings(model_config, mesh, rules)
   abstract = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s, jnp.float32),

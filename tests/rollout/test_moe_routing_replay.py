@@ -122,6 +122,8 @@ def test_jitted_learner_steps_replay_the_trajectory_routes(generated):
   state = js.shard_state(TrainState.create(jax.tree.map(jnp.copy, params), tx, 0))  # donated
   _, metrics = js.rl_step(state, js.shard_batch(inputs))
   assert float(metrics["routing/agree"]) == 1.0
+  assert float(metrics["routing/agree_layer0"]) == float(metrics["routing/agree_layer2"]) == 1.0
+  assert "routing/agree_layer1" not in metrics  # the dense layer
   assert float(metrics["ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
   # The RL loop's ratio metrics with and without replay (rl.routing_metrics): with the same
   # weights both are ~1; with a drifted router only the replayed forward stays near the sampler.
