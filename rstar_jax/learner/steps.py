@@ -61,7 +61,7 @@ from rstar_jax.learner import optim
 from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import lora, qwen3
+from rstar_jax.models import lora, qwen3, qwen3_moe
 from rstar_jax.rl import losses, off_policy, registry  # noqa: F401 (off_policy registers its losses)
 from rstar_jax.sharding.mesh import use_mesh
 from rstar_jax.sharding.rules import Rules, activation_layout, get_rules
@@ -642,8 +642,11 @@ def make_jitted_steps(
     is_leaf=lambda x: isinstance(x, tuple),
   )
 
+  # A Qwen3-MoE model runs its own forward (router + experts; aux losses not added here).
+  forward = qwen3_moe.forward if model_config.is_moe else qwen3.forward
+
   def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return qwen3.forward(
+    return forward(
       params,
       model_config,
       input_ids,
