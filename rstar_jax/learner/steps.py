@@ -192,16 +192,35 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
   return jnp.maximum(count, 1.0)
 
 
-def _apply(apply_fn, params, mb):
+def _apply_aux(apply_fn, params, mb):
+  """(logits, aux): an ``apply_fn`` may return ``(logits, (aux_loss, {name: scalar}))``, a
+  model-side loss (MoE load balancing / router z) added to the step's loss; else aux None."""
   if "segment_ids" in mb:
-    return apply_fn(
+    out = apply_fn(
       params,
       mb["input_ids"],
       mb["attention_mask"],
       segment_ids=mb["segment_ids"],
       positions=mb["positions"],
     )
-  return apply_fn(params, mb["input_ids"], mb["attention_mask"])
+  else:
+    out = apply_fn(params, mb["input_ids"], mb["attention_mask"])
+  return out if isinstance(out, tuple) else (out, None)
+
+
+def _apply(apply_fn, params, mb):
+  return _apply_aux(apply_fn, params, mb)[0]
+
+
+def _add_aux(out, aux, cfg: StepConfig):
+  """Adds a model-side aux loss, averaged over the micro-batches, and its scalar metrics."""
+  if aux is None:
+    return out
+  loss, sums = out
+  aux_loss, aux_metrics = aux
+  one = jnp.ones((), jnp.float32)
+  sums = {**sums, **{k: (jnp.asarray(v, jnp.float32), one) for k, v in aux_metrics.items()}}
+  return loss + aux_loss / cfg.num_micro_batches, sums
 
 
 def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -209,14 +228,19 @@ def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
 
 
 def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-  logits = _apply(apply_fn, params, mb)
+  logits, aux = _apply_aux(apply_fn, params, mb)
   mask = _target_mask(mb["loss_mask"])
   loss_fn = registry.get("sft_loss", cfg.sft_loss)
-  return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
+  out = loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
+  return _add_aux(out, aux, cfg)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-  logits = _apply(apply_fn, params, mb)
+  logits, aux = _apply_aux(apply_fn, params, mb)
+  return _add_aux(_rl_policy_loss(logits, mb, normaliser, cfg), aux, cfg)
+
+
+def _rl_policy_loss(logits, mb, normaliser, cfg: StepConfig):
   logp, ent = _token_aligned(logits, mb["input_ids"])
   kw = dict(
     eps_low=cfg.eps_low,
@@ -306,7 +330,8 @@ def sft_step(
   Args:
       state: TrainState.
       batch: SFT batch (module docstring), N a multiple of ``config.num_micro_batches``.
-      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V], or (logits,
+          (aux_loss, {name: scalar metric})) to add a model-side loss (e.g. MoE balance).
       config: static step settings.
       micro_sharding: optional array -> sharding for each micro-batch array (keeps rows on the
           data axes inside the accumulation loop); None lets the compiler choose.
@@ -543,7 +568,8 @@ def make_jitted_steps_for(
   """Model-agnostic core of `make_jitted_steps`: jit the steps with in/out shardings.
 
   Args:
-      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V], or (logits,
+          (aux_loss, {name: scalar metric})) to add a model-side loss (e.g. MoE balance).
       params_shardings: pytree of NamedSharding matching the params.
       abstract_params: pytree of arrays / ShapeDtypeStructs matching the params (only the
           structure is used, to lay out the optimizer state).
@@ -642,17 +668,13 @@ def make_jitted_steps(
     is_leaf=lambda x: isinstance(x, tuple),
   )
 
-  # A Qwen3-MoE model runs its own forward (router + experts; aux losses not added here).
-  forward = qwen3_moe.forward if model_config.is_moe else qwen3.forward
-
   def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return forward(
-      params,
-      model_config,
-      input_ids,
-      positions=positions,
-      attention_mask=attention_mask,
-      segment_ids=segment_ids,
-    )
+    kw = dict(positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
+    if not model_config.is_moe:
+      return qwen3.forward(params, model_config, input_ids, **kw)
+    # Qwen3-MoE: the router's load-balancing / z losses (config coefficients) join the loss.
+    logits, aux = qwen3_moe.forward(params, model_config, input_ids, return_aux=True, **kw)
+    aux_loss, metrics = qwen3_moe.aux_losses(aux, model_config)
+    return logits, (aux_loss, {k: v for k, v in metrics.items() if jnp.ndim(v) == 0})
 
   return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules, config=config)

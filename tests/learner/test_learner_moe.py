@@ -1,5 +1,6 @@
 """The learner's jitted steps run a Qwen3-MoE model (qwen3_moe.forward) on an expert-parallel
-mesh: log-probs equal the 1-device forward's, and an SFT step moves the expert weights."""
+mesh: log-probs equal the 1-device forward's, an SFT step moves the expert weights and
+reports the router's load-balancing / z losses (added to its loss)."""
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +42,8 @@ def test_moe_steps_on_expert_parallel_mesh():
   js = steps.make_jitted_steps(CFG, mesh, tx=tx)
   assert set(js.data_axes) == {"data", "fsdp", "expert"}
   logp = js.compute_logprobs(params, js.shard_batch(batch))
-  logits = qwen3_moe.forward(
-    params, CFG, jnp.asarray(batch["input_ids"]), attention_mask=jnp.asarray(attn)
+  logits, aux = qwen3_moe.forward(
+    params, CFG, jnp.asarray(batch["input_ids"]), attention_mask=jnp.asarray(attn), return_aux=True
   )
   want = jnp.take_along_axis(
     jax.nn.log_softmax(logits[:, :-1]), batch["input_ids"][:, 1:, None], -1
@@ -53,6 +54,10 @@ def test_moe_steps_on_expert_parallel_mesh():
   state, metrics = js.sft_step(state, js.shard_batch(batch))
   new = jax.device_get(state.params)
   assert np.isfinite(float(jax.device_get(metrics["loss"])))
+  # The router's balance loss joined the step (one micro-batch: the whole batch's value).
+  _, want_metrics = qwen3_moe.aux_losses(aux, CFG)
+  for k in ("moe/load_balancing_loss", "moe/router_z_loss", "moe/load_cv_mean"):
+    np.testing.assert_allclose(float(metrics[k]), float(want_metrics[k]), rtol=1e-5, err_msg=k)
   assert not np.allclose(
     new["moe"]["experts"]["up_proj"]["kernel"], params["moe"]["experts"]["up_proj"]["kernel"]
   )
