@@ -23,6 +23,10 @@ hang loses only that section; the JSON report is rewritten after every section. 
                zero-copy (same device pointer on both sides).
   rl_loop      2 RL steps of the tiny recipe (configs/rstar2_tiny_cpu.py: embedded JaxSampler,
                real code pool at whatever isolation the machine allows) on the default device.
+  moe          (only when named: --sections moe, < 3 min) benchmarks/moe.py on one Qwen3-30B-A3B
+               expert layer (D 2048, F 768, 128 experts, top 8, 8192 tokens, bf16): the
+               ``ragged_dot`` form and the block form against a dense SwiGLU of the same active
+               FLOPs (width 8 x 768), forward+backward and a 64-token decode step.
 """
 
 from __future__ import annotations
@@ -40,9 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTIONS = ("env", "learner", "decode", "dlpack", "rl_loop")
+EXTRA_SECTIONS = ("moe",)  # run only when named in --sections
 # Seconds per section on a GPU (sum < 10 min including process starts); smoke mode on CPU.
-BUDGET = {"env": 40, "learner": 170, "decode": 230, "dlpack": 30, "rl_loop": 100}
-SMOKE_BUDGET = {"env": 60, "learner": 240, "decode": 300, "dlpack": 60, "rl_loop": 300}
+BUDGET = {"env": 40, "learner": 170, "decode": 230, "dlpack": 30, "rl_loop": 100, "moe": 170}
+SMOKE_BUDGET = {"env": 60, "learner": 240, "decode": 300, "dlpack": 60, "rl_loop": 300, "moe": 240}
 
 # Dense bf16 peak TFLOP/s per device kind (vendor datasheets, no sparsity).
 PEAK_TFLOPS = {
@@ -394,6 +399,23 @@ def section_rl_loop(args) -> dict:
   }
 
 
+def section_moe(args) -> dict:
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "moe_bench", os.path.join(ROOT, "benchmarks", "moe.py")
+  )
+  moe_bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(moe_bench)
+  if args.smoke:
+    argv = ["--quick", "--forms", "block,ragged", "--experts", "8", "--topk", "2"]
+  else:
+    argv = ["--tokens", "8192", "--hidden", "2048", "--ffn", "768", "--experts", "128"]
+    argv += ["--topk", "8", "--decode-batch", "64", "--dtype", "bfloat16", "--steps", "5"]
+    argv += ["--forms", "ragged,block"]
+  return moe_bench.run(moe_bench.parse_args(argv))
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -452,8 +474,10 @@ def main(argv=None):
   }
   names = [s for s in args.sections.split(",") if s]
   for name in names:
-    if name not in SECTIONS:
-      raise SystemExit(f"--sections: unknown section {name!r}; choose from {SECTIONS}")
+    if name not in SECTIONS + EXTRA_SECTIONS:
+      raise SystemExit(
+        f"--sections: unknown section {name!r}; choose from {SECTIONS + EXTRA_SECTIONS}"
+      )
   t_all = time.perf_counter()
   for name in names:
     cmd = [

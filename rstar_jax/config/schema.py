@@ -209,12 +209,17 @@ class MeshConfig(_Section):
   data: int = field(1, int_range(-1), "Pure data-parallel axis.")
   fsdp: int = field(-1, int_range(-1), "FSDP axis (params and optimizer state sharded).")
   tensor: int = field(1, int_range(-1), "Tensor-parallel axis (heads / MLP columns).")
+  expert: int = field(
+    1,
+    int_range(-1),
+    "Expert-parallel axis (Qwen3-MoE experts split over it; the batch is split over it too).",
+  )
   num_devices: int = field(
     0, int_range(0), "Use only the first n devices (0 = all), e.g. one CPU device for toy runs."
   )
 
   def _cross(self):
-    sizes = [self.data, self.fsdp, self.tensor]
+    sizes = [self.data, self.fsdp, self.tensor, self.expert]
     out = []
     if sum(1 for s in sizes if s == -1) > 1:
       out.append(("mesh", f"expected at most one axis = -1, got {sizes}"))
@@ -224,7 +229,7 @@ class MeshConfig(_Section):
 
   @property
   def axes(self) -> dict[str, int]:
-    return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+    return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor, "expert": self.expert}
 
 
 @_section

@@ -52,7 +52,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -209,9 +209,24 @@ def _normaliser(mask: jax.Array, agg: str) -> jax.Array:
   return jnp.maximum(count, 1.0)
 
 
+class StepAux(NamedTuple):
+  """What a model's ``apply_fn`` may return beside the logits, as ``(logits, aux)``.
+
+  loss: scalar model-side loss added to the step's (MoE load balancing + router z), or None.
+  metrics: {name: scalar} reported with the step's metrics (averaged over micro-batches).
+  topk: [B, T, L, k] int32, the routers' own top-k (-1 on dense layers), for routing/agree*;
+      or None.
+  """
+
+  loss: jax.Array | None = None
+  metrics: Mapping[str, jax.Array] = {}
+  topk: jax.Array | None = None
+
+
 def _apply_aux(apply_fn, params, mb, replay: bool = False):
-  """(logits, aux): aux is what an apply_fn that returns (logits, aux) gives (MoE), else
-  None. ``replay`` passes the batch's routes (when it has them) to the forward."""
+  """(logits, aux): aux is what an apply_fn that returns (logits, aux) gives (MoE: a
+  `StepAux`), else None. ``replay`` passes the batch's routes (when it has them) to the
+  forward."""
   kw = {}
   if "segment_ids" in mb:
     kw = dict(segment_ids=mb["segment_ids"], positions=mb["positions"])
@@ -233,20 +248,32 @@ def _routing_sums(aux, mb, layers=()) -> dict:
   return routes_lib.agreement_sums(topk, mb[ROUTES_KEY], mb["attention_mask"], layers)
 
 
+def _add_aux(out, aux, cfg: StepConfig):
+  """Adds a model-side aux loss, averaged over the micro-batches, and its scalar metrics."""
+  aux_loss = getattr(aux, "loss", None)
+  if aux_loss is None:
+    return out
+  loss, sums = out
+  one = jnp.ones((), jnp.float32)
+  extra = {k: (jnp.asarray(v, jnp.float32), one) for k, v in aux.metrics.items()}
+  return loss + aux_loss / cfg.num_micro_batches, {**sums, **extra}
+
+
 def _with_packing(batch: Batch, keys: tuple[str, ...]) -> dict[str, jax.Array]:
   return {k: batch[k] for k in keys + PACKING_KEYS + (ROUTES_KEY,) if k in batch}
 
 
 def _sft_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
-  logits = _apply(apply_fn, params, mb)
+  logits, aux = _apply_aux(apply_fn, params, mb)
   mask = _target_mask(mb["loss_mask"])
   loss_fn = registry.get("sft_loss", cfg.sft_loss)
-  return loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
+  out = loss_fn(logits[:, :-1], mb["input_ids"][:, 1:], mask[:, 1:], normalizer=normaliser)
+  return _add_aux(out, aux, cfg)
 
 
 def _rl_micro_loss(apply_fn, params, mb, normaliser, cfg: StepConfig):
   logits, aux = _apply_aux(apply_fn, params, mb, cfg.routing_replay)
-  loss, metrics = _rl_policy_loss(logits, mb, normaliser, cfg)
+  loss, metrics = _add_aux(_rl_policy_loss(logits, mb, normaliser, cfg), aux, cfg)
   return loss, {**metrics, **_routing_sums(aux, mb, cfg.route_layers)}
 
 
@@ -340,7 +367,8 @@ def sft_step(
   Args:
       state: TrainState.
       batch: SFT batch (module docstring), N a multiple of ``config.num_micro_batches``.
-      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V], or (logits,
+          (aux_loss, {name: scalar metric})) to add a model-side loss (e.g. MoE balance).
       config: static step settings.
       micro_sharding: optional array -> sharding for each micro-batch array (keeps rows on the
           data axes inside the accumulation loop); None lets the compiler choose.
@@ -579,7 +607,8 @@ def make_jitted_steps_for(
   """Model-agnostic core of `make_jitted_steps`: jit the steps with in/out shardings.
 
   Args:
-      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V].
+      apply_fn: (params, input_ids, attention_mask) -> logits [B, T, V], or (logits,
+          (aux_loss, {name: scalar metric})) to add a model-side loss (e.g. MoE balance).
       params_shardings: pytree of NamedSharding matching the params.
       abstract_params: pytree of arrays / ShapeDtypeStructs matching the params (only the
           structure is used, to lay out the optimizer state).
@@ -690,12 +719,16 @@ def make_jitted_steps(
 
   def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None, routes=None):
     kw = dict(positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
-    if getattr(model_config, "is_moe", False):
-      # (logits, MoeAux): the routers' own top-k feeds routing/agree*; routes are forced
-      # (rollout routing replay) when the step passes them.
-      return qwen3_moe.forward(
-        params, model_config, input_ids, routes=routes, return_aux=True, **kw
-      )
-    return qwen3.forward(params, model_config, input_ids, **kw)
+    if not getattr(model_config, "is_moe", False):
+      return qwen3.forward(params, model_config, input_ids, **kw)
+    # Qwen3-MoE: routes are forced (rollout routing replay) when the step passes them; the
+    # routers' own top-k feeds routing/agree*; the load-balancing / z losses (config
+    # coefficients) join the loss.
+    logits, aux = qwen3_moe.forward(
+      params, model_config, input_ids, routes=routes, return_aux=True, **kw
+    )
+    aux_loss, metrics = qwen3_moe.aux_losses(aux, model_config)
+    scalars = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
+    return logits, StepAux(loss=aux_loss, metrics=scalars, topk=aux.topk)
 
   return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules, config=config)

@@ -26,14 +26,31 @@ Grouped expert computation (dropless: no capacity factor, no dropped token). The
 
 Shapes: ``x`` [N, D]; router kernel ``gate`` [D, E]; experts ``gate_proj`` / ``up_proj``
 [E, D, F], ``down_proj`` [E, F, D]. Leading dims of ``x`` beyond one are flattened.
+
+Expert parallelism. Traced under a mesh (``jax.set_mesh``) whose ``expert`` axis has size
+P > 1, `sparse_mlp` runs inside ``jax.shard_map``: each device holds E / P experts (the
+``expert`` logical axis of the sharding rules) and its own slice of the tokens (the batch is
+split over ``expert`` too). A device routes its tokens, sends each (token, expert) row to the
+device owning the expert with one ``all_to_all`` over ``expert``, runs its local experts
+(grouped as above) and sends the results back with a second ``all_to_all``. Composed with
+FSDP / tensor parallelism: the router and expert weights arrive split as the rules say and are
+all-gathered over their other axes inside the map (their gradients reduce-scattered back).
+Static shapes and no dropped token mean a send buffer of the worst case (every row to one
+device): P x the rows of a balanced exchange, and as many rows of expert compute. That is
+correct for any routing and fine at test and small scale; a ``ragged_all_to_all`` exchange
+sized by a capacity bound is the upgrade for large EP on GPU / TPU.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from rstar_jax.sharding.rules import active_rules, logical_to_spec
 
 IMPLEMENTATIONS = ("auto", "ragged", "block", "dense")
 
@@ -292,6 +309,13 @@ def experts(
 # ----------------------------------------------------------------------------- the layer
 
 
+def _expert_axis_size() -> int:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or "expert" not in mesh.axis_names:
+    return 1
+  return dict(zip(mesh.axis_names, mesh.axis_sizes))["expert"]
+
+
 def sparse_mlp(
   x: jax.Array,
   p: Params,
@@ -303,7 +327,9 @@ def sparse_mlp(
   config: a ``Qwen3MoeConfig`` (``num_experts_per_tok``, ``norm_topk_prob``,
   ``moe_implementation``, ``moe_block_size``); routes: [..., k] int or None; valid: [...]
   bool tokens counted in the stats (default all). Returns (y [..., D], Routing with [N, ...]
-  arrays, LayerStats)."""
+  arrays, LayerStats). Expert parallel under a mesh with an ``expert`` axis (x then [B, T, D])."""
+  if _expert_axis_size() > 1 and x.ndim == 3:
+    return _sparse_mlp_ep(x, p, config, routes, valid)
   lead, D = x.shape[:-1], x.shape[-1]
   xf = x.reshape(-1, D)
   k = config.num_experts_per_tok
@@ -312,6 +338,124 @@ def sparse_mlp(
   y = experts(xf, r.ids, r.weights, p["experts"], config.moe_implementation, config.moe_block_size)
   stats = layer_stats(r, None if valid is None else valid.reshape(-1))
   return y.reshape(*lead, D), r, stats
+
+
+def _ep_local(x, gate, ex, routes, valid, *, config, batch_axes, gather_axes, num_experts):
+  """Per-device body of the expert-parallel layer (inside shard_map). x: [b, T, D] local."""
+  b, T, D = x.shape
+  k = config.num_experts_per_tok
+  # FSDP / tensor shards of the weights -> whole matrices (transpose: reduce-scatter).
+  gate = _gather_dims(gate, ("embed", None), gather_axes)
+  ex = {
+    "gate_proj": {
+      "kernel": _gather_dims(ex["gate_proj"]["kernel"], (None, "embed", "mlp"), gather_axes)
+    },
+    "up_proj": {
+      "kernel": _gather_dims(ex["up_proj"]["kernel"], (None, "embed", "mlp"), gather_axes)
+    },
+    "down_proj": {
+      "kernel": _gather_dims(ex["down_proj"]["kernel"], (None, "mlp", "embed"), gather_axes)
+    },
+  }
+  E_loc = ex["gate_proj"]["kernel"].shape[0]
+  ep = num_experts // E_loc
+  xf = x.reshape(-1, D)
+  n = xf.shape[0]
+  rf = None if routes is None else routes.reshape(n, k)
+  r = route(xf, gate, k, config.norm_topk_prob, rf)
+  stats = layer_stats(r, None if valid is None else valid.reshape(-1))
+  stats = jax.tree.map(lambda a: jax.lax.psum(a, batch_axes), stats) if batch_axes else stats
+  # Dispatch: row (token, slot) -> device ids // E_loc, slot = its rank among that device's rows.
+  M = n * k
+  flat = r.ids.reshape(-1)
+  dest = flat // E_loc
+  order = jnp.argsort(dest, stable=True)
+  counts = jnp.zeros((ep,), jnp.int32).at[dest].add(1)
+  starts = jnp.cumsum(counts) - counts
+  rank_sorted = jnp.arange(M) - starts[dest[order]]
+  rank = jnp.zeros((M,), jnp.int32).at[order].set(rank_sorted.astype(jnp.int32))
+  tok = jnp.arange(M) // k
+  send_x = jnp.zeros((ep, M, D), x.dtype).at[dest, rank].set(xf[tok])
+  send_e = jnp.full((ep, M), -1, jnp.int32).at[dest, rank].set(flat % E_loc)
+  recv_x = jax.lax.all_to_all(send_x, "expert", 0, 0, tiled=True)  # [ep, M, D] from each peer
+  recv_e = jax.lax.all_to_all(send_e, "expert", 0, 0, tiled=True)
+  rows_e = recv_e.reshape(-1, 1)
+  ok = rows_e >= 0
+  # Empty slots hold zeros (SwiGLU(0) = 0) on local expert 0; one weight each, k = 1.
+  y_rows = experts(
+    recv_x.reshape(-1, D),
+    jnp.where(ok, rows_e, 0),
+    ok.astype(x.dtype),
+    ex,
+    config.moe_implementation,
+    config.moe_block_size,
+  ).reshape(ep, M, D)
+  back = jax.lax.all_to_all(y_rows, "expert", 0, 0, tiled=True)  # [ep, M, D], my rows
+  y = _combine(back[dest, rank], r.weights)
+  return y.reshape(b, T, D), r.topk.reshape(b, T, k), r.ids.reshape(b, T, k), stats
+
+
+def _gather_dims(w, kinds, gather_axes):
+  """All-gather ``w`` along each dim whose kind ("embed" / "mlp") is sharded (tiled)."""
+  for dim, kind in enumerate(kinds):
+    for axis in gather_axes.get(kind, ()):
+      w = jax.lax.all_gather(w, axis, axis=dim, tiled=True, to="invarying")
+  return w
+
+
+def _axes(spec_entry) -> tuple[str, ...]:
+  if spec_entry is None:
+    return ()
+  return (spec_entry,) if isinstance(spec_entry, str) else tuple(spec_entry)
+
+
+def _sparse_mlp_ep(x, p, config, routes, valid):
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = active_rules()
+  B, T, D = x.shape
+  E, k = config.num_experts, config.num_experts_per_tok
+  ep = dict(zip(mesh.axis_names, mesh.axis_sizes))["expert"]
+  if E % ep:
+    raise ValueError(f"moe: num_experts {E} is not divisible by the expert mesh axis ({ep})")
+  ex = p["experts"]
+  F = ex["gate_proj"]["kernel"].shape[-1]
+  x_spec = logical_to_spec(("batch", None, None), rules, mesh, x.shape)
+  batch_axes = _axes(x_spec[0])
+  w_spec = logical_to_spec(("expert", "embed", "expert_mlp"), rules, mesh, (E, D, F))
+  d_spec = logical_to_spec(("expert", "expert_mlp", "embed"), rules, mesh, (E, F, D))
+  g_spec = logical_to_spec(("embed", None), rules, mesh, (D, E))
+  if _axes(w_spec[0]) != ("expert",):
+    raise ValueError(
+      "moe: expert parallelism needs the 'expert' logical axis on the 'expert' mesh axis"
+    )
+  gather_axes = {"embed": _axes(w_spec[1]), "mlp": _axes(w_spec[2])}
+  if _axes(d_spec[1]) != gather_axes["mlp"] or _axes(d_spec[2]) != gather_axes["embed"]:
+    raise ValueError("moe: down_proj must be split like gate_proj / up_proj (transposed)")
+  if _axes(g_spec[0]) != gather_axes["embed"]:
+    raise ValueError("moe: the router's model width must be split like the experts'")
+  tok = P(*x_spec[:1], None, None)
+  ex_spec = {
+    "gate_proj": {"kernel": w_spec},
+    "up_proj": {"kernel": w_spec},
+    "down_proj": {"kernel": d_spec},
+  }
+  if routes is not None:
+    routes = routes.reshape(B, T, k)
+  if valid is not None:
+    valid = valid.reshape(B, T)
+  body = functools.partial(
+    _ep_local, config=config, batch_axes=batch_axes, gather_axes=gather_axes, num_experts=E
+  )
+  stats_spec = LayerStats(P(), P(), P(), P(), P())
+  y, topk, ids, stats = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(tok, g_spec, ex_spec, tok, P(*x_spec[:1], None)),
+    out_specs=(tok, tok, tok, stats_spec),
+  )(x, p["gate"]["kernel"], ex, routes, valid)
+  # The gate weights / logits stay inside the map; callers use topk, ids and stats.
+  r = Routing(topk.reshape(-1, k), ids.reshape(-1, k), None, None, None)
+  return y, r, stats
 
 
 def active_flops_per_token(config) -> int:

@@ -180,6 +180,8 @@ def aux_losses(aux: MoeAux, config: Qwen3MoeConfig) -> tuple[jax.Array, dict[str
   ``router_aux_loss_coef * load_balancing_loss + router_z_loss_coef * router_z_loss`` over
   the sparse layers; metrics: both losses and the per-layer expert load / router entropy of
   `moe.expert_metrics` (the ``*_mean`` entries average over layers)."""
+  if aux.stats.counts.shape[0] == 0:  # every layer dense (mlp_only_layers): nothing to balance
+    return jnp.zeros((), jnp.float32), {}
   lb = moe.load_balancing_loss(aux.stats, config.num_experts_per_tok)
   z = moe.router_z_loss(aux.stats)
   total = config.router_aux_loss_coef * lb + config.router_z_loss_coef * z

@@ -126,7 +126,8 @@ def model_config_for_plan(cfg: RunConfig) -> qwen3.Qwen3Config:
 
 
 def data_parallel_size(mesh_sizes: dict[str, int]) -> int:
-  return mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1)
+  # The batch rule splits rows over data, fsdp and expert (sharding.rules "batch").
+  return mesh_sizes.get("data", 1) * mesh_sizes.get("fsdp", 1) * mesh_sizes.get("expert", 1)
 
 
 def rl_shape(cfg: RunConfig, mesh_sizes: dict[str, int], stage_index: int = 0) -> StepShape:

@@ -153,6 +153,11 @@ def activation_layout(layout: str | Rules):
     _ACTIVATION_RULES.reset(token)
 
 
+def active_rules() -> Rules:
+  """The rules ``constrain`` uses now (see `activation_layout`)."""
+  return _ACTIVATION_RULES.get()
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   """``with_sharding_constraint`` by logical names, only when a mesh is active.
 

@@ -263,3 +263,25 @@ def test_aux_losses_from_forward(hf_models):
     return qwen3_moe.aux_losses(a, config)[0]
 
   assert np.abs(np.asarray(jax.jit(jax.grad(loss))(gate))).max() > 0
+
+
+def test_all_dense_moe_config_has_zero_aux_loss():
+  c = qwen3_moe.Qwen3MoeConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=24,
+    moe_intermediate_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    mlp_only_layers=(0, 1),
+  )
+  params = qwen3.init_params(c, jax.random.key(0))
+  assert "moe" not in params and c.sparse_layers == ()
+  _, aux = qwen3_moe.forward(params, c, jnp.zeros((1, 4), jnp.int32), return_aux=True)
+  total, metrics = qwen3_moe.aux_losses(aux, c)
+  assert float(total) == 0.0 and metrics == {}
+  np.testing.assert_array_equal(np.asarray(aux.routes), -1)
