@@ -316,7 +316,7 @@ def test_moe_preset_sizes_and_active_flops():
   # Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active per token (embedding included).
   assert plan_lib.param_count(c) / 1e9 == pytest.approx(30.53, abs=0.01)
   fw = plan_lib.forward_flops_per_row(c, 1)
-  d, f, k, E, L = 2048, 768, 8, 128, 48
+  d, f, k, L = 2048, 768, 8, 48
   assert fw["experts"] == L * 2 * 3 * d * f * k  # the k active experts, not all E
   active = (fw["layers"] + fw["logits"]) / 2 + c.vocab_size * d  # + the embedding lookup
   assert active / 1e9 == pytest.approx(3.3, abs=0.1)
