@@ -1,6 +1,7 @@
 """The CPU demo: config, prompt/SFT token agreement, and a smoke run of every phase through the
 launcher (tiny `configs/demo.py:smoke`), stopped after one RL step and resumed."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -171,6 +172,57 @@ def test_demo_lora_variant_keeps_sft_full_and_trains_adapters_in_rl():
   # LoRA settings are not part of the SFT phase's record: a LoRA run can reuse a full SFT.
   assert not [f for f in demo_record._SFT if f.startswith("model.lora")]
   assert "model.hidden_size" in demo_record._SFT
+
+
+def test_demo_moe_variant_is_the_documented_tiny_moe_with_bf16_rollouts():
+  """configs/demo.py:moe is what docs/moe.md says: every layer sparse, 8 experts top 2,
+  renormalised gates, learner f32, JaxSampler bf16, routes recorded, replay off by default."""
+  from rstar_jax.models.qwen3_config import Qwen3MoeConfig
+
+  run = from_config_dict(demo_config.get_config("moe"))
+  mc = run.model.qwen3_config()
+  assert isinstance(mc, Qwen3MoeConfig)
+  assert (mc.num_experts, mc.num_experts_per_tok, mc.moe_intermediate_size) == (8, 2, 96)
+  assert mc.norm_topk_prob and mc.sparse_layers == (0, 1, 2) and mc.dtype == "float32"
+  assert run.rollout.dtype == "bfloat16" and run.rl.routing_metrics
+  assert run.rl.routing_replay == "off"
+  assert run.stages == from_config_dict(demo_config.get_config()).stages  # the dense demo's RL
+  smoke = from_config_dict(demo_config.get_config("moe_smoke"))
+  assert isinstance(smoke.model.qwen3_config(), Qwen3MoeConfig)
+  assert smoke.model.num_experts == 4 and smoke.rollout.dtype == "bfloat16"
+
+
+def test_rollout_dtype_is_the_jax_sampler_compute_dtype_across_pushes():
+  import jax
+
+  from rstar_jax.models import qwen3
+
+  run = from_config_dict(demo_config.get_config("moe_smoke"))
+  mc = run.model.qwen3_config()
+  params = qwen3.init_params(mc, jax.random.key(0))
+  eng = wiring.build_engine(run, mc, params, tokenizer=None)
+  assert eng.config.dtype == "bfloat16" and mc.dtype == "float32"
+  assert eng.return_routes  # rl.routing_metrics: the engine records its routes
+  # The RL loop's pushes carry the learner's (f32) config: the sampler stays bf16.
+  asyncio.run(eng.update_weights(mc, params))
+  assert eng.config.dtype == "bfloat16" and eng.weight_version == 1
+  plain = from_config_dict(demo_config.get_config("smoke"))
+  pc = plain.model.qwen3_config()
+  eng = wiring.build_engine(plain, pc, qwen3.init_params(pc, jax.random.key(0)), tokenizer=None)
+  assert eng.config.dtype == "float32" and not eng.return_routes
+
+
+def test_moe_model_fields_bad_values_are_one_line():
+  from rstar_jax.config import ConfigError
+
+  cfg = demo_config.get_config("moe")
+  cfg.model.num_experts_per_tok = 9
+  with pytest.raises(ConfigError, match=r"^config.model.num_experts_per_tok: expected <= num_e"):
+    from_config_dict(cfg)
+  cfg = demo_config.get_config("moe")
+  cfg.model.mlp_only_layers = [3]
+  with pytest.raises(ConfigError, match=r"^config.model.mlp_only_layers: expected layer indices"):
+    from_config_dict(cfg)
 
 
 @pytest.mark.slow
