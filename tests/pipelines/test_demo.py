@@ -212,6 +212,19 @@ def test_rollout_dtype_is_the_jax_sampler_compute_dtype_across_pushes():
   assert eng.config.dtype == "float32" and not eng.return_routes
 
 
+def test_routing_summary_of_the_step_rows():
+  rows = [
+    {"step": 1, "routing/agree": 0.5, "routing/no_replay/is_ratio_max": 3.0, "reward_mean": 0.1},
+    {"step": 2, "reward_mean": 0.2},  # a step without a batch logs no routing metrics
+    {"step": 3, "routing/agree": 0.7, "routing/no_replay/is_ratio_max": 2.0},
+  ]
+  got = demo.routing_summary(rows)
+  assert got["agree"] == pytest.approx({"first": 0.5, "last": 0.7, "mean": 0.6})
+  assert got["no_replay/is_ratio_max"]["max"] == 3.0
+  assert set(got) == {"agree", "no_replay/is_ratio_max"}
+  assert demo.routing_summary([{"step": 1, "reward_mean": 0.0}]) == {}  # a dense run: nothing
+
+
 def test_moe_model_fields_bad_values_are_one_line():
   from rstar_jax.config import ConfigError
 
