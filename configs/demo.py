@@ -162,6 +162,9 @@ def _moe(c: ml_collections.ConfigDict) -> None:
   c.model.router_aux_loss_coef = 0.01
   c.rollout.dtype = "bfloat16"
   c.rl.routing_metrics = True
+  # Half the dense demo's RL steps: a MoE step costs more on a CPU (the block-grouped experts,
+  # bf16 emulated in the sampler, one extra forward for the ratio metrics).
+  c.stages = [common.stage("demo", steps=20, response_budget=200, max_turns=5)]
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:

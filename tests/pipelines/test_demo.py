@@ -2,6 +2,7 @@
 launcher (tiny `configs/demo.py:smoke`), stopped after one RL step and resumed."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -186,7 +187,8 @@ def test_demo_moe_variant_is_the_documented_tiny_moe_with_bf16_rollouts():
   assert mc.norm_topk_prob and mc.sparse_layers == (0, 1, 2) and mc.dtype == "float32"
   assert run.rollout.dtype == "bfloat16" and run.rl.routing_metrics
   assert run.rl.routing_replay == "off"
-  assert run.stages == from_config_dict(demo_config.get_config()).stages  # the dense demo's RL
+  (dense_stage,) = from_config_dict(demo_config.get_config()).stages
+  assert run.stages == (dataclasses.replace(dense_stage, steps=20),)  # half the dense demo's RL
   smoke = from_config_dict(demo_config.get_config("moe_smoke"))
   assert isinstance(smoke.model.qwen3_config(), Qwen3MoeConfig)
   assert smoke.model.num_experts == 4 and smoke.rollout.dtype == "bfloat16"
@@ -271,6 +273,36 @@ def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   np.testing.assert_array_equal(  # non-adapted weights are the SFT model's
     np.asarray(rl_p["embed_tokens"]["embedding"]), np.asarray(sft_p["embed_tokens"]["embedding"])
   )
+
+
+@pytest.mark.slow
+def test_demo_moe_smoke_replays_routes_and_logs_agreement(tmp_path):
+  """configs/demo.py:moe_smoke with replay on, through the launcher: every RL step with a batch
+  logs router agreement and the importance ratios with and without replay, the summary
+  carries them, and the exported models are Qwen3-MoE checkpoints."""
+  from rstar_jax.models import qwen3
+
+  w = str(tmp_path / "run")
+  _launch(
+    f"--workdir={w}",
+    "--config=configs/demo.py:moe_smoke",
+    "--config.rl.routing_replay=rollout",
+    "--config.rl.drop_zero_variance=False",  # every step updates, whatever the rollouts
+  )
+  rows = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  for r in rows:
+    assert 0 <= r["routing/agree"] <= 1 and "routing/agree_layer1" in r
+    for mode in ("replay", "no_replay"):
+      lo, mean, hi = (r[f"routing/{mode}/is_ratio_{s}"] for s in ("min", "mean", "max"))
+      assert 0 < lo <= mean <= hi and np.isfinite(hi), (mode, r)
+  summary = json.load(open(os.path.join(w, "summary.json")))
+  assert summary["routing_replay"] == "rollout"
+  assert {"agree", "replay/abs_log_ratio_mean", "no_replay/abs_log_ratio_mean"} <= set(
+    summary["routing"]
+  )
+  for d in ("sft/hf", "rl/hf"):
+    assert qwen3.Qwen3Config.from_hf(os.path.join(w, d)).is_moe
 
 
 class _CharTokenizer:
