@@ -39,7 +39,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """variant "" = the demo; "smoke" = a toy-sized run of every phase with real RL updates
   (~1-2 minutes); "noisy" / "sparse" / "dense" = the claims benchmark's environments
   (`CLAIM_VARIANTS`), and "<claim>_smoke" the same at toy size (`_claim_smoke`); "lora" /
-  "lora_smoke" = RL with LoRA adapters (the latter at the smoke size)."""
+  "lora_smoke" = RL with LoRA adapters (the latter at the smoke size); "moe" / "moe_smoke" = the
+  demo on a tiny Qwen3-MoE with bf16 rollouts (`_moe`)."""
   common.check_variant(variant, "configs/demo.py", VARIANTS)
   c = ml_collections.ConfigDict()
   c.mode = "rl"
@@ -127,7 +128,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     _claim_lengths(c)
   if claim == "lora":
     _lora(c)
-  if variant in ("smoke", "lora_smoke"):
+  if claim == "moe":
+    _moe(c)
+  if variant in ("smoke", "lora_smoke", "moe_smoke"):
     _smoke(c)
   elif variant.endswith("_smoke"):
     _claim_smoke(c)
@@ -142,6 +145,26 @@ def _lora(c: ml_collections.ConfigDict) -> None:
   c.model.lora_rank = 16
   c.model.lora_alpha = 32.0
   c.optim.lr = 1e-3
+
+
+def _moe(c: ml_collections.ConfigDict) -> None:
+  """The demo on a tiny Qwen3-MoE (issue 39): every layer sparse, 8 experts of width 96, top 2
+  (renormalised gates, as Qwen3-30B-A3B), so a token's active MLP width (192) is half the dense
+  demo's 384. The rollouts run in bf16 and the learner in f32, so the engine's and the
+  learner's routers really disagree; the engine records its routes
+  (``rl.routing_metrics``) and every RL step logs router agreement and the importance ratios
+  with and without replay. ``--config.rl.routing_replay=rollout`` replays the engine's routes
+  in the learner (docs/routing_replay.md has both runs)."""
+  c.model.num_experts = 8
+  c.model.num_experts_per_tok = 2
+  c.model.moe_intermediate_size = 96
+  c.model.norm_topk_prob = True
+  c.model.router_aux_loss_coef = 0.01
+  c.rollout.dtype = "bfloat16"
+  c.rl.routing_metrics = True
+  # Half the dense demo's RL steps: a MoE step costs more on a CPU (the block-grouped experts,
+  # bf16 emulated in the sampler, one extra forward for the ratio metrics).
+  c.stages = [common.stage("demo", steps=20, response_budget=200, max_turns=5)]
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
@@ -161,6 +184,8 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.eval.max_problems = 6
   c.model.hidden_size, c.model.intermediate_size = 64, 128
   c.model.num_hidden_layers, c.model.head_dim = 2, 16
+  if c.model.num_experts:
+    c.model.num_experts, c.model.moe_intermediate_size = 4, 32
   c.sft.epochs, c.sft.batch_size = 80.0, 4
   c.sft_optim.lr = 1e-2
   c.rl.group_size, c.rl.oversample, c.rl.min_pos, c.rl.min_neg = 2, 4, 1, 1
@@ -255,7 +280,7 @@ def _claim_lengths(c: ml_collections.ConfigDict) -> None:
 
 CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse}
 VARIANTS = (
-  ("", "smoke", "lora", "lora_smoke")
+  ("", "smoke", "lora", "lora_smoke", "moe", "moe_smoke")
   + tuple(CLAIM_VARIANTS)
   + tuple(f"{v}_smoke" for v in CLAIM_VARIANTS)
 )

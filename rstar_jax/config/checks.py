@@ -103,6 +103,11 @@ STR_TUPLE = Check(
   lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
   lambda v: tuple(v) if isinstance(v, list) else v,
 )
+INT_TUPLE = Check(
+  "a list of ints",
+  lambda v: isinstance(v, tuple) and all(_is_int(x) for x in v),
+  lambda v: tuple(v) if isinstance(v, list) else v,
+)
 
 
 def field(default: Any, check: Check | None, doc: str):

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from rstar_jax.config.checks import (
+  INT_TUPLE,
   IS_BOOL,
   IS_STR,
   STR_TUPLE,
@@ -131,6 +132,29 @@ class ModelConfig(_Section):
   lora_dtype: str = field(
     "float32", one_of(DTYPES), "Adapter dtype (the base keeps param_dtype, e.g. bf16 base)."
   )
+  num_experts: int = field(
+    0, int_range(0), "Tiny model: experts per MoE layer (0 = dense Qwen3; > 0 = Qwen3-MoE)."
+  )
+  num_experts_per_tok: int = field(2, int_range(1), "Tiny MoE: top-k experts per token.")
+  moe_intermediate_size: int = field(128, int_range(1), "Tiny MoE: SwiGLU width of one expert.")
+  norm_topk_prob: bool = field(
+    True, IS_BOOL, "Tiny MoE: renormalise the top-k gate weights (Qwen3-30B-A3B: true)."
+  )
+  decoder_sparse_step: int = field(
+    1, int_range(1), "Tiny MoE: layer i is sparse when (i + 1) % step == 0 (HF's rule)."
+  )
+  mlp_only_layers: tuple = field((), INT_TUPLE, "Tiny MoE: layers that keep a dense MLP.")
+  router_aux_loss_coef: float = field(
+    0.001,
+    num_range(0),
+    "Tiny MoE: load-balancing loss coefficient (an hf_dir model: its config.json).",
+  )
+  router_z_loss_coef: float = field(0.0, num_range(0), "Tiny MoE: router z-loss coefficient.")
+  moe_implementation: str = field(
+    "auto",
+    one_of(("auto", "ragged", "block", "dense")),
+    "Tiny MoE: grouped expert matmul: 'auto' (ragged_dot on GPU/TPU, block on CPU), 'ragged', 'block' or 'dense' (every expert on every token; the reference).",
+  )
 
   def _cross(self):
     from rstar_jax.models.lora import (
@@ -140,6 +164,21 @@ class ModelConfig(_Section):
     bad = [t for t in self.lora_targets if t not in ALL_TARGETS]
     if bad or (self.lora_rank and not self.lora_targets):
       return [("model.lora_targets", f"expected names from {list(ALL_TARGETS)}, got {bad or []}")]
+    if self.num_experts and self.num_experts_per_tok > self.num_experts:
+      return [
+        (
+          "model.num_experts_per_tok",
+          f"expected <= num_experts={self.num_experts}, got {self.num_experts_per_tok}",
+        )
+      ]
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_hidden_layers]
+    if bad:
+      return [
+        (
+          "model.mlp_only_layers",
+          f"expected layer indices < num_hidden_layers={self.num_hidden_layers}, got {bad}",
+        )
+      ]
     if self.num_attention_heads % self.num_key_value_heads:
       return [
         (
@@ -172,7 +211,8 @@ class ModelConfig(_Section):
 
   def qwen3_config(self):
     """The model's own `Qwen3Config` (read from ``hf_dir`` when set)."""
-    from rstar_jax.models import qwen3  # the config stays jax-free (--help, --describe_config)
+    # the config stays jax-free (--help, --describe_config)
+    from rstar_jax.models import qwen3, qwen3_config
 
     if self.hf_dir:
       return qwen3.Qwen3Config.from_hf(
@@ -182,7 +222,25 @@ class ModelConfig(_Section):
         attention=self.attention,
         attention_block_size=self.attention_block_size,
       )
-    return qwen3.Qwen3Config(
+    if self.num_experts:
+      return qwen3_config.Qwen3MoeConfig(**self._dense_fields(), **self._moe_fields())
+    return qwen3.Qwen3Config(**self._dense_fields())
+
+  def _moe_fields(self) -> dict:
+    return dict(
+      num_experts=self.num_experts,
+      num_experts_per_tok=self.num_experts_per_tok,
+      moe_intermediate_size=self.moe_intermediate_size,
+      norm_topk_prob=self.norm_topk_prob,
+      decoder_sparse_step=self.decoder_sparse_step,
+      mlp_only_layers=tuple(self.mlp_only_layers),
+      router_aux_loss_coef=self.router_aux_loss_coef,
+      router_z_loss_coef=self.router_z_loss_coef,
+      moe_implementation=self.moe_implementation,
+    )
+
+  def _dense_fields(self) -> dict:
+    return dict(
       vocab_size=self.vocab_size,
       hidden_size=self.hidden_size,
       intermediate_size=self.intermediate_size,
@@ -431,6 +489,11 @@ class RolloutConfig(_Section):
   SECTION: ClassVar[str] = "rollout"
   engine: str = field(
     "jax", one_of(("jax", "sglang")), "'jax' (embedded JaxSampler) or 'sglang' (HTTP servers)."
+  )
+  dtype: str = field(
+    "",
+    one_of(("",) + DTYPES),
+    "JaxSampler compute dtype ('' = model.dtype), e.g. 'bfloat16' rollouts beside an f32 learner (the engine/learner mismatch routing replay is for); SGLang servers choose their own.",
   )
   sglang_urls: tuple[str, ...] = field(
     ("http://127.0.0.1:30000",), STR_TUPLE, "Every SGLang worker (the weight push must reach each)."

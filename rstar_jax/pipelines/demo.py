@@ -320,6 +320,31 @@ def build_summary(workdir: str, wall_time_s: float, cfg) -> dict:
   cs = os.path.join(workdir, "coldstart_stats.json")
   if os.path.isfile(cs):
     out["coldstart"] = _read_json(cs)
+  routing = routing_summary(rows)
+  if routing:
+    out["routing_replay"] = cfg.rl.routing_replay
+    out["routing"] = routing
+    out["eval_curve"] = [
+      [r["step"], r["eval_accuracy"]] for r in rows if r.get("eval_accuracy") is not None
+    ]
+  return out
+
+
+def routing_summary(rows: Sequence[dict]) -> dict:
+  """MoE runs that record routes: each ``routing/*`` step metric (router agreement, importance
+  ratios with / without replay) as first, last and mean over the RL steps that logged it; the
+  ``is_ratio_max`` / ``is_ratio_min`` rows also as their extremes over the run."""
+  out = {}
+  for key in sorted({k for r in rows for k in r if k.startswith("routing/")}):
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+    if not vals:
+      continue
+    row = {"first": vals[0], "last": vals[-1], "mean": sum(vals) / len(vals)}
+    if key.endswith("is_ratio_max"):
+      row["max"] = max(vals)
+    if key.endswith("is_ratio_min"):
+      row["min"] = min(vals)
+    out[key[len("routing/") :]] = row
   return out
 
 

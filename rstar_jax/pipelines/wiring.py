@@ -274,6 +274,7 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
       tokenizer=tokenizer,
       weight_version=weight_version,
       return_routes=layout is not None,
+      dtype=r.dtype or None,  # its own compute dtype, kept across weight pushes
     )
   return SGLangEngine(
     fleet.process_urls(list(r.sglang_urls)),

@@ -321,6 +321,9 @@ class JaxSampler:
       decode step's input token), i.e. from the first token not reused from a kept cache to
       the second-to-last output token. The model's paged forward must report them
       (``paged_kv.forward_paged`` / ``forward_window`` with ``return_routes=True``).
+    dtype: compute dtype ("float32" / "bfloat16") overriding ``config.dtype``, here and in
+      every `update_weights` config (e.g. bf16 rollouts beside an f32 learner, whose pushes
+      carry the learner's config). None: the config's own.
   """
 
   # update_weights lands between decode chunks; rows in flight continue with the new weights
@@ -343,7 +346,10 @@ class JaxSampler:
     tokenizer: Any = None,
     weight_version: int = 0,
     return_routes: bool = False,
+    dtype: str | None = None,
   ):
+    if dtype is not None and dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype: expected None, 'float32' or 'bfloat16', got {dtype!r}")
     if not isinstance(max_batch, int) or max_batch < 1:
       raise ValueError(f"max_batch: expected an int >= 1, got {max_batch!r}")
     if max_len is not None and (not isinstance(max_len, int) or max_len < 2):
@@ -398,7 +404,8 @@ class JaxSampler:
     self.dispatch_counts = collections.Counter()
     self.prefill_tokens: collections.Counter[str] = collections.Counter()
     self.evictions = 0  # kept trajectory prefixes dropped to make room
-    self._set_model(config, params)
+    self._dtype = dtype
+    self._set_model(self._own_dtype(config), params)
     self._check_fits()
     self._pool: paged_kv.PagedKV | None = None
     self._pending: collections.deque[_Request] = collections.deque()
@@ -409,6 +416,10 @@ class JaxSampler:
     self._lock: asyncio.Lock | None = None
     self._thread_guard = threading.Lock()  # the device state is touched by one thread
     self._reset_rows()
+
+  def _own_dtype(self, config):
+    """``config`` with the sampler's own compute dtype, when it has one (``dtype``)."""
+    return config.replace(dtype=self._dtype) if self._dtype else config
 
   # ------------------------------------------------------------------ public API
 
@@ -457,6 +468,7 @@ class JaxSampler:
     """Swaps params between decode chunks; rows in flight continue with the new weights
     (each token's version is recorded). ``version`` None = current + 1."""
     self._bind_loop()
+    config = self._own_dtype(config)
     async with self._lock:
       if config != self.config and any(r is not None for r in self._rows):
         raise ValueError(

@@ -1,6 +1,8 @@
 """The CPU demo: config, prompt/SFT token agreement, and a smoke run of every phase through the
 launcher (tiny `configs/demo.py:smoke`), stopped after one RL step and resumed."""
 
+import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -173,6 +175,71 @@ def test_demo_lora_variant_keeps_sft_full_and_trains_adapters_in_rl():
   assert "model.hidden_size" in demo_record._SFT
 
 
+def test_demo_moe_variant_is_the_documented_tiny_moe_with_bf16_rollouts():
+  """configs/demo.py:moe is what docs/moe.md says: every layer sparse, 8 experts top 2,
+  renormalised gates, learner f32, JaxSampler bf16, routes recorded, replay off by default."""
+  from rstar_jax.models.qwen3_config import Qwen3MoeConfig
+
+  run = from_config_dict(demo_config.get_config("moe"))
+  mc = run.model.qwen3_config()
+  assert isinstance(mc, Qwen3MoeConfig)
+  assert (mc.num_experts, mc.num_experts_per_tok, mc.moe_intermediate_size) == (8, 2, 96)
+  assert mc.norm_topk_prob and mc.sparse_layers == (0, 1, 2) and mc.dtype == "float32"
+  assert run.rollout.dtype == "bfloat16" and run.rl.routing_metrics
+  assert run.rl.routing_replay == "off"
+  (dense_stage,) = from_config_dict(demo_config.get_config()).stages
+  assert run.stages == (dataclasses.replace(dense_stage, steps=20),)  # half the dense demo's RL
+  smoke = from_config_dict(demo_config.get_config("moe_smoke"))
+  assert isinstance(smoke.model.qwen3_config(), Qwen3MoeConfig)
+  assert smoke.model.num_experts == 4 and smoke.rollout.dtype == "bfloat16"
+
+
+def test_rollout_dtype_is_the_jax_sampler_compute_dtype_across_pushes():
+  import jax
+
+  from rstar_jax.models import qwen3
+
+  run = from_config_dict(demo_config.get_config("moe_smoke"))
+  mc = run.model.qwen3_config()
+  params = qwen3.init_params(mc, jax.random.key(0))
+  eng = wiring.build_engine(run, mc, params, tokenizer=None)
+  assert eng.config.dtype == "bfloat16" and mc.dtype == "float32"
+  assert eng.return_routes  # rl.routing_metrics: the engine records its routes
+  # The RL loop's pushes carry the learner's (f32) config: the sampler stays bf16.
+  asyncio.run(eng.update_weights(mc, params))
+  assert eng.config.dtype == "bfloat16" and eng.weight_version == 1
+  plain = from_config_dict(demo_config.get_config("smoke"))
+  pc = plain.model.qwen3_config()
+  eng = wiring.build_engine(plain, pc, qwen3.init_params(pc, jax.random.key(0)), tokenizer=None)
+  assert eng.config.dtype == "float32" and not eng.return_routes
+
+
+def test_routing_summary_of_the_step_rows():
+  rows = [
+    {"step": 1, "routing/agree": 0.5, "routing/no_replay/is_ratio_max": 3.0, "reward_mean": 0.1},
+    {"step": 2, "reward_mean": 0.2},  # a step without a batch logs no routing metrics
+    {"step": 3, "routing/agree": 0.7, "routing/no_replay/is_ratio_max": 2.0},
+  ]
+  got = demo.routing_summary(rows)
+  assert got["agree"] == pytest.approx({"first": 0.5, "last": 0.7, "mean": 0.6})
+  assert got["no_replay/is_ratio_max"]["max"] == 3.0
+  assert set(got) == {"agree", "no_replay/is_ratio_max"}
+  assert demo.routing_summary([{"step": 1, "reward_mean": 0.0}]) == {}  # a dense run: nothing
+
+
+def test_moe_model_fields_bad_values_are_one_line():
+  from rstar_jax.config import ConfigError
+
+  cfg = demo_config.get_config("moe")
+  cfg.model.num_experts_per_tok = 9
+  with pytest.raises(ConfigError, match=r"^config.model.num_experts_per_tok: expected <= num_e"):
+    from_config_dict(cfg)
+  cfg = demo_config.get_config("moe")
+  cfg.model.mlp_only_layers = [3]
+  with pytest.raises(ConfigError, match=r"^config.model.mlp_only_layers: expected layer indices"):
+    from_config_dict(cfg)
+
+
 @pytest.mark.slow
 def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   import orbax.checkpoint as ocp
@@ -206,6 +273,36 @@ def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   np.testing.assert_array_equal(  # non-adapted weights are the SFT model's
     np.asarray(rl_p["embed_tokens"]["embedding"]), np.asarray(sft_p["embed_tokens"]["embedding"])
   )
+
+
+@pytest.mark.slow
+def test_demo_moe_smoke_replays_routes_and_logs_agreement(tmp_path):
+  """configs/demo.py:moe_smoke with replay on, through the launcher: every RL step with a batch
+  logs router agreement and the importance ratios with and without replay, the summary
+  carries them, and the exported models are Qwen3-MoE checkpoints."""
+  from rstar_jax.models import qwen3
+
+  w = str(tmp_path / "run")
+  _launch(
+    f"--workdir={w}",
+    "--config=configs/demo.py:moe_smoke",
+    "--config.rl.routing_replay=rollout",
+    "--config.rl.drop_zero_variance=False",  # every step updates, whatever the rollouts
+  )
+  rows = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  for r in rows:
+    assert 0 <= r["routing/agree"] <= 1 and "routing/agree_layer1" in r
+    for mode in ("replay", "no_replay"):
+      lo, mean, hi = (r[f"routing/{mode}/is_ratio_{s}"] for s in ("min", "mean", "max"))
+      assert 0 < lo <= mean <= hi and np.isfinite(hi), (mode, r)
+  summary = json.load(open(os.path.join(w, "summary.json")))
+  assert summary["routing_replay"] == "rollout"
+  assert {"agree", "replay/abs_log_ratio_mean", "no_replay/abs_log_ratio_mean"} <= set(
+    summary["routing"]
+  )
+  for d in ("sft/hf", "rl/hf"):
+    assert qwen3.Qwen3Config.from_hf(os.path.join(w, d)).is_moe
 
 
 class _CharTokenizer:

@@ -129,3 +129,12 @@ def test_mixed_route_shapes_are_refused(tokenizer):
   other = dataclasses.replace(t, routes=t.routes[:, :1])
   with pytest.raises(ValueError, match="routes of different shapes"):
     batch_lib.make_rl_batch([t, other], [1.0, 0.0], 512)
+
+
+def test_no_routes_cost_nothing(tokenizer):
+  """A dense policy's trajectories (routes None) build the batch they always built."""
+  t, _ = _trajectory(tokenizer, "full")
+  plain = dataclasses.replace(t, routes=None)
+  batch = batch_lib.make_rl_batch([plain], [1.0], 1024)
+  assert batch_lib.ROUTES_KEY not in batch
+  assert batch_lib.ROUTES_KEY not in packing.pack_batch(batch)
