@@ -18,6 +18,10 @@ and only ``lower(...).compile()`` runs. From the compiled per-device program we 
 * the collectives in the optimized HLO text (static op counts; an op inside a loop body
   counts once).
 
+A Qwen3-MoE model (preset ``qwen3-30b-a3b`` or an HF dir) is planned with the GPU's grouped
+expert form traced through a shape-only stand-in (see `compile_step`); its FLOPs count the k
+active experts ("model") and, as run, the expert-parallel exchange's worst-case rows.
+
 The compiled program is the learner's own: the jit objects `learner.steps.make_jitted_steps`
 returns (`JittedSteps.jitted`, lowered with `JittedSteps.lower` on abstract arguments), with the
 batch keys the step reads (`StepConfig.rl_keys`: the sampler's log-probs with ``rl.tis_cap``).
