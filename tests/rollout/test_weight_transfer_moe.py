@@ -137,3 +137,15 @@ def test_changed_tensors_flags_each_layer_and_expert():
     "model.layers.1.mlp.up_proj.weight",
   }
   assert source.changed_tensors(p1, p1, table) == []
+
+
+@pytest.mark.parametrize("lead", [0, 1, 2])
+def test_device_and_host_change_flags_agree(lead):
+  # The device compare (used off CPU) and the host compare give the same per-tensor flags.
+  a = jnp.zeros((2, 3, 4, 5), jnp.bfloat16)
+  b = a.at[1, 2, 0, 0].set(1.0)
+  dev = np.asarray(source._changed_rows(a, b, lead))
+  host = source._changed_rows_host(np.asarray(a), np.asarray(b), lead)
+  assert dev.shape == host.shape == a.shape[:lead]
+  np.testing.assert_array_equal(dev, host)
+  assert dev.sum() == 1
