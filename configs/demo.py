@@ -3,6 +3,8 @@
   python -m launchers.demo --workdir=/tmp/demo_run
   python -m launchers.demo --workdir=/tmp/demo_grpo --config.rl.roc_mode=random   (plain GRPO)
   python -m launchers.demo --config=configs/demo.py:lora --workdir=/tmp/demo_lora  (RL with LoRA)
+  python -m launchers.demo --config=configs/demo.py:moe --workdir=/tmp/demo_moe    (tiny Qwen3-MoE;
+      --config.rl.routing_replay=rollout replays the engine's routes; docs/routing_replay.md)
 
 Sized for a 2-core CPU (11 minutes measured, the bar is 20): a ~0.8M-parameter Qwen3 (3 layers, hidden 128)
 with a 1536-token BPE trained on the run's own texts (numbers 0-999, the user prefix and the

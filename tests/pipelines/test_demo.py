@@ -288,6 +288,7 @@ def test_demo_moe_smoke_replays_routes_and_logs_agreement(tmp_path):
     "--config=configs/demo.py:moe_smoke",
     "--config.rl.routing_replay=rollout",
     "--config.rl.drop_zero_variance=False",  # every step updates, whatever the rollouts
+    timeout=900,
   )
   rows = [json.loads(l) for l in open(os.path.join(w, "rl", "metrics.jsonl"))]
   assert [r["step"] for r in rows] == [1, 2, 3]
