@@ -1,6 +1,6 @@
 """Benchmark of the sandboxed code pool against references measured in the same run.
 
-  python benchmarks/code_pool.py [--quick] [--json PATH] [--breakdown]
+  python benchmarks/code_pool.py [--quick] [--json PATH] [--breakdown] [--cgroups auto/off]
 
 Rows: calls/s and p50/p99 latency at concurrency 1, 8, 64 for a trivial snippet and a snippet
 that imports sympy+numpy and solves a quadratic, through
@@ -170,14 +170,15 @@ def _bare_split(n, q, code):
   )
 
 
-async def breakdown(rounds=3, n=600):
+async def breakdown(rounds=3, n=600, cgroups="auto"):
   """Where a trivial call's CPU goes (pool at concurrency 8 vs the bare fork), best of rounds."""
   import resource
 
   ctx = mp.get_context("spawn")
   rows = {}
-  async with CodePool(num_workers=64) as pool:
+  async with CodePool(num_workers=64, cgroups=cgroups) as pool:
     print(f"isolation level: {pool.isolation_level}, templates: {len(pool._templates)}")
+    print(f"memory bound: {pool.memory_bound}")
     for _ in range(50):
       await pool.execute(TRIVIAL)
     pids = [p for t in pool._templates for p in _tree(t.proc.pid)]
@@ -281,7 +282,7 @@ async def target_rounds(pool, rounds, scale):
   return best
 
 
-async def main(quick, json_path=None):
+async def main(quick, json_path=None, cgroups="auto"):
   scale = 0.3 if quick else 1.0
   counts = {  # (snippet, concurrency) -> calls for pool / python -c
     ("trivial", 1): (int(200 * scale), int(30 * scale)),
@@ -293,9 +294,10 @@ async def main(quick, json_path=None):
   }
   rows = []
   flimit = fork_limit()
-  async with CodePool(num_workers=64) as pool:
+  async with CodePool(num_workers=64, cgroups=cgroups) as pool:
     level = pool.isolation_level
     print(f"isolation level: {level} ({pool.isolation_description})")
+    print(f"memory bound: {pool.memory_bound}")
     print(f"templates: {len(pool._templates)}, cores: {os.cpu_count()}")
     for _ in range(20):
       await pool.execute(TRIVIAL)
@@ -360,6 +362,7 @@ async def main(quick, json_path=None):
       json.dump(
         {
           "isolation_level": level,
+          "cgroups": cgroups,
           "fork_limit": flimit,
           "best_of_rounds": best,
           "targets": targets,
@@ -377,11 +380,18 @@ if __name__ == "__main__":
   ap.add_argument(
     "--breakdown", action="store_true", help="only the CPU split of a trivial call (see above)"
   )
+  ap.add_argument(
+    "--cgroups",
+    default="auto",
+    choices=("auto", "off"),
+    help="the pool's memory + pids cgroup per call (PoolConfig.cgroups): its cost is the "
+    "difference between a run with and one without",
+  )
   args = ap.parse_args()
   if args.breakdown:
-    out = asyncio.run(breakdown())
+    out = asyncio.run(breakdown(cgroups=args.cgroups))
     if args.json:
       with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
   else:
-    asyncio.run(main(args.quick, args.json))
+    asyncio.run(main(args.quick, args.json, args.cgroups))

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rstar_jax.tools import wire
+from rstar_jax.tools import cgroups, wire
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,10 @@ class PoolConfig:
   # (namespace set-up and teardown; ~15% of a trivial call's cost, benchmarks/code_pool.py).
   allow_sockets: bool = False
   seccomp: bool = True  # install the call filter (see README); off only to debug
+  # A memory + pids cgroup per call (limit memory_limit_mb, max_procs): "auto" where a writable
+  # hierarchy has both controllers (else RLIMIT_AS only, logged and in `pool.memory_bound`),
+  # "required" (start-up fails without), "off".
+  cgroups: str = "auto"
 
   def __post_init__(self):
     if self.num_workers < 1:
@@ -240,6 +244,10 @@ class PoolConfig:
       raise ValueError(
         f"PoolConfig.scratch_mb + 2 x max_output_bytes must fit in half of memory_limit_mb "
         f"({self.memory_limit_mb // 2} MiB), got {carved} MiB"
+      )
+    if self.cgroups not in ("auto", "required", "off"):
+      raise ValueError(
+        f"PoolConfig.cgroups must be 'auto', 'required' or 'off', got {self.cgroups!r}"
       )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
@@ -433,6 +441,7 @@ def _check_reply(msg: Any, max_output: int) -> dict:
   return msg
 
 
+_POOL_SERIAL = itertools.count()  # tags this process's pools' cgroup directories
 _RESTART_NOTE = b"[session restarted: the sandbox was replaced and previous state is lost]\n"
 UID_SLOT_SIZE = 4096 * 4  # uids per pool
 _UID_FIRST = 10_000_000
@@ -568,6 +577,10 @@ class _Template:
     self.info: dict = {}
     self._write_lock = asyncio.Lock()
     self.fd_sock: socket.socket | None = None  # the call memfds go to the template over it
+    self.cg_dirs: dict[str, str] = {}  # this start's cgroup directories (one per controller)
+    self.last_seen = 0.0  # when the template last sent a frame (any reply or heartbeat)
+    self.heartbeat: asyncio.Task | None = None
+    self._cg_serial = 0
 
   @property
   def uid_range(self) -> tuple[int, int]:
@@ -631,7 +644,13 @@ class _Template:
       self.fd_sock.close()
     self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self.fd_sock.setblocking(False)
+    cg_fds = {}
     try:
+      if self.pool._cg is not None:
+        self._cg_serial += 1
+        self.cg_dirs = self.pool._cg.template_dirs(f"t{self.index}_{self._cg_serial}")
+        for ctl, d in self.cg_dirs.items():
+          cg_fds[ctl] = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
       self.proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE,
@@ -639,13 +658,17 @@ class _Template:
         env=env,
         start_new_session=True,
         close_fds=True,
-        pass_fds=(theirs.fileno(),),
+        pass_fds=(theirs.fileno(), *cg_fds.values()),
       )
     finally:
       theirs_fd = theirs.fileno()
       theirs.close()
+      for fd in cg_fds.values():
+        os.close(fd)
     cfg = self._template_cfg()
     cfg["fd_sock"] = theirs_fd  # bubblewrap keeps inherited descriptors at their numbers
+    if cg_fds:
+      cfg["cgroup"] = {"version": self.pool._cg.version, "fds": cg_fds}
     self.proc.stdin.write(wire.frame(cfg))
     await self.proc.stdin.drain()
     try:
@@ -667,6 +690,9 @@ class _Template:
       )
     self.generation += 1
     self.reader = asyncio.create_task(self._read_loop())
+    self.last_seen = time.monotonic()
+    if self.heartbeat is None or self.heartbeat.done():
+      self.heartbeat = asyncio.create_task(self._heartbeat())
     self.restarting = False
     self.ready.set()
     log.info(
@@ -687,6 +713,7 @@ class _Template:
     try:
       while True:
         msg = _check_reply(await self._read_frame(), self.pool.config.max_output_bytes)
+        self.last_seen = time.monotonic()
         fut = self.pending.pop(msg.pop("rid"), None)
         if fut is not None and not fut.done():
           fut.set_result(msg)
@@ -736,12 +763,20 @@ class _Template:
         pass
     if self.proc is not None:
       self._kill_leftovers()
-      self.pool._spawn(self._reap(self.proc))
+      self.pool._spawn(self._reap(self.proc, self.cg_dirs))
+      self.cg_dirs = {}
 
   def _kill_leftovers(self) -> None:
-    """Without bubblewrap nothing else ends the template's calls: kill its uids from here."""
+    """Without bubblewrap nothing else ends the template's calls: kill its uids from here;
+    and, at every level with cgroups, whatever is in its calls' cgroups."""
     if self.pool.isolation_level in ("pidns", "uid"):
       _kill_uid_range(*self.uid_range)
+    for d in self.cg_dirs.values():
+      for pid in cgroups.tree_pids(d):
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except OSError:
+          pass
 
   def send_nowait(self, req: dict) -> None:
     """Queues a request whose reply nobody awaits (safe inside a cancellation handler)."""
@@ -753,12 +788,23 @@ class _Template:
     except (ConnectionError, RuntimeError, AttributeError):
       pass
 
-  @staticmethod
-  async def _reap(proc) -> None:
+  async def _reap(self, proc, cg_dirs=None) -> None:
     try:
       await asyncio.wait_for(proc.wait(), 10)
     except (TimeoutError, ProcessLookupError):
       pass
+    for _ in range(100):  # the dead template's cgroups, once their last process is reaped
+      if not cg_dirs or self.pool._cg is None:
+        break
+      for d in cg_dirs.values():
+        for pid in cgroups.tree_pids(d):
+          try:
+            os.kill(pid, signal.SIGKILL)
+          except OSError:
+            pass
+      if all(cgroups.remove_tree(d) for d in cg_dirs.values()):
+        break
+      await asyncio.sleep(0.05)
 
   def _reply_waiting(self) -> bool:
     """Whether reply bytes already sit in the pipe or the reader's buffer (a stalled host
@@ -796,12 +842,34 @@ class _Template:
         return fut.result()
       raise
 
+  @property
+  def _heartbeat_s(self) -> float:
+    return min(2.0, self.pool.config.reply_grace_s / 4)
+
+  def _alive(self) -> bool:
+    """Whether the template answered within the grace (its heartbeat: independent of calls)."""
+    late = time.monotonic() - self.last_seen
+    return late <= self.pool.config.reply_grace_s + self._heartbeat_s or self._reply_waiting()
+
+  async def _heartbeat(self) -> None:
+    """Pings the template every few seconds whatever its calls do: a template is dead when it
+    stops answering these, never because one call's process outlived its deadline."""
+    while not self.pool._closing:
+      await asyncio.sleep(self._heartbeat_s)
+      if not self.ready.is_set() or self.restarting:
+        continue
+      if not self._alive():
+        self._on_death("the sandbox template stopped answering its heartbeat")
+        continue
+      self.send_nowait({"kind": "ping"})
+
   async def _settle(self, fut: asyncio.Future, rid: int, timeout, on_done) -> None:
     """A caller gave up on a call that still runs: keep its worker slot until it ends."""
     try:
       await self._await_reply(fut, timeout)
     except TimeoutError:
-      self._on_death("the sandbox template stopped answering")
+      if not self._alive():
+        self._on_death("the sandbox template stopped answering")
     except asyncio.CancelledError:
       pass
     finally:
@@ -852,7 +920,15 @@ class _Template:
     try:
       return await self._await_reply(fut, timeout)
     except TimeoutError:
-      # The template did not answer long after the call's own deadline: it is wedged.
+      if self._alive():
+        # The template answers its heartbeat: the call's process outlived its kill (held in
+        # the kernel). Only this call gives up; the template reclaims it when it ends, and
+        # no other call or session is touched.
+        return _internal(
+          "the call did not end within its timeout and the grace after its kill (its process "
+          "is held in the kernel); the sandbox is alive and reclaims it when it ends\n"
+        )
+      # Silent past the grace, heartbeat included: the template itself is wedged.
       self._on_death("the sandbox template stopped answering")
       return _internal("the sandbox template stopped answering\n", retryable=True)
     except asyncio.CancelledError:
@@ -866,6 +942,8 @@ class _Template:
 
   async def shutdown(self) -> None:
     self.ready.clear()
+    if self.heartbeat is not None:
+      self.heartbeat.cancel()
     if self.proc is None:
       return
     try:
@@ -940,6 +1018,8 @@ class CodePool(BatchExecuteMixin):
     self._max_sessions = config.max_sessions
     self._expiry: asyncio.Task | None = None
     self.stats = {"calls": 0, "queue_timeouts": 0, "sessions_evicted": 0}
+    self._cg: cgroups.PoolCgroups | None = None
+    self.memory_bound = "not started"  # what bounds a call's memory (see `_setup_cgroups`)
 
   # -- lifecycle
   async def start(self) -> CodePool:
@@ -956,12 +1036,14 @@ class CodePool(BatchExecuteMixin):
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
+    self._setup_cgroups()
     # INFO at the strongest level there is; WARNING only when this is a fallback.
     log.log(
       logging.INFO if self.isolation_level == ISOLATION_LEVELS[0] else logging.WARNING,
-      "CodePool isolation level: %s (%s)%s",
+      "CodePool isolation level: %s (%s; memory: %s)%s",
       self.isolation_level,
       self.isolation_description,
+      self.memory_bound,
       "" if self.isolation_level == ISOLATION_LEVELS[0] else " (a fallback: not the strongest)",
     )
     if c.allow_sockets and self.isolation_level not in ("namespaces", "pidns"):
@@ -989,6 +1071,30 @@ class CodePool(BatchExecuteMixin):
       d = d.replace("seccomp (no sockets)", "seccomp (sockets inside the call's own network)")
     return d
 
+  def _setup_cgroups(self) -> None:
+    """The pool's cgroup directories, or why there are none (`memory_bound` says which)."""
+    c = self.config
+    if c.cgroups == "off":
+      self.memory_bound = "RLIMIT_AS only (cgroups off by config)"
+      return
+    version, dirs = cgroups.find()
+    why = dirs if not version else ""
+    if version:
+      try:
+        self._cg = cgroups.PoolCgroups(version, dirs, f"{next(_POOL_SERIAL)}")
+      except OSError as e:
+        why = f"cgroup v{version} not writable ({e.filename}: {e.strerror})"
+    if self._cg is None:
+      if c.cgroups == "required":
+        raise RuntimeError(f"PoolConfig.cgroups='required' but {why}")
+      self.memory_bound = f"RLIMIT_AS only, a lower level: {why}"
+      log.warning("CodePool: no memory + pids cgroup per call: %s", why)
+      return
+    self.memory_bound = (
+      f"cgroup v{version} per call (memory {c.memory_limit_mb} MiB incl. kernel memory, "
+      f"{c.max_procs} tasks) + RLIMIT_AS"
+    )
+
   def _scratch_dir(self, index: int) -> str:
     return os.path.join(self._tmpdir, f"t{index}")
 
@@ -1005,6 +1111,9 @@ class CodePool(BatchExecuteMixin):
       wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
     for sid in list(self._session_io):
       self._drop_session_io(sid)
+    if self._cg is not None:
+      self._cg.close()
+      self._cg = None
     if self._uid_lock is not None:
       os.close(self._uid_lock)  # every process of the range is gone: give the range back
       self._uid_lock = None
