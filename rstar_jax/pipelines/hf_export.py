@@ -24,7 +24,7 @@ from rstar_jax.distributed.primary import is_primary
 from rstar_jax.errors import UserError
 from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.models import lora
+from rstar_jax.models import lora, peft_export
 from rstar_jax.models.qwen3_hf_io import SAVE_DTYPES
 from rstar_jax.pipelines import data_sources, wiring
 from rstar_jax.tokenization import chat_format
@@ -122,7 +122,7 @@ def export_checkpoint(
     learner.state, meta = ck.restore(learner.state, step)
   if adapters_only:
     if is_primary():
-      lora.save_peft(out_dir, learner.state.params)
+      peft_export.save_peft(out_dir, learner.state.params)
     return int(meta["step"])
   export_hf(out_dir, learner.model_config, learner.state.params, dtype=dtype)
   tok_path = tokenizer_path or run.tokenizer_dir()

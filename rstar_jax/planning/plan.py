@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from rstar_jax.config import RunConfig, from_config_dict
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
@@ -300,8 +300,8 @@ def compile_step(
     abstract = abstract_state(model_config, tx, param_dtype)
   else:
     abstract_params = lora.abstract_params(model_config, lora_cfg, param_dtype)
-    tx = lora.optimizer(tx, abstract_params)
-    js = lora.make_jitted_steps(
+    tx = lora_training.optimizer(tx, abstract_params)
+    js = steps.make_lora_jitted_steps(
       model_config, lora_cfg, mesh, tx=tx, config=step_config, param_dtype=param_dtype
     )
     abstract = jax.eval_shape(lambda p: TrainState.create(p, tx, 0), abstract_params)
