@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rstar_jax.config import RunConfig, StageConfig, ToolConfig
+from rstar_jax.config import RunConfig, StageConfig, ToolConfig, eval_protocols
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import fleet
@@ -32,7 +32,7 @@ from rstar_jax.errors import UserError
 from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
-from rstar_jax.pipelines import data_sources, eval_protocols
+from rstar_jax.pipelines import data_sources
 from rstar_jax.planning import fit, plan
 from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.rollout.agent_loop import RolloutSettings

@@ -41,6 +41,7 @@ from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
+from rstar_jax.sharding.mesh import make_mesh
 
 GIB = 1024**3
 
@@ -505,8 +506,6 @@ def plan_config(
   ``steps_to_plan``: "rl" (needs an RL-mode config; shapes of stage ``stage_index``) and/or
   "sft" (shapes from `sft_variant`).
   """
-  from rstar_jax.sharding.mesh import make_mesh
-
   if jax.device_count() < num_devices:
     raise ValueError(
       f"only {jax.device_count()} devices for num_devices={num_devices}; set "
