@@ -109,8 +109,10 @@ class PoolCgroups:
         remove_tree(d)
       raise
 
-  def template_dirs(self, name: str) -> dict[str, str]:
-    """Fresh directories for one template start (a restarted template gets new ones)."""
+  def template_dirs(self, name: str, owner: int | None = None) -> dict[str, str]:
+    """Fresh directories for one template start (a restarted template gets new ones). With
+    `owner`, they and their files are given to that host uid: a template in its own user
+    namespace (whose root is `owner`) holds no capability over files of an unmapped owner."""
     out = {}
     for c, base in self.base.items():
       d = os.path.join(base, name)
@@ -118,6 +120,11 @@ class PoolCgroups:
       os.mkdir(d, 0o755)
       if self.version == 2:
         _enable_controllers(d)
+      if owner is not None:
+        os.chown(d, owner, owner)
+        for f in os.listdir(d):
+          if os.path.isfile(os.path.join(d, f)):
+            os.chown(os.path.join(d, f), owner, owner)
       out[c] = d
     return out
 

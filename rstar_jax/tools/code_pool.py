@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import fcntl
 import itertools
+import json
 import logging
 import math
 import os
@@ -180,6 +181,11 @@ class PoolConfig:
   # hierarchy has both controllers (else RLIMIT_AS only, logged and in `pool.memory_bound`),
   # "required" (start-up fails without), "off".
   cgroups: str = "auto"
+  # At the namespaces level, the template in a user namespace of its own (issue 40, class 5):
+  # its root is a free host uid of the pool's range, the sandbox uids are mapped 1:1, so an
+  # escape from a call into the template holds no host privilege. "auto": where the kernel
+  # allows it (else the host's root, logged); "required": start-up fails without; "off".
+  template_userns: str = "auto"
 
   def __post_init__(self):
     if self.num_workers < 1:
@@ -245,10 +251,11 @@ class PoolConfig:
         f"PoolConfig.scratch_mb + 2 x max_output_bytes must fit in half of memory_limit_mb "
         f"({self.memory_limit_mb // 2} MiB), got {carved} MiB"
       )
-    if self.cgroups not in ("auto", "required", "off"):
-      raise ValueError(
-        f"PoolConfig.cgroups must be 'auto', 'required' or 'off', got {self.cgroups!r}"
-      )
+    for name in ("cgroups", "template_userns"):
+      if getattr(self, name) not in ("auto", "required", "off"):
+        raise ValueError(
+          f"PoolConfig.{name} must be 'auto', 'required' or 'off', got {getattr(self, name)!r}"
+        )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
 
@@ -277,6 +284,14 @@ def _is_root() -> bool:
   return os.geteuid() == 0
 
 
+def _sandbox_python(cfg: PoolConfig) -> str:
+  """`cfg.python` with its directories resolved and its own name kept. Inside bubblewrap only
+  real paths are bound: a venv reached through a symlinked directory (a worktree's `.venv ->
+  /elsewhere/.venv`) would not exist there, and the level would silently fall to `pidns`; the
+  last component stays a link so the interpreter still finds its venv's `pyvenv.cfg`."""
+  return os.path.join(os.path.realpath(os.path.dirname(cfg.python)), os.path.basename(cfg.python))
+
+
 def _bwrap_binds(cfg: PoolConfig) -> list[str]:
   # Only what imports need: the Python install, the venv and this package (not the rest of the
   # project tree, which may hold checkpoints, logs or credentials). Add more via extra_ro_binds.
@@ -287,6 +302,7 @@ def _bwrap_binds(cfg: PoolConfig) -> list[str]:
       sys.prefix,
       os.path.join(_PROJECT_ROOT, "rstar_jax"),
       os.path.dirname(os.path.realpath(cfg.python)),
+      os.path.dirname(_sandbox_python(cfg)),
     )
   ]
   paths += list(cfg.extra_ro_binds)
@@ -390,7 +406,7 @@ def detect_isolation(cfg: PoolConfig) -> str:
       if (
         _is_root()
         and shutil.which("bwrap")
-        and _probe(_bwrap_argv(cfg) + ["--", cfg.python, "-I", "-c", _PIDNS_PROBE])
+        and _probe(_bwrap_argv(cfg) + ["--", _sandbox_python(cfg), "-I", "-c", _PIDNS_PROBE])
       ):
         return level
     elif level == "pidns":
@@ -634,12 +650,30 @@ class _Template:
       "fd_sock": -1,  # set at start
     }
 
+  @property
+  def userns_root(self) -> int:
+    """The host uid of this template's user-namespace root: in the spare block of the pool's
+    uid range, past every template's sandbox uids (the pool checks the block exists)."""
+    c = self.pool.config
+    return self.pool._uid_base + self.pool._n_templates * c.uids_per_template + self.index
+
+  def userns_argv(self, python_args: list[str]) -> list[str]:
+    """The launcher (host root, outside bubblewrap), then bubblewrap and the interpreter."""
+    c = self.pool.config
+    lo, hi = self.uid_range
+    ids = f"0 {self.userns_root} 1\n{lo} {lo} {hi - lo}\n"
+    spec = json.dumps({"uid_map": ids, "gid_map": ids, "expose": _bwrap_binds(c)})
+    inner = _bwrap_argv(c) + ["--", _sandbox_python(c), *python_args]
+    return [c.python, "-I", "-B", _TEMPLATE_PATH, "--userns-launch", spec, *inner]
+
   async def start(self) -> None:
     c = self.pool.config
     argv = [c.python, "-I", "-B", _TEMPLATE_PATH]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **_THREAD_ENV}
-    if self.pool.isolation_level == "namespaces":
-      argv = _bwrap_argv(c) + ["--"] + argv
+    if self.pool._userns:
+      argv = self.userns_argv(argv[1:])
+    elif self.pool.isolation_level == "namespaces":
+      argv = _bwrap_argv(c) + ["--", _sandbox_python(c)] + argv[1:]
     if self.fd_sock is not None:
       self.fd_sock.close()
     self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -648,7 +682,9 @@ class _Template:
     try:
       if self.pool._cg is not None:
         self._cg_serial += 1
-        self.cg_dirs = self.pool._cg.template_dirs(f"t{self.index}_{self._cg_serial}")
+        self.cg_dirs = self.pool._cg.template_dirs(
+          f"t{self.index}_{self._cg_serial}", self.userns_root if self.pool._userns else None
+        )
         for ctl, d in self.cg_dirs.items():
           cg_fds[ctl] = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
       self.proc = await asyncio.create_subprocess_exec(
@@ -1020,6 +1056,9 @@ class CodePool(BatchExecuteMixin):
     self.stats = {"calls": 0, "queue_timeouts": 0, "sessions_evicted": 0}
     self._cg: cgroups.PoolCgroups | None = None
     self.memory_bound = "not started"  # what bounds a call's memory (see `_setup_cgroups`)
+    self.template_privilege = "not started"  # what an escape into a template holds
+    self._userns = False
+    self._n_templates = 0
 
   # -- lifecycle
   async def start(self) -> CodePool:
@@ -1029,21 +1068,25 @@ class CodePool(BatchExecuteMixin):
     n = c.num_templates or max(1, min(c.num_workers, os.cpu_count() or 1))
     if (n + 1) * c.uids_per_template > UID_SLOT_SIZE:
       raise ValueError(f"{n} templates x {c.uids_per_template} uids exceed the pool's uid range")
+    # Before anything is claimed (uid range, scratch dir): a "required" refusal leaves nothing.
+    self._setup_cgroups()
     if c.uid_base is None and self.isolation_level != "rlimits":
       self._uid_base, self._uid_lock = claim_uid_range()
     if self._max_sessions is None:
       self._max_sessions = max(1, n * c.uids_per_template // 2)
+    self._n_templates = n
+    await loop.run_in_executor(None, self._setup_userns)
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
-    self._setup_cgroups()
     # INFO at the strongest level there is; WARNING only when this is a fallback.
     log.log(
       logging.INFO if self.isolation_level == ISOLATION_LEVELS[0] else logging.WARNING,
-      "CodePool isolation level: %s (%s; memory: %s)%s",
+      "CodePool isolation level: %s (%s; memory: %s; template: %s)%s",
       self.isolation_level,
       self.isolation_description,
       self.memory_bound,
+      self.template_privilege,
       "" if self.isolation_level == ISOLATION_LEVELS[0] else " (a fallback: not the strongest)",
     )
     if c.allow_sockets and self.isolation_level not in ("namespaces", "pidns"):
@@ -1070,6 +1113,46 @@ class CodePool(BatchExecuteMixin):
       d = d.replace("per-call PID namespace", "per-call PID/net/IPC namespaces")
       d = d.replace("seccomp (no sockets)", "seccomp (sockets inside the call's own network)")
     return d
+
+  def _setup_userns(self) -> None:
+    """Whether templates start in a user namespace of their own (namespaces level only): a
+    probe runs the launcher, bubblewrap and a check inside (uid 0 there, a mapped sandbox uid
+    reachable, a PID namespace made). `template_privilege` says what an escape would hold."""
+    c = self.config
+    self._userns = False
+    if self.isolation_level != "namespaces" or c.template_userns == "off":
+      self.template_privilege = "the host's root" if _is_root() else "the host's uid"
+      if self.isolation_level == "namespaces":
+        self.template_privilege += " (template_userns off)"
+      return
+    probe = _Template(self, 0)
+    lo = probe.uid_range[0]
+    code = (
+      "import ctypes,os,sys;l=ctypes.CDLL(None,use_errno=True);"
+      "assert os.getuid()==0 and len(open('/proc/self/uid_map').read().split())==6;"
+      f"p=os.fork()\nif p==0:\n os.setgroups([]);os.setresgid({lo},{lo},{lo});"
+      f"os.setresuid({lo},{lo},{lo});os._exit(0)\n"
+      "assert os.waitpid(p,0)[1]==0 and l.unshare(0x20000000)==0"
+    )
+    argv = probe.userns_argv(["-I", "-c", code])
+    try:
+      r = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, start_new_session=True
+      )
+      why = "" if r.returncode == 0 else r.stderr.decode(errors="replace").strip()[-300:]
+    except (OSError, subprocess.SubprocessError) as e:
+      why = str(e)
+    if why:
+      if c.template_userns == "required":
+        raise RuntimeError(f"PoolConfig.template_userns='required' but the probe failed: {why}")
+      log.warning("CodePool: templates run as the host's root (no user namespace: %s)", why)
+      self.template_privilege = f"the host's root (no user namespace: {why.splitlines()[-1]})"
+      return
+    self._userns = True
+    self.template_privilege = (
+      f"root of its own user namespace = host uid {probe.userns_root}.. (one per template), "
+      "sandbox uids mapped 1:1"
+    )
 
   def _setup_cgroups(self) -> None:
     """The pool's cgroup directories, or why there are none (`memory_bound` says which)."""

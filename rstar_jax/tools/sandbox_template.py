@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wire  # noqa: E402  (stdlib-only sibling; the template runs with -I, without its dir on the path)
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
@@ -179,6 +180,8 @@ _SYSCALLS = {
     "pwritev2": 328,
     "io_setup": 206,
     "io_submit": 209,
+    "fanotify_init": 300,
+    "cachestat": 451,
   },
   "aarch64": {
     "shmat": 196,
@@ -234,6 +237,8 @@ _SYSCALLS = {
     "pwritev2": 287,
     "io_setup": 0,
     "io_submit": 2,
+    "fanotify_init": 262,
+    "cachestat": 451,
   },
 }
 _ALWAYS_BLOCKED = (
@@ -280,6 +285,8 @@ _ALWAYS_BLOCKED = (
   # watches on its files fire on another call's opens and reads.
   "inotify_init",
   "inotify_init1",
+  # fanotify marks (unprivileged since Linux 5.13) report another call's accesses the same way.
+  "fanotify_init",
 )
 # Answered as if done, without doing anything (RET_ERRNO 0): advice a call cannot be refused
 # meaningfully, but which would reach beyond it. `sync`/`syncfs` would write back (and wait
@@ -289,17 +296,20 @@ _NO_OPS = ("sync", "syncfs", "fadvise64", "readahead")
 # Refused with ENOSYS (libc and Python fall back to the plain calls): `preadv2`/`pwritev2`
 # (RWF_NOWAIT reads tell which pages of a shared file are cached) and Linux AIO (its
 # RWF_NOWAIT too). io_uring is refused above.
-_UNSUPPORTED = ("preadv2", "pwritev2", "io_setup", "io_submit")
+# `cachestat` (Linux 6.5) reports which pages of a file are cached: ENOSYS, as on an older kernel.
+_UNSUPPORTED = ("preadv2", "pwritev2", "io_setup", "io_submit", "cachestat")
 # Argument-dependent rules: (syscall, argument index, values, errno or None for a no-op).
 # `flock` needs no write access, so two calls could signal through locks on the shared install:
 # refused (ENOLCK: "no locks available", as on a filesystem without them). For POSIX locks the
 # lock a call takes on a shared file (read-only: only F_RDLCK) is visible to another call only
 # through F_GETLK / F_OFD_GETLK: those are refused. MADV_COLD / MADV_PAGEOUT on a file mapping
-# would evict shared page cache: a no-op.
-_F_GETLK, _F_OFD_GETLK, _MADV_COLD, _MADV_PAGEOUT = 5, 36, 20, 21
-_ENOLCK = 37
+# would evict shared page cache: a no-op. F_NOTIFY (dnotify: a signal when another process
+# reads a file of a watched directory) gets EINVAL, as on a kernel built without dnotify.
+_F_GETLK, _F_OFD_GETLK, _F_NOTIFY, _MADV_COLD, _MADV_PAGEOUT = 5, 36, 1026, 20, 21
+_ENOLCK, _EINVAL = 37, 22
 _ARG_RULES = (
   ("fcntl", 1, (_F_GETLK, _F_OFD_GETLK), _ENOLCK),
+  ("fcntl", 1, (_F_NOTIFY,), _EINVAL),
   ("madvise", 2, (_MADV_COLD, _MADV_PAGEOUT), None),
 )
 _RET_ALLOW = 0x7FFF0000
@@ -1867,9 +1877,18 @@ class _CapData(ctypes.Structure):
   ]
 
 
+# The capabilities the template uses after its start (a root template started by bubblewrap as
+# real root holds every one the host has; `--cap-add` does not narrow it): its mounts and
+# namespaces (SYS_ADMIN), a call's uid switch (SETUID, SETGID), its scratch and preloaded files
+# (CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER), killing calls of other uids (KILL), rlimits
+# (SYS_RESOURCE). Everything else (loading kernel modules, raw I/O, ptrace, bpf, net admin, ...)
+# is dropped from its effective and permitted sets, so an escape into it does not hold them.
+TEMPLATE_CAPS = (0, 1, 2, 3, 5, 6, 7, 21, 24)
+
+
 def _drop_capability_sets():
-  """Empties the bounding, ambient and inheritable sets (the effective and permitted sets the
-  template needs stay, and a call loses them at its uid switch): no exec of any file can give
+  """Empties the bounding, ambient and inheritable sets and narrows the effective and permitted
+  sets to TEMPLATE_CAPS (a call loses those too at its uid switch): no exec of any file can give
   a call's process a capability back."""
   cap = 0
   while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
@@ -1880,8 +1899,11 @@ def _drop_capability_sets():
   hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
   if _libc.capget(ctypes.byref(hdr), data) != 0:
     raise OSError(ctypes.get_errno(), "capget failed")
-  for d in data:
+  keep = sum(1 << c for c in TEMPLATE_CAPS)
+  for i, d in enumerate(data):  # data[0]: capabilities 0-31, data[1]: 32-63
     d.inheritable = 0
+    d.effective &= keep >> (32 * i) & 0xFFFFFFFF
+    d.permitted &= keep >> (32 * i) & 0xFFFFFFFF
   if _libc.capset(ctypes.byref(hdr), data) != 0:
     raise OSError(ctypes.get_errno(), "capset failed")
 
@@ -2071,5 +2093,68 @@ def main():
   tpl.run()
 
 
+def userns_launch(spec_json, argv):
+  """Starts `argv` (bubblewrap and the template) in a user namespace of its own (issue 40,
+  class 5), as the host's root, before anything else runs: so an escape into the template lands
+  in the namespace's root, an unprivileged host uid, with capabilities in that namespace only.
+
+  `spec_json`: {"uid_map", "gid_map": the maps' text (the namespace's root on a free host uid,
+  the pool's sandbox uids 1:1), "expose": paths bubblewrap must bind}. Steps: a private mount
+  namespace in which `expose_paths` makes the install reachable (its parents, e.g. /root mode
+  700, belong to a host uid unmapped inside: not even the namespace's root may enter them);
+  `unshare(CLONE_NEWUSER)`; a child left in the host's namespace writes the maps (a process
+  cannot map its own namespace to host uids other than its own); uid and gid 0 inside; exec.
+  The host's process becomes bubblewrap itself (no process stays behind). Any failure is one
+  line on stderr and exit status 70, which the pool reports as the level's failure."""
+  import json
+
+  def fail(msg):
+    os.write(2, f"sandbox user namespace: {msg}\n".encode())
+    os._exit(70)
+
+  spec = json.loads(spec_json)
+  try:
+    expose_paths(spec["expose"])
+  except OSError as e:
+    fail(f"exposing the install failed: {e}")
+  go_r, go_w = os.pipe()
+  done_r, done_w = os.pipe()
+  writer = os.fork()
+  if writer == 0:
+    try:
+      os.close(go_w)
+      os.close(done_r)
+      if os.read(go_r, 1) == b"u":
+        target = os.getppid()
+        for name in ("uid_map", "gid_map"):
+          with open(f"/proc/{target}/{name}", "w") as f:
+            f.write(spec[name])
+        os.write(done_w, b"m")
+    except BaseException as e:
+      os.write(2, f"sandbox user namespace: writing the maps failed: {e}\n".encode())
+    os._exit(0)
+  os.close(go_r)
+  os.close(done_w)
+  if _libc.unshare(CLONE_NEWUSER) != 0:
+    err = ctypes.get_errno()
+    os.kill(writer, signal.SIGKILL)
+    os.waitpid(writer, 0)
+    fail(f"unshare(CLONE_NEWUSER): {os.strerror(err)}")
+  os.write(go_w, b"u")
+  mapped = os.read(done_r, 1) == b"m"
+  os.waitpid(writer, 0)
+  if not mapped:
+    fail("the uid/gid maps were not written")
+  try:
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    os.execvp(argv[0], argv)
+  except OSError as e:
+    fail(f"{argv[0]}: {e}")
+
+
 if __name__ == "__main__":
-  main()
+  if sys.argv[1:2] == ["--userns-launch"]:
+    userns_launch(sys.argv[2], sys.argv[3:])
+  else:
+    main()

@@ -27,8 +27,12 @@ def mpool(level_runner, request):
     request.param,
     memory_limit_mb=LIMIT_MB,
     preload=("json",),
-    warmup_code=(  # kept alive past the warm-up's own namespace
-      f"import mmap, sys\nsys.reserve = mmap.mmap(-1, {RESERVE_MB} << 20, flags=mmap.MAP_PRIVATE)\n"
+    warmup_code=(  # kept alive past the warm-up's own namespace; its address for the calls
+      "import ctypes, mmap, sys\n"
+      f"sys.reserve = mmap.mmap(-1, {RESERVE_MB} << 20, flags=mmap.MAP_PRIVATE)\n"
+      "view = ctypes.c_char.from_buffer(sys.reserve)\n"
+      "sys.reserve_addr = ctypes.addressof(view)\n"
+      "del view\n"
     ),
     timeout_s=20.0,
     session_timeout_cpu_s=1,
@@ -113,12 +117,10 @@ _UNMAP_RESERVE = f"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-for line in open('/proc/self/maps'):
-    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
-    if hi - lo == {RESERVE_MB} << 20:
-        assert libc.munmap(lo, hi - lo) == 0
-        os.write(1, b"unmapped\\n")
-        break
+import sys
+# By the address the template recorded: the kernel may have merged the mapping with a neighbour.
+if libc.munmap(sys.reserve_addr, {RESERVE_MB} << 20) == 0:
+    os.write(1, b"unmapped\\n")
 held, keep = 0, []
 while held < 4 * {LIMIT_MB}:
     keep.append(bytearray(4 << 20))  # zero-filled: every page touched
@@ -329,18 +331,19 @@ def test_a_sessions_pid1_holds_no_memfd(runner, lpool):
 
 
 @pytest.mark.parametrize("kind", ["exec", "session"])
-def test_a_start_failing_after_fork_leaves_nothing(runner, level_runner, kind):
+@pytest.mark.parametrize("level", ISOLATION_LEVELS)
+def test_a_start_failing_after_fork_leaves_nothing(runner, level_runner, kind, level):
   """With the template's descriptors exhausted right after it received a call's memfds, the
   start fails (internal_error) and leaves no process behind: each one is tracked by a pidfd
   from the moment it exists, and killed and reaped when the next step fails."""
   import resource
 
-  from pool_helpers import template_host_pid
+  from pool_helpers import descendants, template_host_pid
 
-  pool = level_pool(level_runner, "namespaces", preload=("json",), warmup_code="")
+  pool = level_pool(level_runner, level, preload=("json",), warmup_code="")
   try:
     tpid = template_host_pid(pool)
-    before = _template_children(pool, "sleep") + _template_children(pool, "python3")
+    before = descendants(tpid)
     soft, hard = resource.prlimit(tpid, resource.RLIMIT_NOFILE)
     # Room for the 4 memfds of the request (and the session's PID 1 spawn), none for a pidfd.
     resource.prlimit(tpid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{tpid}/fd")) + 4, hard))
@@ -354,22 +357,23 @@ def test_a_start_failing_after_fork_leaves_nothing(runner, level_runner, kind):
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-      after = _template_children(pool, "sleep") + _template_children(pool, "python3")
-      if sorted(after) == sorted(before):
+      after = descendants(tpid)
+      if after == before:
         break
       time.sleep(0.05)
-    assert sorted(after) == sorted(before), (before, after)
+    assert after == before, (before, after)
     r = runner.run(pool.execute("print('ran')", session_id=sid))
     assert (r.status, r.stdout) == ("ok", "ran\n"), r
   finally:
     level_runner.run(pool.close())
 
 
-def test_a_call_held_in_the_kernel_costs_only_itself(runner, level_runner):
+@pytest.mark.parametrize("level", ISOLATION_LEVELS)
+def test_a_call_held_in_the_kernel_costs_only_itself(runner, level_runner, level):
   """A call whose process outlives its SIGKILL (held in the kernel: here frozen by a v1
   freezer cgroup, as a call stuck in sync(2) was) comes back as internal_error after its grace;
   the template, alive by its heartbeat, is not replaced, and another session keeps its state."""
-  pool = level_pool(level_runner, "namespaces", reply_grace_s=1.0, preload=("json",))
+  pool = level_pool(level_runner, level, reply_grace_s=1.0, preload=("json",))
   frozen = f"/sys/fs/cgroup/freezer/rstar_test_{os.getpid()}"
   try:
     _need_cgroups(pool)
@@ -436,6 +440,14 @@ try:
 except OSError as e:
     out["getlk"] = e.errno
 out["inotify"] = call(294, 0)  # inotify_init1
+out["fanotify"] = call(300, 0x200, 0)  # FAN_CLASS_NOTIF | FAN_REPORT_FID: allowed unprivileged
+folder = os.open(os.path.dirname(os.__file__), os.O_RDONLY | os.O_DIRECTORY)
+try:
+    fcntl.fcntl(folder, 1026, 1)  # F_NOTIFY, DN_ACCESS: a signal when anyone reads in there
+    out["dnotify"] = 0
+except OSError as e:
+    out["dnotify"] = e.errno
+out["cachestat"] = call(451, shared, 0, 0, 0)
 out["fadvise_bad_fd"] = call(221, -1, 0, 0, 4)  # POSIX_FADV_DONTNEED on no file: a no-op
 out["readahead_bad_fd"] = call(187, -1, 0, 4096)
 out["preadv2"] = call(327, shared, 0, 0, 0, 0, 8)  # RWF_NOWAIT
@@ -447,15 +459,19 @@ print(sorted(out.items()))
 
 
 def test_channels_through_the_shared_install_are_closed(runner, lpool):
-  """Two concurrent calls try every channel of the red team's: locks on the shared install
-  (flock needs no write access; a POSIX read lock shows only through F_GETLK), inotify
-  watches, the page cache (evicted by fadvise / MADV_PAGEOUT / readahead, probed by RWF_NOWAIT
-  reads), and sync/syncfs of what they did not write: each is refused or a no-op in both."""
+  """Two concurrent calls try every channel of the red team's and those next to them: locks on
+  the shared install (flock needs no write access; a POSIX read lock shows only through
+  F_GETLK), inotify, fanotify and dnotify watches, the page cache (evicted by fadvise /
+  MADV_PAGEOUT / readahead, probed by RWF_NOWAIT reads or cachestat), and sync/syncfs of what
+  they did not write: each is refused or a no-op in both."""
   if os.uname().machine != "x86_64":
     pytest.skip(f"the raw syscall numbers are x86_64's, machine is {os.uname().machine}")
   rs = runner.run(lpool.execute_many([{"code": _CHANNELS}, {"code": _CHANNELS}]))
   expected = [
+    ("cachestat", 38),  # ENOSYS
+    ("dnotify", 22),  # EINVAL
     ("fadvise_bad_fd", 0),
+    ("fanotify", 1),  # EPERM
     ("flock", 37),  # ENOLCK
     ("getlk", 37),
     ("inotify", 1),  # EPERM
@@ -478,3 +494,127 @@ def test_own_files_still_fsync_and_lock_free_code_runs(runner, lpool):
   )
   r = runner.run(lpool.execute(code))
   assert (r.status, r.stdout) == ("ok", "True 3\n"), r
+
+
+# --- class 5: the template's privilege, as it is -------------------------------------------
+def _status(pid):
+  out = {}
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      k, _, v = line.partition(":")
+      out[k] = v.split()
+  return out
+
+
+def _template_privilege(pool):
+  """(same user namespace as the host, uid_map fields, host uid, CapEff, CapPrm, CapBnd) of
+  template 0, read from the kernel."""
+  from pool_helpers import template_host_pid
+
+  tpid = template_host_pid(pool)
+  st = _status(tpid)
+  same = os.readlink(f"/proc/{tpid}/ns/user") == os.readlink("/proc/self/ns/user")
+  with open(f"/proc/{tpid}/uid_map") as f:
+    uid_map = f.read().split()
+  caps = (int(st[k][0], 16) for k in ("CapEff", "CapPrm", "CapBnd"))
+  return (same, uid_map, int(st["Uid"][1]), *caps)
+
+
+def test_the_templates_privilege_is_what_the_threat_model_says(runner, lpool):
+  """What an escape from a call into its template would hold, read from the kernel (the
+  template's /proc status, uid map and user namespace), at every level. `namespaces`: the
+  template is the root of a user namespace of its own, an unprivileged host uid (past the
+  pool's sandbox uids) with the sandbox uids mapped 1:1 and nothing else; its capabilities are
+  that namespace's only. `pidns` / `uid`: uid 0 of the host's namespace (no bubblewrap to hold
+  a namespace's mounts), capabilities narrowed to TEMPLATE_CAPS (bubblewrap, run as real root,
+  had left every capability the host has, module loading included). Every root level: an
+  empty bounding set. Calls hold no capability and run as a pool uid."""
+  level = lpool.isolation_level
+  same, uid_map, uid, eff, prm, bnd = _template_privilege(lpool)
+  keep = sum(1 << c for c in sandbox_template.TEMPLATE_CAPS)
+  if level == "namespaces":
+    lo, hi = lpool._templates[0].uid_range
+    root = lpool._templates[0].userns_root
+    assert not same and uid == root and not lo <= root < hi and root != 0, (uid_map, uid)
+    assert uid_map == ["0", str(root), "1", str(lo), str(lo), str(hi - lo)], uid_map
+    assert (eff, prm, bnd) == (keep, keep, 0), (hex(eff), hex(prm), hex(bnd))
+    assert "own user namespace" in lpool.template_privilege, lpool.template_privilege
+  else:
+    assert same and uid_map == ["0", "0", "4294967295"], (level, uid_map)
+  host_eff = int(_status("self")["CapEff"][0], 16)
+  if level == "rlimits":
+    assert uid == os.geteuid() and eff == host_eff, (uid, hex(eff))
+  elif level != "namespaces":
+    assert uid == 0 and (eff, prm, bnd) == (keep & host_eff, keep & host_eff, 0), (level, hex(eff))
+    assert not eff & (1 << 16), "CAP_SYS_MODULE kept"
+  code = (
+    "import os\nst = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+    "print(int(st['CapEff'], 16), int(st['CapBnd'], 16), os.geteuid())"
+  )
+  r = runner.run(lpool.execute(code))
+  eff, bnd, uid = (int(x) for x in r.stdout.split())
+  if level == "rlimits":
+    assert uid == os.geteuid(), r
+  else:
+    assert (eff, bnd) == (0, 0) and uid != 0, r
+
+
+def test_template_userns_off_keeps_the_host_root(runner, level_runner):
+  """`template_userns="off"` (and machines whose kernel refuses the namespace) run the
+  template as the host's root inside bubblewrap, and the pool says so."""
+  pool = level_pool(level_runner, "namespaces", template_userns="off", preload=("json",))
+  try:
+    same, uid_map, uid, eff, _, bnd = _template_privilege(pool)
+    assert same and uid == 0 and uid_map == ["0", "0", "4294967295"] and bnd == 0, uid_map
+    assert pool.template_privilege == "the host's root (template_userns off)"
+    r = runner.run(pool.execute("print('runs')"))
+    assert (r.status, r.stdout) == ("ok", "runs\n"), r
+  finally:
+    level_runner.run(pool.close())
+
+
+# --- the levels themselves ------------------------------------------------------------------
+def test_without_a_writable_cgroup_the_level_is_lower_and_reported(runner, level_runner, caplog):
+  """A machine whose cgroup hierarchy cannot be written runs on RLIMIT_AS alone and says so
+  (`pool.memory_bound`, a warning naming why); `cgroups="required"` refuses to start instead.
+  (The hierarchy is made unwritable by pointing the pool at directories that do not exist.)"""
+  import logging
+
+  from rstar_jax.tools import cgroups
+
+  gone = f"/nonexistent_rstar_{os.getpid()}"
+  fake = lambda *a, **k: (1, {"memory": f"{gone}/memory", "pids": f"{gone}/pids"})  # noqa: E731
+  mp = pytest.MonkeyPatch()
+  mp.setattr(cgroups, "find", fake)
+  try:
+    with pytest.raises(RuntimeError, match="cgroups='required' but cgroup v1 not writable"):
+      level_pool(level_runner, "rlimits", cgroups="required", preload=("json",), warmup_code="")
+    with caplog.at_level(logging.WARNING, logger="rstar_jax.tools.code_pool"):
+      pool = level_pool(level_runner, "rlimits", preload=("json",), warmup_code="")
+    try:
+      assert pool._cg is None
+      assert pool.memory_bound.startswith("RLIMIT_AS only, a lower level: cgroup v1 not writable")
+      assert gone in pool.memory_bound, pool.memory_bound
+      assert any("no memory + pids cgroup per call" in m for m in caplog.messages), caplog.text
+      r = runner.run(pool.execute("print('runs')"))
+      assert (r.status, r.stdout) == ("ok", "runs\n"), r
+    finally:
+      level_runner.run(pool.close())
+  finally:
+    mp.undo()
+
+
+def test_bubblewrap_gets_the_interpreter_by_a_path_that_exists_inside(tmp_path):
+  """Only real paths are bound into bubblewrap: an interpreter reached through a symlinked
+  directory (a worktree's `.venv -> /elsewhere/.venv`) is started by its resolved directory, so
+  the `namespaces` level does not silently fall to `pidns` (it did, in such a worktree)."""
+  from rstar_jax.tools.code_pool import PoolConfig, _bwrap_binds, _sandbox_python
+
+  real = tmp_path / "real_venv" / "bin"
+  real.mkdir(parents=True)
+  (real / "python").symlink_to("/usr/bin/python3")
+  (tmp_path / "link").symlink_to(tmp_path / "real_venv")
+  cfg = PoolConfig(python=str(tmp_path / "link" / "bin" / "python"))
+  assert _sandbox_python(cfg) == str(real / "python")
+  binds = _bwrap_binds(cfg)
+  assert any(str(real) == b or str(real).startswith(b + "/") for b in binds), binds
