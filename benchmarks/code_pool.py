@@ -21,9 +21,10 @@ fork, reaping, the reply) and the call processes (sandbox set-up, the snippet, e
 bare fork's parent (fork, wait) and child (snippet, exit), measured back to back.
 
 `--mechanisms` only measures what the issue-40 mechanisms that can be switched off cost a trivial
-call at concurrency 8: three pools side by side (everything on; `cgroups="off"`, no memory +
+call at concurrency 8: four pools side by side (everything on; `cgroups="off"`, no memory +
 pids cgroup per call; `seccomp=False`, no call filter at all, an upper bound for the rules
-issue 40 added to it), in alternating rounds, CPU ms per call (host + templates + calls, from
+issue 40 added to it; `template_userns="off"`, templates as the host's root), in alternating
+rounds, CPU ms per call (host + templates + calls, from
 the kernel's counters: steadier than throughput on a shared machine) and calls/s, lowest CPU of
 the rounds kept. The heartbeat cannot be switched off: it is one ping frame per template every
 2 s (`min(2, reply_grace_s / 4)`), whatever the call rate.
@@ -242,7 +243,12 @@ async def mechanisms(rounds=3, n=400):
   """CPU ms and calls/s of a trivial call at concurrency 8 with each switchable mechanism off."""
   import resource
 
-  variants = {"all on": {}, "cgroups off": {"cgroups": "off"}, "seccomp off": {"seccomp": False}}
+  variants = {
+    "all on": {},
+    "cgroups off": {"cgroups": "off"},
+    "seccomp off": {"seccomp": False},
+    "userns off": {"template_userns": "off"},
+  }
   pools = {k: CodePool(num_workers=8, **kw) for k, kw in variants.items()}
   best = {}
   try:
@@ -281,6 +287,7 @@ async def mechanisms(rounds=3, n=400):
   cost = {
     "cgroup_per_call_cpu_ms": on - best["cgroups off"]["cpu_ms"],
     "seccomp_filter_cpu_ms": on - best["seccomp off"]["cpu_ms"],
+    "template_userns_cpu_ms": on - best["userns off"]["cpu_ms"],
     "heartbeat_frames_per_s_per_template": 0.5,
   }
   for name, b in best.items():
@@ -289,7 +296,8 @@ async def mechanisms(rounds=3, n=400):
     )
   print(
     f"cost per trivial call: cgroup {cost['cgroup_per_call_cpu_ms']:+.2f} CPU ms, whole seccomp "
-    f"filter {cost['seccomp_filter_cpu_ms']:+.2f} CPU ms (of {on:.2f})"
+    f"filter {cost['seccomp_filter_cpu_ms']:+.2f} CPU ms, template user namespace "
+    f"{cost['template_userns_cpu_ms']:+.2f} CPU ms (of {on:.2f})"
   )
   return {"mode": "mechanisms", "rounds": rounds, "calls_per_round": n, "best": best, "cost": cost}
 
