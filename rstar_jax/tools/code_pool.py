@@ -284,6 +284,10 @@ def _is_root() -> bool:
   return os.geteuid() == 0
 
 
+# (interpreter, bound paths) -> "" when a template can run in its own user namespace, else why.
+_USERNS_PROBED: dict[tuple, str] = {}
+
+
 def _sandbox_python(cfg: PoolConfig) -> str:
   """`cfg.python` with its directories resolved and its own name kept. Inside bubblewrap only
   real paths are bound: a venv reached through a symlinked directory (a worktree's `.venv ->
@@ -1075,7 +1079,11 @@ class CodePool(BatchExecuteMixin):
     if self._max_sessions is None:
       self._max_sessions = max(1, n * c.uids_per_template // 2)
     self._n_templates = n
-    await loop.run_in_executor(None, self._setup_userns)
+    try:
+      await loop.run_in_executor(None, self._setup_userns)
+    except BaseException:
+      await self.close()  # gives back the cgroups and the uid range taken above
+      raise
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
@@ -1135,13 +1143,18 @@ class CodePool(BatchExecuteMixin):
       "assert os.waitpid(p,0)[1]==0 and l.unshare(0x20000000)==0"
     )
     argv = probe.userns_argv(["-I", "-c", code])
-    try:
-      r = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, start_new_session=True
-      )
-      why = "" if r.returncode == 0 else r.stderr.decode(errors="replace").strip()[-300:]
-    except (OSError, subprocess.SubprocessError) as e:
-      why = str(e)
+    key = (c.python, tuple(_bwrap_binds(c)))
+    why = _USERNS_PROBED.get(key)
+    if why is None:  # once per process and install: what it checks is the kernel's, not the pool's
+      try:
+        r = subprocess.run(
+          argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, start_new_session=True
+        )
+        why = "" if r.returncode == 0 else r.stderr.decode(errors="replace").strip()[-300:]
+        why = why or ("" if r.returncode == 0 else f"exit status {r.returncode}")
+      except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+      _USERNS_PROBED[key] = why
     if why:
       if c.template_userns == "required":
         raise RuntimeError(f"PoolConfig.template_userns='required' but the probe failed: {why}")

@@ -7,7 +7,7 @@ import signal
 import types
 
 import pytest
-from pool_helpers import level_pool, use_level_runner
+from pool_helpers import level_available, level_pool, use_level_runner
 
 from rstar_jax.tools import sandbox_template
 from rstar_jax.tools.code_pool import ISOLATION_LEVELS
@@ -571,6 +571,49 @@ def test_template_userns_off_keeps_the_host_root(runner, level_runner):
     assert (r.status, r.stdout) == ("ok", "runs\n"), r
   finally:
     level_runner.run(pool.close())
+
+
+def test_a_kernel_refusing_the_user_namespace_is_reported(runner, level_runner, caplog):
+  """Where the probe fails (here: its cached answer replaced by a failure), `auto` runs the
+  template as the host's root and says so in `template_privilege` and a warning; `required`
+  refuses to start and gives back what it took (cgroups, uid range)."""
+  import logging
+
+  from rstar_jax.tools import code_pool
+
+  if level_available("namespaces"):
+    pytest.skip(level_available("namespaces"))
+  cfg = code_pool.PoolConfig(isolation="namespaces")
+  key = (cfg.python, tuple(code_pool._bwrap_binds(cfg)))
+  mp = pytest.MonkeyPatch()
+  mp.setitem(code_pool._USERNS_PROBED, key, "unshare(CLONE_NEWUSER): Operation not permitted")
+  try:
+
+    def ours():  # this process's pool cgroups only (another test process may make its own)
+      from rstar_jax.tools import cgroups
+
+      version, dirs = cgroups.find()
+      d = next(iter(dirs.values())) if version else None
+      mine = f"rstar_code_pool_{os.getpid()}_"
+      return {n for n in os.listdir(d) if n.startswith(mine)} if d else set()
+
+    before = ours()
+    with pytest.raises(RuntimeError, match="template_userns='required' but the probe failed"):
+      level_pool(level_runner, "namespaces", template_userns="required", preload=("json",))
+    assert ours() == before
+    with caplog.at_level(logging.WARNING, logger="rstar_jax.tools.code_pool"):
+      pool = level_pool(level_runner, "namespaces", preload=("json",))
+    try:
+      same, _, uid, *_ = _template_privilege(pool)
+      assert same and uid == 0
+      assert pool.template_privilege.startswith("the host's root (no user namespace: unshare")
+      assert any("no user namespace" in m for m in caplog.messages), caplog.text
+      r = runner.run(pool.execute("print('runs')"))
+      assert (r.status, r.stdout) == ("ok", "runs\n"), r
+    finally:
+      level_runner.run(pool.close())
+  finally:
+    mp.undo()
 
 
 # --- the levels themselves ------------------------------------------------------------------
