@@ -30,6 +30,7 @@ from rstar_jax.config import RunConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.distributed.primary import is_primary
+from rstar_jax.errors import UserError
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket, pad_id_of
@@ -93,7 +94,7 @@ def encode_all(
   """Encodes every item (``render``: `encode_example`'s chat settings, e.g. `chat_settings`);
   items longer than ``max_seq_len`` or with no trained token are dropped (counted and logged,
   never truncated: a cut trajectory teaches a cut answer)."""
-  out, dropped = [], 0
+  out, too_long, untrained, longest = [], 0, 0, 0
   for i, ex in enumerate(examples):
     try:
       ids, mask = encode_example(ex, tokenizer, **render)
@@ -101,20 +102,47 @@ def encode_all(
       src = getattr(ex, "extra", {}) or {}
       where = f" ({src['source']})" if "source" in src else ""
       raise ValueError(f"SFT item {i}{where}: cannot render: {e}") from e
-    if len(ids) > max_seq_len or not any(mask[1:]):
-      dropped += 1
+    if len(ids) > max_seq_len:
+      too_long += 1
+      longest = max(longest, len(ids))
+      continue
+    if not any(mask[1:]):
+      untrained += 1
       continue
     out.append((ids, mask))
+  dropped = too_long + untrained
   if dropped:
     log.warning(
-      "SFT: dropped %d of %d items (longer than max_seq_len=%d or no assistant token)",
+      "SFT: dropped %d of %d items (%d longer than sft.max_seq_len=%d, %d without an "
+      "assistant token)",
       dropped,
       len(examples),
+      too_long,
       max_seq_len,
+      untrained,
     )
   if not out:
-    raise ValueError(f"SFT: no usable items among {len(examples)} (max_seq_len={max_seq_len})")
+    raise NoUsableItemsError(no_usable_items_line(len(examples), too_long, longest, max_seq_len))
   return out, dropped
+
+
+class NoUsableItemsError(UserError, ValueError):
+  """Every SFT item was dropped: the message names the setting that dropped them."""
+
+
+def no_usable_items_line(n: int, too_long: int, longest: int, max_seq_len: int) -> str:
+  """The one line for an SFT set with no usable item: the setting to raise (and to what) when
+  length dropped them, else that no chat has an assistant turn to train on."""
+  line = f"SFT: no usable items among {n}"
+  if too_long:
+    fit = 1 << max(0, longest - 1).bit_length()
+    line += (
+      f": {too_long} longer than sft.max_seq_len={max_seq_len} tokens (the longest is "
+      f"{longest}); set --config.sft.max_seq_len={fit} or more"
+    )
+  if n - too_long:
+    line += f"{';' if too_long else ':'} {n - too_long} without an assistant token to train on"
+  return line
 
 
 def sft_total_steps(num_items: int, batch_size: int, epochs: float) -> int:
