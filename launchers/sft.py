@@ -55,4 +55,5 @@ if __name__ == "__main__":
     main,
     on_interrupt=lambda: cli.interrupted_line(_WORKDIR.value, "sft_metrics"),
     required=["config", "workdir"],
+    workdir=lambda: _WORKDIR.value,
   )

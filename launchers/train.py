@@ -56,4 +56,5 @@ if __name__ == "__main__":
     main,
     on_interrupt=lambda: cli.rl_interrupted_line(_WORKDIR.value),
     required=["config", "workdir"],
+    workdir=lambda: _WORKDIR.value,
   )

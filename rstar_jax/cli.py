@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from absl import app, flags, logging
 
 from rstar_jax.config import from_config_dict, schema
-from rstar_jax.errors import UserError
+from rstar_jax.errors import UserError, complete_steps, disk_full_reason
 from rstar_jax.pipelines import eval_protocols
 
 USAGE_ERROR_EXIT = 2
@@ -74,13 +74,15 @@ def run(
   main: Callable[[Sequence[str]], object],
   on_interrupt: Callable[[], str] | None = None,
   required: Sequence[str] = (),
+  workdir: Callable[[], str | None] | None = None,
 ) -> None:
   """`absl.app.run(main)` with `UserError` reported as one line and exit status 2; so is a
   ``--config.x.y=v`` override naming a field the config does not have, and a flag of
   ``required`` left unset (checked after ``--describe_config``, which needs none of them;
   `flags.mark_flags_as_required` would refuse it). Ctrl-C prints ``on_interrupt()`` (default:
-  a generic line) and exits 130."""
-  app.run(wrap(main, on_interrupt), flags_parser=lambda argv: parse_flags(argv, required))
+  a generic line) and exits 130. A write that fails for lack of space (or quota) anywhere is
+  one line naming the file and the last good checkpoint under ``workdir()``/ckpt, exit 2."""
+  app.run(wrap(main, on_interrupt, workdir), flags_parser=lambda argv: parse_flags(argv, required))
 
 
 def parse_flags(argv: Sequence[str], required: Sequence[str] = ()):
@@ -271,16 +273,25 @@ def _fail(msg: str) -> None:
 
 
 def wrap(
-  main: Callable[[Sequence[str]], object], on_interrupt: Callable[[], str] | None = None
+  main: Callable[[Sequence[str]], object],
+  on_interrupt: Callable[[], str] | None = None,
+  workdir: Callable[[], str | None] | None = None,
 ) -> Callable[[Sequence[str]], object]:
-  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``, and Ctrl-C
-  into the line ``on_interrupt()`` and ``SystemExit(130)``."""
+  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``, a full disk
+  into `disk_full_line` and ``SystemExit(2)``, and Ctrl-C into the line ``on_interrupt()``
+  and ``SystemExit(130)``."""
 
   def wrapped(argv):
     try:
       return main(argv)
     except UserError as e:
       logging.error("%s", " ".join(str(e).split()))
+      sys.exit(USAGE_ERROR_EXIT)
+    except Exception as e:
+      reason = disk_full_reason(e)
+      if reason is None:
+        raise
+      logging.error("%s", disk_full_line(e, reason, workdir() if workdir else None))
       sys.exit(USAGE_ERROR_EXIT)
     except KeyboardInterrupt:
       try:
@@ -293,6 +304,22 @@ def wrap(
   wrapped.__name__ = getattr(main, "__name__", "main")
   wrapped.__doc__ = main.__doc__
   return wrapped
+
+
+def disk_full_line(err: BaseException, reason: str, workdir: str | None) -> str:
+  """``<file>: cannot write (no space left on device); the last good checkpoint is step N
+  (<workdir>/ckpt/N): free space, then rerun the same command to resume``."""
+  where = getattr(err, "filename", None) or workdir or "a file"
+  line = f"{where}: cannot write ({reason})"
+  if workdir:
+    ckpt = os.path.join(workdir, "ckpt")
+    steps = complete_steps(ckpt)
+    line += (
+      f"; the last good checkpoint is step {steps[-1]} ({os.path.join(ckpt, str(steps[-1]))})"
+      if steps
+      else f"; there is no complete checkpoint in {ckpt} yet"
+    )
+  return line + ": free space, then rerun the same command to resume"
 
 
 def last_logged_step(path: str) -> int:
