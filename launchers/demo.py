@@ -39,10 +39,11 @@ _DISCARD = flags.DEFINE_bool(
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import demo, launch
+  from rstar_jax.pipelines import demo, launch, workdir_lock
 
   launch.setup_logging()
   cli.check_workdir(_WORKDIR.value)
+  workdir_lock.acquire(_WORKDIR.value)  # one run per workdir (a second launch stops)
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value

@@ -29,12 +29,13 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many steps
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import launch, sft_loop
+  from rstar_jax.pipelines import launch, sft_loop, workdir_lock
 
   launch.setup_logging()
   run = cli.typed_config(_CONFIG.value, "sft", "launchers.sft", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
   cli.check_model_dirs(run)
+  workdir_lock.acquire(_WORKDIR.value)  # one run per workdir (a second launch stops)
   # A resume must continue the same run: a changed config stops here (one line naming the
   # changed fields) instead of mixing two runs' checkpoints and metrics.
   run_record.record_or_check(
