@@ -54,7 +54,7 @@ def main(argv):
 if __name__ == "__main__":
   cli.run(
     main,
-    on_interrupt=lambda: cli.interrupted_line(_WORKDIR.value, "sft_metrics"),
+    on_interrupt=lambda: cli.sft_interrupted_line(_WORKDIR.value),
     required=["config", "workdir"],
     workdir=lambda: _WORKDIR.value,
   )

@@ -348,6 +348,13 @@ def interrupted_line(workdir: str, metrics: str, checkpoint_step: int | None = N
   return line
 
 
+def sft_interrupted_line(workdir: str) -> str:
+  """`interrupted_line` of an SFT workdir: the checkpoint an interrupt writes is the resume
+  point (`sft_loop` records a step's state and metric row together, so they agree)."""
+  steps = complete_steps(os.path.join(workdir, "ckpt"))
+  return interrupted_line(workdir, "sft_metrics", steps[-1] if steps else 0)
+
+
 def rl_interrupted_line(workdir: str) -> str:
   """`interrupted_line` of an RL workdir (its checkpointed loop position is the resume point)."""
   ckpt_step = 0

@@ -35,7 +35,7 @@ from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket, pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.pipelines import data_sources, hf_export, metrics_log, wiring
+from rstar_jax.pipelines import data_sources, hf_export, interrupts, metrics_log, wiring
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 from rstar_jax.tokenization import chat_format
 
@@ -243,13 +243,16 @@ def run_sft(
       if run.train.pack_rows:
         b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple, pad_id=pad_id)
       new_state, m = js.sft_step(learner.state, js.shard_batch(b))
-      committed = (new_state, it.state_dict())
-      learner.state = new_state
       m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
-      step += 1
-      done_here += 1
       m.update(epoch=float(it.epoch), batch_len=pad_to, time_step_s=time.monotonic() - t0)
-      last = writer.write(step, m)
+      # The step's state, data position and metric row are recorded together: a Ctrl-C here
+      # waits, so the checkpoint an interrupt writes and the log end at the same step.
+      with interrupts.sigint_deferred():
+        last = writer.write(step + 1, m)
+        committed = (new_state, it.state_dict())
+        learner.state = new_state
+        step += 1
+        done_here += 1
       prog.update(step, extra=f"loss {m['loss']:.4f}")
       if (every and step % every == 0) or step == total:
         ckpt.save(learner.state, {"data": it.state_dict(), "phase": "sft"}, force=True)
@@ -261,7 +264,7 @@ def run_sft(
     if at != saved:  # a resumed run continues exactly here, not at the last periodic save
       ckpt.save(state, {"data": data, "phase": "sft"}, force=True)
       ckpt.wait_until_finished()
-    log.warning("SFT interrupted: checkpoint of step %d written", at)
+    log.info("SFT interrupted: checkpoint of step %d written", at)
     raise
   finally:
     writer.close()
