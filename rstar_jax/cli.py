@@ -512,7 +512,29 @@ def typed_config(cfg, mode: str, launcher: str, **convert_kw):
   return run
 
 
-def check_model_dirs(run) -> None:
-  """The typed config's ``model.hf_dir`` / ``model.tokenizer_dir``, when set, are directories."""
-  check_dir(run.model.hf_dir, "config.model.hf_dir")
-  check_dir(run.model.tokenizer_dir, "config.model.tokenizer_dir")
+def check_model_dirs(run, need_tokenizer: bool = True) -> None:
+  """The typed config's ``model.hf_dir`` / ``model.tokenizer_dir``, when set, are directories,
+  and (``need_tokenizer``) the one the tokenizer comes from (``tokenizer_dir``, else
+  ``hf_dir``) holds one."""
+  m = run.model
+  check_dir(m.hf_dir, "config.model.hf_dir")
+  check_dir(m.tokenizer_dir, "config.model.tokenizer_dir")
+  field, path = (
+    ("config.model.tokenizer_dir", m.tokenizer_dir)
+    if m.tokenizer_dir
+    else ("config.model.hf_dir", m.hf_dir)
+  )
+  if (
+    need_tokenizer
+    and path
+    and not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+  ):
+    raise UserError(
+      f"{field}: {path!r} holds no tokenizer (expected tokenizer.json or "
+      "tokenizer_config.json); copy the model's tokenizer files there, or name a directory "
+      "that has them with --config.model.tokenizer_dir=DIR"
+    )
+
+
+# What `rstar_jax.tokenization.bpe.load_tokenizer` reads (not imported: it loads transformers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")

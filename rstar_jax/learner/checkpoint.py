@@ -14,6 +14,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import Mapping
@@ -37,6 +38,23 @@ class CheckpointMismatchError(UserError, ValueError):
 class CheckpointWriteError(UserError, OSError):
   """A checkpoint could not be written (disk full, quota, read-only): the message names the
   directory, the step lost and the last complete checkpoint a rerun resumes from."""
+
+
+# orbax's advice in its shape-mismatch message (turn on padding / truncation through its own
+# API) is about orbax, and wrong for a resume: a padded or cut array is another model.
+_ORBAX_ADVICE = re.compile(r"\s*Truncating/padding is disabled\..*$|\s*To enable it, set .*$")
+
+
+def mismatch_detail(err: BaseException) -> str:
+  """orbax's restore error as one line, its API advice removed: "the checkpoint holds shape
+  (512, 32) where this run's model has (1024, 64)" for a shape mismatch."""
+  text = " ".join(str(err).split())
+  m = re.search(
+    r"Requested shape: (\([\d, ]*\)) is not compatible with the stored shape: (\([\d, ]*\))", text
+  )
+  if m:
+    return f"the checkpoint holds an array of shape {m.group(2)} where this run's has {m.group(1)}"
+  return _ORBAX_ADVICE.sub("", text)
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
@@ -173,7 +191,7 @@ class Checkpointer:
     except ValueError as e:
       # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
       # with a config (model size, optimizer) other than the one that wrote it.
-      detail = " ".join(str(e).split())
+      detail = mismatch_detail(e)
       raise CheckpointMismatchError(
         f"checkpoint {self.directory} step {step} does not fit this run's model and "
         f"optimizer (written with another config? use that config or a new workdir): "

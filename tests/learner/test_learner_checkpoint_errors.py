@@ -1,6 +1,7 @@
-"""A checkpoint write that hits a full disk (issue 43 row 2), on a real small tmpfs: one
-`CheckpointWriteError` line naming the directory, the lost step and the last good checkpoint;
-the half-written step is never restored and is cleaned up by the next run."""
+"""Checkpoint errors as one line. A write that hits a full disk (issue 43 row 2), on a real
+small tmpfs: one `CheckpointWriteError` line naming the directory, the lost step and the last
+good checkpoint; the half-written step is never restored and is cleaned up by the next run.
+A checkpoint of another model shape (row 9): our line, without orbax's API advice."""
 
 import contextlib
 import os
@@ -13,7 +14,11 @@ import optax
 import pytest
 
 from rstar_jax.errors import UserError
-from rstar_jax.learner.checkpoint import Checkpointer, CheckpointWriteError
+from rstar_jax.learner.checkpoint import (
+  Checkpointer,
+  CheckpointMismatchError,
+  CheckpointWriteError,
+)
 from rstar_jax.learner.train_state import TrainState
 
 
@@ -38,9 +43,9 @@ def resize(path, size: str) -> None:
   subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
 
 
-def _state(seed):
+def _state(seed, n=256):
   # ~256 KiB of params + Adam's two moments: one checkpoint ~330 KiB on disk (compressed).
-  params = {"w": jax.random.normal(jax.random.key(seed), (256, 256)), "b": jnp.zeros(3)}
+  params = {"w": jax.random.normal(jax.random.key(seed), (n, n)), "b": jnp.zeros(3)}
   return TrainState.create(params, optax.adam(1e-3), seed)
 
 
@@ -75,3 +80,14 @@ def test_full_disk_is_one_line_naming_the_last_good_checkpoint(tmp_path):
     assert meta["data"] == 1
     chex.assert_trees_all_equal(restored.params, state1.params)
     assert sorted(os.listdir(ck_dir)) == ["1"]  # the half-written step was removed
+
+
+def test_another_model_shape_is_our_line_only(tmp_path):
+  with Checkpointer(tmp_path / "ck") as ck:
+    ck.save(_step(_state(0, n=8)))
+    with pytest.raises(CheckpointMismatchError) as e:
+      ck.restore(_state(0, n=16))
+  msg = str(e.value)
+  assert msg.startswith(f"checkpoint {tmp_path / 'ck'} step 1 does not fit this run's model")
+  assert "the checkpoint holds an array of shape (8, 8) where this run's has (16, 16)" in msg
+  assert "strict" not in msg and "Truncating" not in msg and "\n" not in msg
