@@ -9,12 +9,15 @@ Any config field can be overridden (--config.rl.group_size=4, ...). Rerunning wi
 config; otherwise it stops and names the changed fields (--discard_stale reruns those phases).
 """
 
+import logging
 import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli
+
+log = logging.getLogger(__name__)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -49,9 +52,14 @@ def main(argv):
     cfg.rl.roc_mode = _ROC_MODE.value
   run = cli.typed_config(cfg, "rl", "launchers.demo")
   cli.check_model_dirs(run)
+  log.info("%s", launch.run_line(run, "launchers.demo"))
   cli.check_devices(run)
   demo.run_demo(run, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":
-  cli.run(main, required=["workdir"])
+  cli.run(
+    main,
+    on_interrupt=lambda: cli.demo_interrupted_line(_WORKDIR.value),
+    required=["workdir"],
+  )

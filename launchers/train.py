@@ -9,10 +9,14 @@ the one it ran with (<workdir>/resolved_config/; --discard_stale starts over). C
 with "interrupted at step N; rerun the same command to resume".
 """
 
+import logging
+
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
+
+log = logging.getLogger(__name__)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Run config file (mode rl).", lock_config=True
@@ -36,6 +40,7 @@ def main(argv):
   run = cli.typed_config(_CONFIG.value, "rl", "launchers.train", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
   cli.check_model_dirs(run)
+  log.info("%s", launch.run_line(run, "launchers.train"))
   workdir_lock.acquire(_WORKDIR.value)  # one run per workdir (a second launch stops)
   # A resume must continue the same run: a changed config stops here (one line naming the
   # changed fields) instead of mixing two runs' checkpoints and metrics.

@@ -366,6 +366,33 @@ def rl_interrupted_line(workdir: str) -> str:
   return interrupted_line(workdir, "metrics", ckpt_step)
 
 
+# The demo's phases in order with the folder of the two that train (`pipelines.demo`).
+_DEMO_PHASES = ("data", "tokenizer", "sft", "eval_sft", "rl", "eval_rl", "report")
+
+
+def demo_interrupted_line(workdir: str) -> str:
+  """``interrupted in phase rl at step N; rerun the same command to resume`` for a
+  `launchers.demo` workdir: the phase after the last finished one (``demo_state.json``), and
+  for the training phases the step their checkpoint resumes from."""
+  try:
+    with open(os.path.join(workdir, "demo_state.json"), encoding="utf-8") as f:
+      done = json.load(f).get("last_phase") or ""
+  except (OSError, ValueError, AttributeError):
+    done = ""
+  if done == "rl (unfinished)":  # demo.rl_max_steps stopped the last run inside RL
+    phase = "rl"
+  else:
+    i = _DEMO_PHASES.index(done) + 1 if done in _DEMO_PHASES else 0
+    phase = _DEMO_PHASES[min(i, len(_DEMO_PHASES) - 1)]
+  if phase == "rl":
+    line = rl_interrupted_line(os.path.join(workdir, "rl"))
+  elif phase == "sft":
+    line = sft_interrupted_line(os.path.join(workdir, "sft"))
+  else:
+    return f"interrupted in phase {phase}; rerun the same command to resume"
+  return line.replace("interrupted at step", f"interrupted in phase {phase} at step", 1)
+
+
 def check_dir(path: str, field: str, *, must_exist: bool = True) -> None:
   """``path`` (the value of config field / flag ``field``) is a directory; empty is allowed
   (the field is unset)."""

@@ -126,3 +126,19 @@ def summary_json(d: dict) -> str:
       continue
     out[k] = v
   return json.dumps(out, indent=1, sort_keys=True)
+
+
+def run_line(run, launcher: str) -> str:
+  """One line saying what a run trains or evaluates with: the model source, the chat format,
+  the reward and its verifier (RL / eval), the LoRA rank and the RL loss settings; logged at
+  start so a custom reward, a LoRA run or another recipe's checkpoint is visible up front."""
+  m, parts = run.model, []
+  parts.append(f"model {m.hf_dir or 'from scratch (config.model)'}")
+  parts.append(f"chat format {run.rollout.chat_format!r}")
+  if run.mode != "sft":
+    parts.append(f"reward {run.reward.name!r} (verifier {run.reward.verifier!r})")
+  lora = f"rank {m.lora_rank}, alpha {m.lora_alpha:g}" if m.lora_rank else "off (full fine-tuning)"
+  parts.append(f"LoRA {lora}")
+  if run.mode == "rl":
+    parts.append(f"policy loss {run.rl.policy_loss!r}, roc_mode {run.rl.roc_mode!r}")
+  return f"{launcher}: " + "; ".join(parts)

@@ -171,10 +171,17 @@ def samples_due(log_config, step: int) -> bool:
 
 
 def rollout_samples(
-  problems: Sequence[Any], groups: Sequence[Sequence[Any]], rewards: Any, n: int, max_chars: int
+  problems: Sequence[Any],
+  groups: Sequence[Sequence[Any]],
+  rewards: Any,
+  n: int,
+  max_chars: int,
+  tokenizer=None,
 ) -> list[dict[str, Any]]:
   """``n`` `sample_record`s of a step's rollouts (groups [P][N] of `Trajectory`, rewards
-  [P, N]), spread over the prompts: sample k is rollout k // P of prompt k % P."""
+  [P, N]), spread over the prompts: sample k is rollout k // P of prompt k % P. ``prompt`` is
+  what the policy saw (the trajectory's prompt ids decoded with ``tokenizer``: system prompt,
+  tool block, chat template); ``question`` the problem text it was rendered from."""
   p = len(groups)
   out = []
   for k in range(min(n, sum(len(g) for g in groups))):
@@ -186,13 +193,17 @@ def rollout_samples(
       {"turn": c.turn, "status": c.status, "code": c.code, "output": c.output_text}
       for c in t.tool_calls
     ]
+    prompt = problems[i].problem
+    if tokenizer is not None and getattr(t, "prompt_ids", None):
+      prompt = tokenizer.decode(list(t.prompt_ids), skip_special_tokens=False)
     out.append(
       sample_record(
-        problems[i].problem,
+        prompt,
         t.response_text,
         turns,
         float(rewards[i][j]),
         max_chars,
+        question=problems[i].problem,
         problem_index=i,
         sample_index=j,
         answer=problems[i].answer,
@@ -203,13 +214,14 @@ def rollout_samples(
 
 
 def log_rollout_samples(
-  writer: MetricsWriter, log_config, step: int, problems, groups, rewards
+  writer: MetricsWriter, log_config, step: int, problems, groups, rewards, tokenizer=None
 ) -> None:
   """The RL loop's one call per step: when ``log.samples_every`` makes step ``step`` due,
-  `rollout_samples` of the step's rollouts go to every sink of ``writer``."""
+  `rollout_samples` of the step's rollouts (prompts rendered with ``tokenizer``) go to every
+  sink of ``writer``."""
   if samples_due(log_config, step):
     n, cut = log_config.samples_per_step, log_config.sample_max_chars
-    writer.write_samples(step, rollout_samples(problems, groups, rewards, n, cut))
+    writer.write_samples(step, rollout_samples(problems, groups, rewards, n, cut, tokenizer))
 
 
 def _sample_markdown(s: Mapping[str, Any]) -> str:

@@ -256,7 +256,13 @@ class RLLoop:
     ro = await self.rollout(stage)
     scores = await self.score(ro)
     metrics_log.log_rollout_samples(  # sample-rollout hook (issue 32)
-      self.writer, self.config.log, self.pos.rl_step + 1, ro.problems, ro.groups, scores.rewards
+      self.writer,
+      self.config.log,
+      self.pos.rl_step + 1,
+      ro.problems,
+      ro.groups,
+      scores.rewards,
+      tokenizer=self.runner.tokenizer,  # the rendered prompt, as the policy saw it
     )
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)

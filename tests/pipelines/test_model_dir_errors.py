@@ -66,3 +66,19 @@ def test_model_dir_without_a_tokenizer_is_one_line(tmp_path, launcher):
 def test_load_tokenizer_of_a_directory_without_one_is_a_user_error(tmp_path):
   with pytest.raises(UserError, match="holds no tokenizer.json"):
     bpe.load_tokenizer(str(tmp_path))
+
+
+def test_start_up_line_names_reward_verifier_lora_and_chat_format():
+  """Issue 43 row 14: a custom reward and LoRA were invisible at start."""
+  from configs import aster_qwen3_4b, demo
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import launch
+
+  cfg = demo.get_config("lora_smoke")
+  cfg.reward.verifier = "math_verify_text"
+  line = launch.run_line(from_config_dict(cfg, "rl"), "launchers.demo")
+  assert line.startswith("launchers.demo: model from scratch (config.model); chat format ")
+  assert "reward 'math' (verifier 'math_verify_text'); LoRA rank 16, alpha 32;" in line
+  run = from_config_dict(aster_qwen3_4b.get_config("sft_debug"), check_inputs=False)
+  line = launch.run_line(run, "launchers.sft")
+  assert "chat format 'qwen3_thinking'" in line and "reward" not in line

@@ -59,6 +59,11 @@ def test_second_launch_into_a_busy_workdir_is_refused_with_one_line(tmp_path):
   assert f"--workdir: {w} is in use by another run (pid {holder.pid} on " in errors[0]
   assert "wait for it to end or give another --workdir" in errors[0]
   assert not (w / "ckpt").exists() and not (w / "metrics.jsonl").exists()  # nothing written
+  # Issue 43 row 14: the start-up line says what the run uses (before the lock is checked).
+  assert (
+    "launchers.train: model from scratch (config.model); chat format 'rstar2'; reward 'math' "
+    "(verifier 'math_verify'); LoRA off (full fine-tuning); policy loss "
+  ) in proc.stderr
 
 
 def test_a_killed_holder_leaves_no_stuck_lock(tmp_path):
