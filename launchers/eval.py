@@ -44,6 +44,9 @@ def main(argv):
   cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
   cli.check_model_dirs(run)
   log.info("%s", launch.run_line(run, "launchers.eval"))
+  mismatch = evaluation.recipe_mismatch_warning(run, _CKPT.value)
+  if mismatch:
+    log.warning("%s", mismatch)
   launch.maybe_initialize_distributed()
   cli.check_devices(run)
   report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value, workdir=_WORKDIR.value)
