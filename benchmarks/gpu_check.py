@@ -508,6 +508,10 @@ def main(argv=None):
       flush=True,
     )
   print(f"[gpu_check] report: {out}")
+  failed = [n for n, r in report["sections"].items() if not r.get("ok")]
+  if failed:
+    print(f"[gpu_check] FAILED sections: {', '.join(failed)} (details in {out})", flush=True)
+    return 1
   return 0
 
 
