@@ -62,4 +62,5 @@ if __name__ == "__main__":
     on_interrupt=lambda: cli.sft_interrupted_line(_WORKDIR.value),
     required=["config", "workdir"],
     workdir=lambda: _WORKDIR.value,
+    supervisable=True,  # --max_restarts=N (rstar_jax.pipelines.supervisor)
   )

@@ -63,4 +63,5 @@ if __name__ == "__main__":
     on_interrupt=lambda: cli.rl_interrupted_line(_WORKDIR.value),
     required=["config", "workdir"],
     workdir=lambda: _WORKDIR.value,
+    supervisable=True,  # --max_restarts=N (rstar_jax.pipelines.supervisor)
   )

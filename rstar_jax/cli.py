@@ -54,6 +54,27 @@ _DESCRIBE = flags.DEFINE_bool(
 )
 
 
+_MAX_RESTARTS = flags.DEFINE_integer(
+  "max_restarts",
+  0,
+  "Supervise the run: when a learner process crashes (killed, out of memory, a JAX process "
+  "of a multi-process run lost), restart every process from the last checkpoint with the same "
+  "command, at most this many times (0 = no supervisor). <workdir>/supervisor.json records "
+  "each attempt. launchers.train / launchers.sft.",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes",
+  1,
+  "With the supervisor: run the learner as this many JAX processes on this machine "
+  "(RSTAR_* variables of rstar_jax.distributed.init; a crash of any restarts all).",
+)
+_DEVICES_PER_PROCESS = flags.DEFINE_integer(
+  "devices_per_process",
+  0,
+  "With --num_processes: host-platform devices per process (XLA_FLAGS; 0 = unchanged).",
+)
+
+
 def _list_fields() -> frozenset[str]:
   out = {"imports", "data.synthetic.families"}
   for name, cls in schema.SECTIONS.items():
@@ -75,14 +96,89 @@ def run(
   on_interrupt: Callable[[], str] | None = None,
   required: Sequence[str] = (),
   workdir: Callable[[], str | None] | None = None,
+  supervisable: bool = False,
 ) -> None:
   """`absl.app.run(main)` with `UserError` reported as one line and exit status 2; so is a
   ``--config.x.y=v`` override naming a field the config does not have, and a flag of
   ``required`` left unset (checked after ``--describe_config``, which needs none of them;
   `flags.mark_flags_as_required` would refuse it). Ctrl-C prints ``on_interrupt()`` (default:
   a generic line) and exits 130. A write that fails for lack of space (or quota) anywhere is
-  one line naming the file and the last good checkpoint under ``workdir()``/ckpt, exit 2."""
-  app.run(wrap(main, on_interrupt, workdir), flags_parser=lambda argv: parse_flags(argv, required))
+  one line naming the file and the last good checkpoint under ``workdir()``/ckpt, exit 2.
+
+  ``supervisable``: the launcher accepts ``--max_restarts`` / ``--num_processes`` and then
+  becomes the supervisor of its own learner processes (`supervised`)."""
+  body = supervised(main, workdir) if supervisable else _refuse_supervisor_flags(main)
+  app.run(wrap(body, on_interrupt, workdir), flags_parser=lambda argv: parse_flags(argv, required))
+
+
+def _supervisor_flags_set() -> list[str]:
+  return [f"--{f.name}" for f in (_MAX_RESTARTS, _NUM_PROCESSES, _DEVICES_PER_PROCESS) if f.present]
+
+
+def _refuse_supervisor_flags(body: Callable[[Sequence[str]], object]):
+  def checked(argv):
+    bad = _supervisor_flags_set()
+    if bad:
+      raise UserError(
+        f"{', '.join(bad)}: only launchers.train and launchers.sft supervise their learner "
+        "processes"
+      )
+    return body(argv)
+
+  return checked
+
+
+def launcher_module() -> str | None:
+  """The module this process runs as (``python -m launchers.train`` -> "launchers.train")."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return spec.name if spec is not None else None
+
+
+def supervised(
+  body: Callable[[Sequence[str]], object], workdir: Callable[[], str | None] | None
+) -> Callable[[Sequence[str]], object]:
+  """``body``, or with ``--max_restarts`` > 0 or ``--num_processes`` > 1 a
+  `rstar_jax.pipelines.supervisor.Supervisor` running ``body``'s launcher as learner processes
+  (they see ``RSTAR_SUPERVISED=1`` and run ``body``). The flags are checked, and the config
+  parsed (a bad override is one line before any process starts), here."""
+
+  def run_or_supervise(argv):
+    # Imported here: jax-free, but only a supervised launch needs it.
+    from rstar_jax.pipelines import supervisor
+
+    restarts, procs = _MAX_RESTARTS.value, _NUM_PROCESSES.value
+    if supervisor.is_supervised_child() or (restarts == 0 and procs == 1):
+      return body(argv)
+    problems = []
+    if restarts < 0:
+      problems.append(f"--max_restarts: expected >= 0, got {restarts}")
+    if procs < 1:
+      problems.append(f"--num_processes: expected >= 1, got {procs}")
+    if _DEVICES_PER_PROCESS.value < 0:
+      problems.append(f"--devices_per_process: expected >= 0, got {_DEVICES_PER_PROCESS.value}")
+    module = launcher_module()
+    if module is None:
+      problems.append("--max_restarts: run the launcher as a module (python -m launchers.train)")
+    wd = workdir() if workdir else None
+    if not wd:
+      problems.append(
+        "--max_restarts: the launcher needs --workdir (its ckpt/ is the resume point)"
+      )
+    if problems:
+      raise UserError("; ".join(problems))
+    check_workdir(wd)
+    sup = supervisor.Supervisor(
+      supervisor.child_argv(sys.argv, module),
+      wd,
+      max_restarts=restarts,
+      num_processes=procs,
+      devices_per_process=_DEVICES_PER_PROCESS.value,
+    )
+    sys.exit(sup.run())
+
+  run_or_supervise.__name__ = getattr(body, "__name__", "main")
+  run_or_supervise.__doc__ = body.__doc__
+  return run_or_supervise
 
 
 def parse_flags(argv: Sequence[str], required: Sequence[str] = ()):

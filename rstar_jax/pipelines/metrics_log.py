@@ -29,6 +29,7 @@ from typing import Any
 
 from rstar_jax.distributed.primary import is_primary
 from rstar_jax.errors import UserError
+from rstar_jax.pipelines.supervisor import restarts_from_env
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,9 @@ def _sample_markdown(s: Mapping[str, Any]) -> str:
 
 
 class MetricsWriter:
-  """Writes ``{"step": s, **metrics}`` records to ``<dir>/<name>.jsonl``, TensorBoard and W&B.
+  """Writes ``{"step": s, **metrics}`` records to ``<dir>/<name>.jsonl``, TensorBoard and W&B;
+  under the supervisor (``--max_restarts``) each record also has ``restarts``, the learner
+  restarts before the process that wrote it.
 
   Args:
     directory: output folder (created).
@@ -279,6 +282,9 @@ class MetricsWriter:
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
     rec = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+    restarts = restarts_from_env()
+    if restarts is not None:  # a supervised run (--max_restarts): the restarts so far
+      rec.setdefault("restarts", restarts)
     if self._file is None:
       return rec
     self._file.write(json.dumps(rec) + "\n")

@@ -105,7 +105,9 @@ class RLLoop:
     self.rows = -(-self.P * self.G // rm) * rm
     self.collapse = rl_metrics.CollapseMonitor(window=run.rl.collapse_window)
     self.ckpt = Checkpointer(
-      os.path.join(self.workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints
+      os.path.join(self.workdir, "ckpt"),
+      max_to_keep=run.train.keep_checkpoints,
+      enable_async=run.train.async_checkpoints,
     )
     self.pos = LoopPosition()
     self._last_saved_step = -1

@@ -209,7 +209,11 @@ def run_sft(
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
   pad_id = chat_format.pad_id_of(tokenizer)
 
-  ckpt = Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints)
+  ckpt = Checkpointer(
+    os.path.join(workdir, "ckpt"),
+    max_to_keep=run.train.keep_checkpoints,
+    enable_async=run.train.async_checkpoints,
+  )
   it = EpochIterator(list(range(len(seqs))), seed=run.train.seed, shuffle=s.shuffle)
   resumed_step = None
   if ckpt.latest_step() is not None:
