@@ -6,6 +6,8 @@ Resumes from <workdir>/ckpt when present, if the config is the one it ran with
 (<workdir>/resolved_config/; --discard_stale starts over); writes <workdir>/hf (HF model + tokenizer) at the end.
 Ctrl-C checkpoints the step reached and ends with "interrupted at step N; rerun the same
 command to resume".
+--max_restarts=N restarts the learner process(es) after a crash, from the last checkpoint
+(rstar_jax/pipelines/README.md, "Restarts after a crash").
 """
 
 import logging

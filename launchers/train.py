@@ -7,6 +7,8 @@
 Resumes from <workdir>/ckpt when present (same step, data position, stage), if the config is
 the one it ran with (<workdir>/resolved_config/; --discard_stale starts over). Ctrl-C ends
 with "interrupted at step N; rerun the same command to resume".
+--max_restarts=N restarts the learner process(es) after a crash, from the last checkpoint
+(rstar_jax/pipelines/README.md, "Restarts after a crash").
 """
 
 import logging

@@ -23,7 +23,12 @@ For tools (a chaos benchmark), the supervisor keeps ``<workdir>/supervisor.json`
 "exits": [{"process", "pid", "returncode", "signal"}], "resumed_from_step"}], "state"}`` with
 ``state`` "running" / "restarting" / "done" / "failed" / "interrupted"; the running attempt's
 ``pids`` are the learner processes to kill. Ctrl-C on the supervisor goes to every learner
-process as SIGINT (they checkpoint and stop) and ends with status 130.
+process as SIGINT (they checkpoint and stop) and ends with status 130; a SIGTERM is forwarded
+the same way (status 143); a supervisor killed with SIGKILL takes its learners with it
+(PR_SET_PDEATHSIG). Each learner sees ``RSTAR_RESTARTS`` (the restarts before it started),
+which `metrics_log.MetricsWriter` writes into every metric row as ``restarts``. A restart drops
+`FIRST_START_ONLY` flags (``--discard_stale``), so a recipe edited since the first start stops
+the run (run_record's one line, exit 2) instead of replacing it.
 """
 
 from __future__ import annotations
