@@ -111,6 +111,8 @@ def encode_all(
       continue
     out.append((ids, mask))
   dropped = too_long + untrained
+  if not out:  # one line, the error's (the warning below would repeat it)
+    raise NoUsableItemsError(no_usable_items_line(len(examples), too_long, longest, max_seq_len))
   if dropped:
     log.warning(
       "SFT: dropped %d of %d items (%d longer than sft.max_seq_len=%d, %d without an "
@@ -121,8 +123,6 @@ def encode_all(
       max_seq_len,
       untrained,
     )
-  if not out:
-    raise NoUsableItemsError(no_usable_items_line(len(examples), too_long, longest, max_seq_len))
   return out, dropped
 
 

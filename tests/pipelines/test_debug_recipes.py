@@ -122,15 +122,17 @@ def test_sft_debug_items_fit_the_readme_tiny_tokenizer(tmp_path, name):
   assert dropped == 0 and len(seqs) == len(examples) > 0
 
 
-def test_no_usable_sft_items_is_one_line_naming_the_setting(tmp_path):
+def test_no_usable_sft_items_is_one_line_naming_the_setting(tmp_path, caplog):
   from rstar_jax.pipelines import data_sources, sft_loop
   from rstar_jax.tokenization.bpe import train_bpe_tokenizer
 
   tok = train_bpe_tokenizer(["Compute 7 * 8. print(7 * 8) \\boxed{56}"] * 20, 400, str(tmp_path))
   run = from_config_dict(rstar2_qwen3_14b.get_config("sft_debug"), check_inputs=False)
   examples = data_sources.sft_examples(run)
-  with pytest.raises(UserError) as e:
+  with pytest.raises(UserError) as e, caplog.at_level("WARNING"):
     sft_loop.encode_all(examples, tok, 512, **sft_loop.chat_settings(run))
+  # The error is the one line: no "dropped 4 of 4 items" warning before it.
+  assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == []
   msg = str(e.value)
   assert "\n" not in msg
   assert msg.startswith(f"SFT: no usable items among {len(examples)}: {len(examples)} longer")
