@@ -40,7 +40,6 @@ side by side keep a slow spell from landing on one side of a ratio only.
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import multiprocessing as mp
@@ -51,6 +50,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rstar_jax.tools.code_pool import CodePool  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 TRIVIAL = "print(sum(range(1000)))"
 SYMPY = (
@@ -466,14 +468,14 @@ if __name__ == "__main__":
     "difference between a run with and one without (or see --mechanisms)",
   )
   args = ap.parse_args()
-  # --json: stdout carries the document only, so every progress line goes to stderr.
-  with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-    if args.breakdown:
-      out = asyncio.run(breakdown(cgroups=args.cgroups))
-    elif args.mechanisms:
-      out = asyncio.run(mechanisms(rounds=args.rounds, n=150 if args.quick else 400))
-    else:
-      out = asyncio.run(main(args.quick, args.cgroups))
+  # --json: stdout carries the document only; progress (and child processes) go to stderr.
+  emit = json_stdout.reserve(args.json)
+  if args.breakdown:
+    out = asyncio.run(breakdown(cgroups=args.cgroups))
+  elif args.mechanisms:
+    out = asyncio.run(mechanisms(rounds=args.rounds, n=150 if args.quick else 400))
+  else:
+    out = asyncio.run(main(args.quick, args.cgroups))
   out = {
     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     "cores": os.cpu_count(),
@@ -484,4 +486,4 @@ if __name__ == "__main__":
     with open(args.out, "w") as f:
       json.dump(out, f, indent=1)
   if args.json:
-    print(json.dumps(out))
+    emit(out)
