@@ -268,6 +268,7 @@ class SGLangEngine:
     self._removed: set[str] = set()  # router workers taken off the router until refreshed
     self._targets: list[str] | None = None  # a push to some servers only (a rejoin)
     self._monitor_task: asyncio.Task | None = None
+    self._loop: asyncio.AbstractEventLoop | None = None
     self._suspects: dict[str, asyncio.Task] = {}
     self._fleet_changed: asyncio.Event | None = None
     self._all_down_since: float | None = None
@@ -616,11 +617,13 @@ class SGLangEngine:
     t = self._monitor_task
     if t is not None and not t.done() and t.get_loop() is loop:
       return
-    self._fleet_changed = None
-    self._suspects = {}
-    self._push_lock = None
-    for h in self._health.values():
-      h.lost, h.rejoining = None, False
+    if self._loop is not loop:  # events, locks and tasks belong to one event loop
+      self._loop = loop
+      self._fleet_changed = None
+      self._suspects = {}
+      self._push_lock = None
+      for h in self._health.values():
+        h.lost, h.rejoining = None, False
     self._monitor_task = loop.create_task(self._monitor())
 
   async def _probe(self, url: str) -> bool:
@@ -952,6 +955,7 @@ class SGLangEngine:
     the following ``/generate`` requests name in ``lora_path``.
     """
     version = self._version + 1 if version is None else int(version)
+    self._ensure_monitor()
     if self._push_lock is None:
       self._push_lock = asyncio.Lock()
     async with self._push_lock:
@@ -962,7 +966,7 @@ class SGLangEngine:
         try:
           stats, lora_name, params_kept = await self._push_body(config, params, version)
           break
-        except SGLangError:
+        except SGLangError as e:
           # A server that died during the push leaves the rotation (it is refreshed when it
           # answers again); the others get the push again.
           dead = [u for u, ok in zip(targets, await self._probe_all(targets)) if not ok]
@@ -970,6 +974,7 @@ class SGLangEngine:
             await self._take_out_target(u, "failed a weight push")
           if attempt or not dead or not self.urls:
             raise
+          log.warning("%s; pushing again to the %d server(s) still answering", e, len(self.urls))
       self._version = version
       self._last_pushed = params_kept if (self.weight_delta or lora.is_lora(params)) else None
       self._current = (config, params)
