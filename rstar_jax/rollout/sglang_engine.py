@@ -297,6 +297,8 @@ class SGLangEngine:
     self._sticky: collections.OrderedDict = collections.OrderedDict()  # key -> url (LRU)
     self.scheduler = KVCapacityScheduler(self.fleet, capacities, utilization)
     self._capacities_known = capacities is not None
+    self._last_capacity_read: float | None = None
+    self._capacity_task: asyncio.Future | None = None
 
     self.transport = make_transport(
       weight_transport,
@@ -462,9 +464,16 @@ class SGLangEngine:
     self._ensure_monitor()
     if self._fleet_error is not None:
       raise self._fleet_error
-    if not self._capacities_known:
-      await self.refresh_capacity()
-    elif asyncio.get_running_loop().time() - self._last_load > self.load_refresh_s:
+    now = asyncio.get_running_loop().time()
+    task = self._capacity_task
+    if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+      await asyncio.shield(task)  # a read already under way: every lease waits for it
+    elif not self._capacities_known and (
+      self._last_capacity_read is None or now - self._last_capacity_read > self.load_refresh_s
+    ):
+      self._capacity_task = asyncio.ensure_future(self.refresh_capacity())
+      await asyncio.shield(self._capacity_task)
+    elif now - self._last_load > self.load_refresh_s:
       await self.refresh_load()
     async with self.scheduler.lease(tid, budget_tokens) as url:
       self._sticky[tid] = url
@@ -475,13 +484,21 @@ class SGLangEngine:
         self._orphans.pop(tid, None)
 
   async def refresh_capacity(self) -> dict:
-    """Reads max_total_num_tokens (/get_server_info) and usage (/get_load) of each server."""
+    """Reads max_total_num_tokens (/get_server_info) and usage (/get_load) of each server in
+    rotation. A server that does not answer is skipped (no capacity: nothing is admitted to it;
+    the health checks decide its fate) and read again later; it raises only when none answers."""
+    self._last_capacity_read = asyncio.get_running_loop().time()
     if self.router_url:
       await self.refresh_workers()
     urls = self.urls
-    infos = await asyncio.gather(*[self._request("GET", u, "/get_server_info") for u in urls])
-    caps = {}
+    infos = await asyncio.gather(
+      *[self._request("GET", u, "/get_server_info") for u in urls], return_exceptions=True
+    )
+    caps, failed = {}, []
     for u, info in zip(urls, infos):
+      if isinstance(info, BaseException):
+        failed.append(info)
+        continue
       cap = (info or {}).get("max_total_num_tokens")
       if cap is None:
         states = (info or {}).get("internal_states") or [{}]
@@ -489,10 +506,12 @@ class SGLangEngine:
       if cap is None:
         raise SGLangError(f"{u}/get_server_info: no max_total_num_tokens in the reply")
       caps[u] = int(cap)
+    if not caps:
+      raise failed[0] if failed else SGLangError("no SGLang server in rotation")
     if self.router_url:  # one pool behind the router: the workers' capacities summed
       caps = {self.router_url: sum(caps.values())}
     self.scheduler.set_capacities(caps)
-    self._capacities_known = True
+    self._capacities_known = not failed
     await self.refresh_load()
     return caps
 
@@ -722,6 +741,8 @@ class SGLangEngine:
       if not ok:
         return
       h.up, h.failures, h.lost = True, 0, None
+      if self.scheduler.stats()[url]["capacity"] == 0:  # never read: read at the next lease
+        self._capacities_known, self._last_capacity_read = False, None
       await self.scheduler.restore_server(url)
       self.fleet_stats["rejoins"] += 1
       log.warning("SGLang server %s back in rotation at weight version %d", url, self._version)

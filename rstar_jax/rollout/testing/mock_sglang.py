@@ -66,7 +66,9 @@ class MockSGLangServer:
     token_delay_s: float = 0.0,
     weight_version: str = "0",
     logprob_shift: float = 0.0,
+    seeded: bool = False,
   ):
+    self.seeded = bool(seeded)  # sampling_seed changes the tokens (distinct group samples)
     self.vocab_size = vocab_size
     self.logprob_shift = float(logprob_shift)
     self.broken_status: int | None = None
@@ -225,6 +227,9 @@ class MockSGLangServer:
       await asyncio.sleep(0.002)
     rid = body.get("rid") or f"auto{len(self.requests)}"
     max_new = int(sp.get("max_new_tokens", 128))
+    # Seeded: the seed shifts every token, so every server gives the same output for the same
+    # (prompt, seed) and different seeds give different samples.
+    salt = int(sp.get("sampling_seed", 0)) % self.vocab_size if self.seeded else 0
     stops = set(sp.get("stop_token_ids") or ())
     state = self._running[rid] = {"abort": False, "tokens": len(ids)}
     out: list[int] = []
@@ -249,7 +254,7 @@ class MockSGLangServer:
           break
         if self.token_delay_s:
           await asyncio.sleep(self.token_delay_s)
-        tok = mock_next_token(hist, self.vocab_size)
+        tok = (mock_next_token(hist, self.vocab_size) + salt) % self.vocab_size
         lps.append(mock_logprob(hist, tok, self.logprob_shift))
         out.append(tok)
         hist.append(tok)
@@ -598,6 +603,7 @@ def main() -> None:
   ap.add_argument("--token-delay-s", type=float, default=0.0)
   ap.add_argument("--logprob-shift", type=float, default=0.0)
   ap.add_argument("--weight-version", default="0")
+  ap.add_argument("--seeded", action="store_true", help="sampling_seed changes the tokens")
   args = ap.parse_args()
   import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
 
@@ -607,6 +613,7 @@ def main() -> None:
       token_delay_s=args.token_delay_s,
       weight_version=args.weight_version,
       logprob_shift=args.logprob_shift,
+      seeded=args.seeded,
     )
     server.die_on_distributed_call = args.die_on_distributed_call
     await server.start(args.port)

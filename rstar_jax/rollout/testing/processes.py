@@ -55,7 +55,11 @@ class StandInProcess:
     args = [sys.executable, "-m", "rstar_jax.rollout.testing.mock_sglang"]
     args += ["--port-file", self.port_file, "--port", str(port)]
     for k, v in self.flags.items():
-      args += [f"--{k.replace('_', '-')}", str(v)]
+      flag = f"--{k.replace('_', '-')}"
+      if v is True:
+        args.append(flag)
+      elif v is not False:
+        args += [flag, str(v)]
     self.proc = subprocess.Popen(args, env=_env(), stderr=subprocess.DEVNULL)
     return self
 
