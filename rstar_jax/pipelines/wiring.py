@@ -24,15 +24,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rstar_jax.config import RunConfig, StageConfig, ToolConfig
+from rstar_jax.config import RunConfig, StageConfig, ToolConfig, eval_protocols
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import fleet
 from rstar_jax.errors import UserError
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
-from rstar_jax.pipelines import data_sources, eval_protocols
+from rstar_jax.pipelines import data_sources
 from rstar_jax.planning import fit, plan
 from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.rollout.agent_loop import RolloutSettings
@@ -57,8 +57,9 @@ def tool_pool(tool: ToolConfig):
   """The (not yet started) code pool named by ``tool.backend``, for this JAX process:
 
   * "local": a `CodePool` in this process (one per JAX process; default);
-  * "http":  a `CodePoolClient` of the service (`launchers.code_pool_server`) at
-    ``tool.urls[i % len(tool.urls)]`` for process i;
+  * "http":  a `CodePoolClient` over every service (`launchers.code_pool_server`) of
+    ``tool.urls``, process i starting at ``tool.urls[i % len(tool.urls)]`` (a failed node's
+    stateless calls go to the others; its sessions come back `session_lost`);
   * "ray":   a `RayCodePool` (one pool actor per Ray node), connecting with
     ``ray.init(address=tool.ray_address)`` when Ray is not initialised yet.
   """
@@ -78,7 +79,8 @@ def tool_pool(tool: ToolConfig):
       )
     # The service's shared secret comes from this process's $RSTAR_CODE_POOL_TOKEN_FILE or
     # $RSTAR_CODE_POOL_TOKEN (rstar_jax/tools/README.md); a bad token file fails here, at build.
-    return CodePoolClient(urls[jax.process_index() % len(urls)], token=client_token())
+    first = jax.process_index() % len(urls)
+    return CodePoolClient(urls[first:] + urls[:first], token=client_token())
   if backend == "ray":
     # Ray is an optional extra (setup.py "ray"): imported only when this backend is chosen.
     import ray
@@ -172,8 +174,8 @@ def build_learner(
     abstract_params = None
   else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
     abstract_params = lora.abstract_params(model_config, lora_cfg, run.model.param_dtype)
-    tx = lora.optimizer(tx, abstract_params)
-    js = lora.make_jitted_steps(
+    tx = lora_training.optimizer(tx, abstract_params)
+    js = steps.make_lora_jitted_steps(
       model_config,
       lora_cfg,
       mesh,
