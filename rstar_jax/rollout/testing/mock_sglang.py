@@ -30,7 +30,9 @@ timeout), `die_on_distributed_call = k` (the process exits on its k-th distribut
 killed group member), `broken_status = 500` (every endpoint answers that status, /health
 included: a server failing forever), `frozen = True` (every request, /health included, waits
 until it is unfrozen: a hung server). `logprob_shift` shifts this server's log-probs (tests tell
-which server produced a turn). `events` lists the paths served, in order.
+which server produced a turn). `events` lists the paths served, in order. `script_ids`: a turn
+(e.g. a tool call ending in the stop id) emitted before the model's tokens whenever the request's
+input ids do not hold it yet, so an agent loop calls its tool once per trajectory.
 `python -m rstar_jax.rollout.testing.mock_sglang --port-file F [--port P]` runs one in its own
 process (kill -9 / SIGSTOP it; restart it on the same port).
 """
@@ -54,6 +56,12 @@ def mock_next_token(ids: list[int], vocab_size: int) -> int:
   return (sum((i + 1) * t for i, t in enumerate(tail)) * 31 + 7 * len(ids)) % vocab_size
 
 
+def _holds(ids: list[int], part: list[int]) -> bool:
+  """Whether ``part`` occurs in ``ids`` as a contiguous run (an empty part: always)."""
+  n = len(part)
+  return any(ids[i : i + n] == part for i in range(len(ids) - n + 1)) if n else True
+
+
 def mock_logprob(ids: list[int], token: int, shift: float = 0.0) -> float:
   return -((token + len(ids)) % 17) / 10.0 - 0.05 - shift
 
@@ -67,7 +75,9 @@ class MockSGLangServer:
     weight_version: str = "0",
     logprob_shift: float = 0.0,
     seeded: bool = False,
+    script_ids: tuple[int, ...] = (),
   ):
+    self.script_ids = [int(t) for t in script_ids]
     self.seeded = bool(seeded)  # sampling_seed changes the tokens (distinct group samples)
     self.vocab_size = vocab_size
     self.logprob_shift = float(logprob_shift)
@@ -242,6 +252,7 @@ class MockSGLangServer:
           await asyncio.sleep(0.01)
       await asyncio.sleep(self.generate_delay_s)
       hist = list(ids)
+      script = [] if _holds(ids, self.script_ids) else self.script_ids
       while len(out) < max_new:
         await self._wait_while_paused(state)
         if state["abort"]:
@@ -254,7 +265,10 @@ class MockSGLangServer:
           break
         if self.token_delay_s:
           await asyncio.sleep(self.token_delay_s)
-        tok = (mock_next_token(hist, self.vocab_size) + salt) % self.vocab_size
+        if len(out) < len(script):
+          tok = script[len(out)]
+        else:
+          tok = (mock_next_token(hist, self.vocab_size) + salt) % self.vocab_size
         lps.append(mock_logprob(hist, tok, self.logprob_shift))
         out.append(tok)
         hist.append(tok)
@@ -604,6 +618,7 @@ def main() -> None:
   ap.add_argument("--logprob-shift", type=float, default=0.0)
   ap.add_argument("--weight-version", default="0")
   ap.add_argument("--seeded", action="store_true", help="sampling_seed changes the tokens")
+  ap.add_argument("--script-ids", default="", help="comma-separated ids of a scripted turn")
   args = ap.parse_args()
   import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
 
@@ -614,6 +629,7 @@ def main() -> None:
       weight_version=args.weight_version,
       logprob_shift=args.logprob_shift,
       seeded=args.seeded,
+      script_ids=tuple(int(t) for t in args.script_ids.split(",") if t),
     )
     server.die_on_distributed_call = args.die_on_distributed_call
     await server.start(args.port)

@@ -1,5 +1,5 @@
 """Stand-in SGLang servers and SGLang's real router as child processes on 127.0.0.1, for the
-fault-injection tests and `benchmarks/chaos.py`: kill -9 one, stop it (SIGSTOP: a hang),
+fault-injection tests and `benchmarks/chaos.py` (and code-pool tool nodes, `ToolNodeProcess`): kill -9 one, stop it (SIGSTOP: a hang),
 start it again on the same port.
 
     a = StandInProcess(tmp_dir, "a", token_delay_s=0.01).start()
@@ -95,6 +95,69 @@ class StandInProcess:
     if self.alive():
       self.proc.kill()
       self.proc.wait(30)
+
+
+class ToolNodeProcess:
+  """A code-pool service (``launchers.code_pool_server``, the HTTP tool node) in its own process
+  group on 127.0.0.1: `kill9` kills the service and its sandboxes at once; `start(port)` brings
+  it back on the same port (a new service instance: its earlier sessions are gone)."""
+
+  def __init__(self, num_workers: int = 2, num_templates: int = 1):
+    self.num_workers, self.num_templates = int(num_workers), int(num_templates)
+    self.proc: subprocess.Popen | None = None
+    self.port: int | None = None
+    self.url: str | None = None
+
+  def start(self, port: int = 0) -> ToolNodeProcess:
+    self.port = int(port) or free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    args = [sys.executable, "-m", "launchers.code_pool_server", "--host=127.0.0.1"]
+    args += [f"--port={self.port}", f"--num_workers={self.num_workers}"]
+    args += [f"--num_templates={self.num_templates}"]
+    # No service token: a loopback-only node (the client sends none either).
+    env = {k: v for k, v in _env().items() if not k.startswith("RSTAR_CODE_POOL_TOKEN")}
+    self.proc = subprocess.Popen(
+      args,
+      cwd=_ROOT,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True,
+    )
+    return self
+
+  def health(self) -> dict:
+    with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+      return json.load(r)
+
+  def wait_ready(self, timeout_s: float = 180.0) -> str:
+    end = time.monotonic() + timeout_s
+    while True:
+      if self.proc.poll() is not None:
+        raise RuntimeError(f"tool node {self.url} exited with {self.proc.returncode}")
+      try:
+        self.health()
+        return self.url
+      except OSError:
+        pass
+      if time.monotonic() > end:
+        raise TimeoutError(f"tool node {self.url} did not start in {timeout_s:g}s")
+      time.sleep(0.05)
+
+  def running_requests(self) -> int:
+    """Not reported by the service (-1): a kill lands on whatever it is running."""
+    return -1
+
+  def kill9(self) -> None:
+    os.killpg(self.proc.pid, signal.SIGKILL)  # the service and every sandbox it forked
+    self.proc.wait(30)
+
+  def alive(self) -> bool:
+    return self.proc is not None and self.proc.poll() is None
+
+  def stop(self) -> None:
+    if self.alive():
+      self.kill9()
 
 
 class RouterProcess:
