@@ -38,6 +38,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rstar_jax.tools.code_pool import CodePool  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
+
 TRIVIAL = "print(sum(range(1000)))"
 SYMPY = (
   "import sympy, numpy as np\nx = sympy.Symbol('x')\n"
@@ -281,7 +284,7 @@ async def target_rounds(pool, rounds, scale):
   return best
 
 
-async def main(quick, json_path=None):
+async def main(quick, json_path=None, emit=None):
   scale = 0.3 if quick else 1.0
   counts = {  # (snippet, concurrency) -> calls for pool / python -c
     ("trivial", 1): (int(200 * scale), int(30 * scale)),
@@ -355,33 +358,37 @@ async def main(quick, json_path=None):
     f"the snippet alone (no fork, no sandbox counted) runs at "
     f"{targets['sympy_alone_vs_python_c']:.1f}x python -c"
   )
-  if json_path:
+  report = {
+    "isolation_level": level,
+    "fork_limit": flimit,
+    "best_of_rounds": best,
+    "targets": targets,
+    "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
+  }
+  if json_path == "-":
+    emit(report, indent=1)
+  elif json_path:
     with open(json_path, "w") as f:
-      json.dump(
-        {
-          "isolation_level": level,
-          "fork_limit": flimit,
-          "best_of_rounds": best,
-          "targets": targets,
-          "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
-        },
-        f,
-        indent=1,
-      )
+      json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="fewer calls per row")
-  ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+  ap.add_argument(
+    "--json", default=None, help="also write the figures to this JSON file ('-': stdout, only it)"
+  )
   ap.add_argument(
     "--breakdown", action="store_true", help="only the CPU split of a trivial call (see above)"
   )
   args = ap.parse_args()
+  emit = json_stdout.reserve(args.json == "-")  # --json -: stdout holds the JSON only
   if args.breakdown:
     out = asyncio.run(breakdown())
-    if args.json:
+    if args.json == "-":
+      emit(out, indent=1)
+    elif args.json:
       with open(args.json, "w") as f:
         json.dump(out, f, indent=1)
   else:
-    asyncio.run(main(args.quick, args.json))
+    asyncio.run(main(args.quick, args.json, emit))

@@ -107,7 +107,9 @@ class RLLoop:
     self.rows = -(-self.P * self.G // rm) * rm
     self.collapse = rl_metrics.CollapseMonitor(window=run.rl.collapse_window)
     self.ckpt = Checkpointer(
-      os.path.join(self.workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints
+      os.path.join(self.workdir, "ckpt"),
+      max_to_keep=run.train.keep_checkpoints,
+      enable_async=run.train.async_checkpoints,
     )
     self.pos = LoopPosition()
     self._last_saved_step = -1
@@ -278,7 +280,13 @@ class RLLoop:
     ro = await self.rollout(stage)
     scores = await self.score(ro)
     metrics_log.log_rollout_samples(  # sample-rollout hook (issue 32)
-      self.writer, self.config.log, self.pos.rl_step + 1, ro.problems, ro.groups, scores.rewards
+      self.writer,
+      self.config.log,
+      self.pos.rl_step + 1,
+      ro.problems,
+      ro.groups,
+      scores.rewards,
+      tokenizer=self.runner.tokenizer,  # the rendered prompt, as the policy saw it
     )
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)
