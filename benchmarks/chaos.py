@@ -1,6 +1,5 @@
 """Chaos benchmark (issue 41, item 5): the RL smoke recipe, synchronous and asynchronous, while
-rollout servers, tool nodes (and, where available, learner processes) are killed at seeded
-random times.
+rollout servers, tool nodes and learner processes are killed at seeded random times.
 
 Setup: the tiny CPU recipe (`configs/rstar2_tiny_cpu.py`, RL) with ``rollout.engine="sglang"``
 against ``--servers`` stand-in SGLang servers and ``tool.backend="http"`` against
@@ -33,8 +32,14 @@ documented tolerance (relative L2 distance at most 2x that of two undisturbed as
 1e-6): which groups an asynchronous step trains depends on finish order, so undisturbed async
 runs differ too.
 
-Learner kills need issue 41's item 4 (the ``--max_restarts`` supervisor); the report says
-whether it was found and, if not, that nothing was injected (no fake results).
+``learner`` (sync mode): the run is ``launchers.train --max_restarts=N`` (issue 41 item 4's
+supervisor; this file is its config, `get_config`, and registers its reward), with a checkpoint
+every step; a learner process (its pid from ``<workdir>/supervisor.json``) is killed with
+SIGKILL at a seeded random point of a seeded random step and the supervisor restarts it from
+the last checkpoint. Compared with an undisturbed supervised run: the final checkpoint's
+params and optimizer state, byte for byte (a lost or twice-applied batch would change them),
+restarts, the steps redone, and the wall time each kill cost (restart, jax import, checkpoint
+restore, jit compile, the redone step).
 
     python benchmarks/chaos.py --json > benchmarks/results/chaos.json
 """
@@ -49,6 +54,7 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
 import tempfile
 import threading
@@ -390,7 +396,18 @@ def start_fleet(args, work: str) -> dict:
   )
   code = f"import time\ntime.sleep({args.tool_sleep_s})\nprint(6 * 7)"
   script = ",".join(str(i) for i in tool_call_ids(tok, code))
-  fleet = {"tokenizer": tok, "problems": problems, "rollout_server": [], "tool_node": []}
+  problems_path = os.path.join(args.tmp, "problems.jsonl")
+  with open(problems_path, "w", encoding="utf-8") as f:
+    for p in problems:
+      f.write(json.dumps({"problem": p.problem, "answer": p.answer}) + "\n")
+  fleet = {
+    "tokenizer": tok,
+    "tokenizer_dir": os.path.join(args.tmp, "tok", "tokenizer"),
+    "problems": problems,
+    "problems_path": problems_path,
+    "rollout_server": [],
+    "tool_node": [],
+  }
   try:
     for i in range(args.servers):
       fleet["rollout_server"].append(
@@ -466,24 +483,32 @@ def bench_mode(mode: str, args, kinds: list[str]) -> dict:
   fleet = start_fleet(args, work)
   out: dict = {}
   try:
-    say(f"{mode}: undisturbed reference run")
-    ref = run_once(mode, args, fleet, os.path.join(work, "ref"))
-    spread = None
-    if mode == "async":
-      say(f"{mode}: second undisturbed run (run-to-run spread)")
-      ref2 = run_once(mode, args, fleet, os.path.join(work, "ref2"))
-      spread = compare_weights(ref["params"], ref2["params"])
-      out["undisturbed_spread"] = spread
-    out["reference"] = {
-      "steps_completed": ref["steps"],
-      "wall_s": round(ref["wall_s"], 2),
-      "rollout_s": round(ref["rollout_s"], 2),
-      "trajectories_trained": len(ref["consumed"]),
-      "tool_call_statuses": ref["tool_statuses"],
-    }
-    # Within the first part of a step's rollouts (the reference's mean rollout phase).
-    window = 0.5 * ref["rollout_s"] / max(1, ref["steps"])
+    in_process = [k for k in kinds if k != "learner"]
+    ref = spread = None
+    if in_process:
+      say(f"{mode}: undisturbed reference run")
+      ref = run_once(mode, args, fleet, os.path.join(work, "ref"))
+      if mode == "async":
+        say(f"{mode}: second undisturbed run (run-to-run spread)")
+        ref2 = run_once(mode, args, fleet, os.path.join(work, "ref2"))
+        spread = compare_weights(ref["params"], ref2["params"])
+        out["undisturbed_spread"] = spread
+      out["reference"] = {
+        "steps_completed": ref["steps"],
+        "wall_s": round(ref["wall_s"], 2),
+        "rollout_s": round(ref["rollout_s"], 2),
+        "trajectories_trained": len(ref["consumed"]),
+        "tool_call_statuses": ref["tool_statuses"],
+      }
+      # Within the first part of a step's rollouts (the reference's mean rollout phase).
+      window = 0.5 * ref["rollout_s"] / max(1, ref["steps"])
     for j, kind in enumerate(kinds):
+      if kind == "learner":
+        if mode == "sync":
+          out[kind] = bench_learner(mode, args, fleet, work, args.seed + 10 * j)
+        else:
+          out[kind] = {"skipped": "learner kills are run in sync mode only (time)"}
+        continue
       plan = kill_schedule(
         args.seed + 10 * j + (0 if mode == "sync" else 1),
         args.kills,
@@ -505,7 +530,255 @@ def bench_mode(mode: str, args, kinds: list[str]) -> dict:
   return out
 
 
-KINDS = ("rollout_server", "tool_node")
+KINDS = ("rollout_server", "tool_node", "learner")
+
+
+# ----------------------------------------------------------------------------- learner kills
+#
+# The learner runs as `launchers.train --max_restarts=N` (the supervisor of issue 41 item 4)
+# with this file as its config (`get_config`, settings from a JSON file) and this module's
+# reward; a thread kills a learner process (pid from <workdir>/supervisor.json) with SIGKILL.
+
+REWARD_NAME = "chaos_parity"
+
+
+def _register_reward():
+  from rstar_jax.rewards import registry
+
+  def chaos_parity(response_text: str, gold: str, ctx=None) -> float:
+    """About half the samples "correct" (a fixed rule on the response): real updates."""
+    return float(sum(response_text.encode("utf-8")) % 2)
+
+  registry.register_reward(REWARD_NAME, override=True)(chaos_parity)
+
+
+if __name__ != "__main__":  # imported by a launcher (reward.imports): register the reward
+  _register_reward()
+
+
+def get_config(arg: str):
+  """The launcher's config (``--config=benchmarks/chaos.py:<settings.json>``): `make_config`
+  with the fleet's URLs, its tokenizer and problems, this module's reward, a checkpoint every
+  step."""
+  with open(arg, encoding="utf-8") as f:
+    d = json.load(f)
+  cfg = make_config(
+    d["mode"], argparse.Namespace(**d["args"]), d["urls"], d["tool_urls"], d["staging"]
+  )
+  cfg.model.tokenizer_dir = d["tokenizer_dir"]
+  cfg.data.train_path = d["problems_path"]
+  cfg.data.synthetic = None
+  cfg.reward.imports = "benchmarks.chaos"
+  cfg.reward.name = REWARD_NAME
+  cfg.train.checkpoint_every = 1
+  return cfg
+
+
+def _read_json(path: str):
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _metric_rows(workdir: str) -> list[dict]:
+  rows = []
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      for line in f:
+        try:
+          rows.append(json.loads(line))
+        except ValueError:
+          pass  # a line cut by the kill
+  except OSError:
+    pass
+  return rows
+
+
+class LearnerChaos(threading.Thread):
+  """Kills a learner process of a supervised run per ``plan`` [(step, delay_s, _)]: ``delay_s``
+  after the run logged step - 1 (step 1: after the learner process started), in the attempt
+  the previous kill started."""
+
+  def __init__(self, workdir: str, plan):
+    super().__init__(daemon=True)
+    self.workdir, self.plan = workdir, plan
+    self.events: list[dict] = []
+    self.stop_flag = threading.Event()
+
+  def _attempt(self):
+    st = _read_json(os.path.join(self.workdir, "supervisor.json")) or {}
+    att = (st.get("attempts") or [None])[-1]
+    return st, att
+
+  def run(self):
+    for k, (step, delay, _) in enumerate(self.plan):
+      while not self.stop_flag.is_set():  # the attempt this kill belongs to is running ...
+        st, att = self._attempt()
+        if att and att.get("attempt") == k and att.get("pids") and st.get("state") == "running":
+          rows = [r for r in _metric_rows(self.workdir) if r.get("restarts") == k]
+          if step == 1 or any(int(r.get("step", 0)) >= step - 1 for r in rows):
+            break  # ... and is in step `step`
+        if st.get("state") in ("done", "failed", "interrupted"):
+          return
+        time.sleep(0.05)
+      if self.stop_flag.wait(delay):
+        return
+      st, att = self._attempt()
+      if not att or att.get("attempt") != k or st.get("state") != "running":
+        continue
+      pid = int(att["pids"][0])
+      rows = _metric_rows(self.workdir)
+      logged = max((int(r.get("step", 0)) for r in rows), default=0)
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        continue
+      t = time.monotonic()
+      say(f"step {step}: killed learner process {pid} (-9); last logged step {logged}")
+      ev = {"step": step, "after_step_start_s": delay, "pid": pid, "last_logged_step": logged}
+      self.events.append(ev)
+      while not self.stop_flag.is_set():  # the supervisor starts the next attempt
+        st, att = self._attempt()
+        if att and att.get("attempt") == k + 1 and att.get("pids"):
+          ev["restarted_after_s"] = round(time.monotonic() - t, 2)
+          ev["resumed_from_step"] = att.get("resumed_from_step")
+          break
+        if st.get("state") in ("done", "failed", "interrupted"):
+          return
+        time.sleep(0.05)
+
+
+def _final_state(workdir: str) -> tuple[int, list[np.ndarray]]:
+  """(step, arrays) of the last complete checkpoint in <workdir>/ckpt (params and optimizer
+  state, in tree order)."""
+  import jax
+  import orbax.checkpoint as ocp
+
+  from rstar_jax.errors import complete_steps
+
+  ckpt = os.path.join(workdir, "ckpt")
+  step = complete_steps(ckpt)[-1]
+  with ocp.CheckpointManager(ckpt) as mgr:
+    out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return step, [np.asarray(x) for x in jax.tree.leaves(out["state"])]
+
+
+def run_launcher(mode: str, args, fleet, work: str, plan=None) -> dict:
+  """One supervised `launchers.train` run against the fleet (``plan``: learner kills)."""
+  import subprocess
+
+  os.makedirs(work, exist_ok=True)
+  settings = os.path.join(work, "settings.json")
+  with open(settings, "w", encoding="utf-8") as f:
+    json.dump(
+      {
+        "mode": mode,
+        "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "urls": [p.url for p in fleet["rollout_server"]],
+        "tool_urls": [p.url for p in fleet["tool_node"]],
+        "staging": os.path.join(work, "staging"),
+        "tokenizer_dir": fleet["tokenizer_dir"],
+        "problems_path": fleet["problems_path"],
+      },
+      f,
+    )
+  wd = os.path.join(work, "run")
+  cmd = [sys.executable, "-m", "launchers.train", f"--config={__file__}:{settings}"]
+  cmd += [f"--workdir={wd}", f"--max_restarts={len(plan or ()) + 1}"]
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = {k: v for k, v in env.items() if not k.startswith("RSTAR_CODE_POOL_TOKEN")}
+  log = open(os.path.join(work, "launcher.log"), "wb")
+  t0 = time.monotonic()
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+  chaos = None
+  if plan:
+    chaos = LearnerChaos(wd, plan)
+    chaos.start()
+  try:
+    rc = proc.wait(args.learner_timeout_s)
+  except subprocess.TimeoutExpired:
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(120)
+  finally:
+    if chaos is not None:
+      chaos.stop_flag.set()
+      chaos.join(60)
+    log.close()
+  wall = time.monotonic() - t0
+  if rc != 0:
+    with open(os.path.join(work, "launcher.log"), encoding="utf-8", errors="replace") as f:
+      tail = f.read()[-2000:]
+    raise RuntimeError(f"launchers.train exited {rc}; log tail:\n{tail}")
+  rows = _metric_rows(wd)
+  st = _read_json(os.path.join(wd, "supervisor.json")) or {}
+  step, arrays = _final_state(wd)
+  per_step: dict[int, int] = {}
+  for r in rows:
+    if "step" in r:
+      per_step[int(r["step"])] = per_step.get(int(r["step"]), 0) + 1
+  last_attempt_rows = [r for r in rows if r.get("restarts") == st.get("restarts", 0)]
+  return {
+    "steps": step,
+    "wall_s": wall,
+    "arrays": arrays,
+    "kills": chaos.events if chaos else [],
+    "restarts": int(st.get("restarts", 0)),
+    "supervisor_state": st.get("state"),
+    # A step logged by an attempt that died before its checkpoint is redone by the next one.
+    "steps_redone": sorted(k for k, n in per_step.items() if n > 1),
+    "rows": len(rows),
+    "rollout_s": float(sum(r.get("time_rollout_s", 0.0) for r in last_attempt_rows)),
+    "step_s": [float(r["time_step_s"]) for r in rows if "time_step_s" in r],
+  }
+
+
+def bench_learner(mode: str, args, fleet, work: str, ref_plan_seed: int) -> dict:
+  """Learner kills: an undisturbed supervised run and one whose learner is killed ``--kills``
+  times, each at a seeded random point of a seeded random step after the first."""
+  say(f"{mode}: learner: undisturbed supervised run")
+  ref = run_launcher(mode, args, fleet, os.path.join(work, "learner_ref"))
+  # Steps 2.. (step 1 also holds the process start and the jit compile), each kill within the
+  # first 80% of a step as long as the reference's steps after the first.
+  later = sorted(ref["step_s"][1:]) or [1.0]
+  window = 0.8 * later[len(later) // 2]
+  plan = [
+    (step + 1, delay, i)
+    for step, delay, i in kill_schedule(ref_plan_seed, args.kills, args.steps - 1, 1, window)
+  ]
+  say(f"{mode}: learner kills (step, s after the step began, _): {plan}")
+  chaos = run_launcher(mode, args, fleet, os.path.join(work, "learner_chaos"), plan)
+  weights = compare_weights(ref["arrays"], chaos["arrays"])
+  n = len(chaos["kills"])
+  out = {
+    "steps_expected": args.steps,
+    "steps_completed": chaos["steps"],
+    "kills": n,
+    "kill_events": chaos["kills"],
+    "restarts": chaos["restarts"],
+    "supervisor_state": chaos["supervisor_state"],
+    "steps_redone_after_a_kill": chaos["steps_redone"],
+    "reference_wall_s": round(ref["wall_s"], 2),
+    "chaos_wall_s": round(chaos["wall_s"], 2),
+    # Whole supervised runs: each restart pays the process start, jax import, checkpoint
+    # restore and jit compile again, and redoes the step it died in.
+    "wall_s_per_failure": round((chaos["wall_s"] - ref["wall_s"]) / n, 2) if n else None,
+    "final_state": weights,
+    # The trajectories a restarted run trains are the checkpoint's data position's: a step
+    # that died is redone with the same (problem, seed) ids, so the final state equals the
+    # undisturbed run's exactly when no batch was lost or applied twice (sync).
+    "trajectory_accounting": "by the final state (params + optimizer) against the undisturbed run",
+  }
+  if mode == "sync":
+    out["final_weights_match"] = weights["equal_bytes"]
+    out["weights_criterion"] = "equal bytes (params and optimizer state)"
+    out["trajectories_lost"] = 0 if weights["equal_bytes"] else None
+    out["trajectories_trained_twice"] = 0 if weights["equal_bytes"] else None
+  else:
+    out["final_weights_match"] = None
+    out["weights_criterion"] = "async learner kills: reported, not judged (finish order differs)"
+  return out
 
 
 def main(argv=None) -> int:
@@ -525,6 +798,7 @@ def main(argv=None) -> int:
   ap.add_argument("--budget", type=int, default=160, help="response tokens per trajectory")
   ap.add_argument("--token_delay_s", type=float, default=0.01, help="stand-in decode pace")
   ap.add_argument("--tool_sleep_s", type=float, default=0.3, help="seconds each tool call runs")
+  ap.add_argument("--learner_timeout_s", type=float, default=1200.0)
   ap.add_argument("--out", default="", help="also write the JSON here")
   args = ap.parse_args(argv)
   kinds = [k for k in args.kinds.split(",") if k]
@@ -557,7 +831,7 @@ def main(argv=None) -> int:
       },
       "kinds": kinds,
       "tool_node_kills": tool_node_support(),
-      "learner_kills": learner_supervision_support(),
+      "learner_kills": dict(learner_supervision_support(), injected="learner" in kinds),
       "modes": {},
     }
     for mode in [m for m in args.modes.split(",") if m]:
@@ -575,6 +849,7 @@ def main(argv=None) -> int:
     and m[k]["steps_completed"] == m[k]["steps_expected"]
     for m in report["modes"].values()
     for k in kinds
+    if "skipped" not in m[k]
   )
   return 0 if ok else 1
 

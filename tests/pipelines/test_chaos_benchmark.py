@@ -171,3 +171,39 @@ def test_one_small_run_kills_a_tool_node_and_loses_nothing(capsys):
   assert m["trajectories_lost"] == 0 and m["trajectories_trained_twice"] == 0
   assert m["tool_calls_failed"] == 0 and m["final_weights_match"]
   assert report["learner_kills"]["available"] is (report["learner_kills"]["why"] is None)
+
+
+def test_the_learner_runs_config_is_valid_and_names_the_registered_reward(tmp_path):
+  """`get_config` (the supervised launcher's config for learner kills): the fleet's URLs, its
+  tokenizer and problems, the benchmark's reward (registered when imported as a module), a
+  checkpoint every step."""
+  import argparse
+
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.rewards import registry
+
+  importlib.import_module("benchmarks.chaos")  # as reward.imports does: registers the reward
+  args = argparse.Namespace(seed=3, prompts=1, group=2, steps=2, budget=100)
+  settings = tmp_path / "settings.json"
+  settings.write_text(
+    json.dumps(
+      {
+        "mode": "sync",
+        "args": vars(args),
+        "urls": ["http://127.0.0.1:9"],
+        "tool_urls": ["http://127.0.0.1:8"],
+        "staging": str(tmp_path / "staging"),
+        "tokenizer_dir": str(tmp_path / "tok"),
+        "problems_path": str(tmp_path / "p.jsonl"),
+      }
+    )
+  )
+  run = from_config_dict(chaos.get_config(str(settings)))
+  assert run.rollout.sglang_urls == ("http://127.0.0.1:9",) and run.tool.urls == (
+    "http://127.0.0.1:8",
+  )
+  assert run.model.tokenizer_dir == str(tmp_path / "tok") and run.train.checkpoint_every == 1
+  assert run.reward.name == chaos.REWARD_NAME and run.rl.max_staleness == 0
+  assert not run.tool.stateful and not run.tool.show_time
+  fn = registry.get(registry.REWARD, chaos.REWARD_NAME)
+  assert {fn("a", "1"), fn("b", "1")} == {0.0, 1.0}  # "a" = 97 (odd), "b" = 98 (even)
