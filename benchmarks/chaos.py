@@ -41,7 +41,9 @@ params and optimizer state, byte for byte (a lost or twice-applied batch would c
 restarts, the steps redone, and the wall time each kill cost (restart, jax import, checkpoint
 restore, jit compile, the redone step).
 
-    python benchmarks/chaos.py --json > benchmarks/results/chaos.json
+    nice -n 10 python benchmarks/chaos.py --json --steps 3 --kills 3 > rollout_and_tools.json
+    nice -n 10 python benchmarks/chaos.py --json --modes sync --kinds learner --steps 4 \
+        --kills 3 > learner.json
 """
 
 from __future__ import annotations
@@ -173,6 +175,7 @@ class Chaos(threading.Thread):
     self.down_s = down_s
     self.events: list[dict] = []
     self.stop_flag = threading.Event()
+    self.restarting: set[int] = set()  # started again but not ready yet: not "up"
 
   def run(self):
     restarts = []
@@ -185,7 +188,7 @@ class Chaos(threading.Thread):
       # The scheduled one, or the next one alive (one still restarting is skipped); at least
       # one always stays up.
       n = len(self.targets)
-      alive = [i for i in range(n) if self.targets[i].alive()]
+      alive = [i for i in range(n) if self.targets[i].alive() and i not in self.restarting]
       if len(alive) < 2:
         say(f"step {step}: kill skipped, only {len(alive)} up")
         continue
@@ -214,17 +217,21 @@ class Chaos(threading.Thread):
         f"step {step}: killed {type(p).__name__} {idx} (-9)"
         + (f", {busy} running" if busy >= 0 else "")
       )
-      t = threading.Thread(target=self._restart, args=(p, ev, time.monotonic()), daemon=True)
+      self.restarting.add(idx)
+      t = threading.Thread(target=self._restart, args=(idx, p, ev, time.monotonic()), daemon=True)
       t.start()
       restarts.append(t)
     for t in restarts:
       t.join(600)
 
-  def _restart(self, p, ev, t_kill):
+  def _restart(self, idx, p, ev, t_kill):
     time.sleep(self.down_s)
     p.start(port=p.port)
-    p.wait_ready()
-    ev["back_after_s"] = round(time.monotonic() - t_kill, 2)
+    try:
+      p.wait_ready()
+      ev["back_after_s"] = round(time.monotonic() - t_kill, 2)
+    finally:
+      self.restarting.discard(idx)
 
 
 def make_config(mode: str, args, urls, tool_urls, staging: str):
