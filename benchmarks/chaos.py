@@ -67,6 +67,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 
 def say(msg: str) -> None:
@@ -808,6 +810,7 @@ def main(argv=None) -> int:
   ap.add_argument("--learner_timeout_s", type=float, default=1200.0)
   ap.add_argument("--out", default="", help="also write the JSON here")
   args = ap.parse_args(argv)
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
   kinds = [k for k in args.kinds.split(",") if k]
   bad = sorted(set(kinds) - set(KINDS))
   if bad:
@@ -849,7 +852,7 @@ def main(argv=None) -> int:
     with open(args.out, "w", encoding="utf-8") as f:
       f.write(text + "\n")
   if args.json:
-    print(text)
+    emit(report, indent=1, sort_keys=True)
   ok = all(
     m[k]["trajectories_lost"] == 0
     and m[k]["trajectories_trained_twice"] == 0
