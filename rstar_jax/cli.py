@@ -11,7 +11,8 @@
 
 `run` prints a `rstar_jax.errors.UserError` (a bad config value, a missing path, a stale run
 directory, an incompatible checkpoint) as one absl ``logging.error`` line and exits with status
-2; any other exception keeps its full traceback (it is a bug to report). Ctrl-C is one line
+2 (a `rstar_jax.errors.CheckpointedStop`, e.g. every rollout server gone, as one line and
+status 75); any other exception keeps its full traceback (it is a bug to report). Ctrl-C is one line
 too (``interrupted at step N; rerun the same command to resume`` when the launcher says how to
 find N) and exit status 130.
 
@@ -40,7 +41,7 @@ from collections.abc import Callable, Sequence
 from absl import app, flags, logging
 
 from rstar_jax.config import eval_protocols, from_config_dict, schema
-from rstar_jax.errors import UserError, complete_steps, disk_full_reason
+from rstar_jax.errors import CheckpointedStop, UserError, complete_steps, disk_full_reason
 from rstar_jax.planning.kv_cache import kv_cache_bytes
 
 USAGE_ERROR_EXIT = 2
@@ -383,6 +384,9 @@ def wrap(
     except UserError as e:
       logging.error("%s", " ".join(str(e).split()))
       sys.exit(USAGE_ERROR_EXIT)
+    except CheckpointedStop as e:  # an outside failure; the loop checkpointed first
+      logging.error("%s", " ".join(str(e).split()))
+      sys.exit(e.exit_code)
     except Exception as e:
       reason = disk_full_reason(e)
       if reason is None:

@@ -17,6 +17,15 @@ class UserError(Exception):
   """A problem with the user's input (config, paths, run directory); the message is the fix."""
 
 
+class CheckpointedStop(Exception):
+  """An outside failure the run cannot go on through (e.g. every rollout server gone for longer
+  than ``rollout.server_timeout_s``): the loop writes a checkpoint first, then the launcher
+  prints the message as one line and exits with `exit_code` (EX_TEMPFAIL: rerunning the same
+  command resumes once the failure is fixed)."""
+
+  exit_code = 75
+
+
 # How a full disk (or quota) reaches us: an OSError from our own writes, or orbax/TensorStore's
 # ValueError text ("RESOURCE_EXHAUSTED ... No space left on device [os_error_code='28']").
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)

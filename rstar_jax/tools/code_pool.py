@@ -56,10 +56,18 @@ from rstar_jax.tools import cgroups, wire
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "error", "timeout", "memory_limit", "output_limit", "internal_error")
-FAILURE_STATUSES = frozenset(
-  {"error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+# "session_lost": a session call whose tool node (or Ray actor) died with the session; never
+# re-run on a fresh session (client.py, ray_pool.py).
+STATUSES = (
+  "ok",
+  "error",
+  "timeout",
+  "memory_limit",
+  "output_limit",
+  "internal_error",
+  "session_lost",
 )
+FAILURE_STATUSES = frozenset(STATUSES[1:]) | {"parse_error"}
 ISOLATION_LEVELS = ("namespaces", "pidns", "uid", "rlimits")
 _TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_template.py")
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
