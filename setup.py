@@ -55,6 +55,8 @@ setup(
     "test": [
       "pytest>=8",
       "pytest-timeout>=2.3",
+      # scripts/test.sh runs the suite on 2 workers (--dist loadfile) when this is installed
+      "pytest-xdist>=3.6",
       "torch==2.13.0",
       "jinja2>=3.1",
       "reasoning-gym==0.1.25",

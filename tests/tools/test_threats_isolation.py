@@ -266,6 +266,7 @@ def test_host_listener_unreachable_at_every_level(runner, lpool):
   ), r
 
 
+@pytest.mark.alone  # CPU time faster than wall time: another test's load would slow it down
 def test_cpu_limit_counts_every_thread_and_reads_as_a_timeout(runner, lpool):
   """Threads burning CPU in parallel (BLAS releases the GIL) reach RLIMIT_CPU before the
   wall-clock deadline; the call ends as a timeout at every level, also where the call is its
