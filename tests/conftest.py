@@ -21,12 +21,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # ---------------------------------------------------------------------------------------------
 # parallel runs
+def _lock_base(testrunuid: str) -> str:
+  return os.path.join(tempfile.gettempdir(), f"rstar-tests-{testrunuid}")
+
+
 def _run_lock_base():
   """Path prefix of this run's lock files, shared by its xdist workers; None outside xdist."""
   uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
   if not os.environ.get("PYTEST_XDIST_WORKER") or not uid:
     return None
-  return os.path.join(tempfile.gettempdir(), f"rstar-tests-{uid}")
+  return _lock_base(uid)
+
+
+_LOCK_BASES = set()  # in the xdist controller: the lock-file prefixes of its runs
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown where xdist is not installed
+def pytest_configure_node(node):
+  _LOCK_BASES.add(_lock_base(node.workerinput["testrunuid"]))
+
+
+def pytest_unconfigure(config):
+  """The controller removes its run's lock files once every worker is done (no litter in /tmp)."""
+  for base in _LOCK_BASES:
+    for suffix in (".gate", ".rw"):
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(base + suffix)
 
 
 @contextlib.contextmanager
