@@ -55,6 +55,9 @@ setup(
     "test": [
       "pytest>=8",
       "pytest-timeout>=2.3",
+      # scripts/test.sh runs the suite on 2 workers (--dist loadfile) when this is installed
+      # (3.8: --no-loadscope-reorder, which keeps the slow-first module order of tests/conftest.py)
+      "pytest-xdist>=3.8",
       "torch==2.13.0",
       "jinja2>=3.1",
       "reasoning-gym==0.1.25",
