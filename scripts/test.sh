@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 export PYTHONDONTWRITEBYTECODE=1
 # Style gate first (seconds): ruff format --check + ruff check, settings in pyproject.toml.
-RUFF=.venv/bin/ruff bash scripts/format_check.sh
+RUFF=.venv/bin/ruff LINT_IMPORTS=.venv/bin/lint-imports bash scripts/format_check.sh
 # Where the code tool's strongest sandbox is possible (root + bubblewrap), a threat test that
 # skips at the namespaces level fails the run instead of passing silently.
 if [ "$(id -u)" = "0" ] && command -v bwrap >/dev/null 2>&1; then
