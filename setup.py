@@ -55,18 +55,27 @@ setup(
     "test": [
       "pytest>=8",
       "pytest-timeout>=2.3",
+      # scripts/test.sh runs the suite on 2 workers (--dist loadfile) when this is installed
+      # (3.8: --no-loadscope-reorder, which keeps the slow-first module order of tests/conftest.py)
+      "pytest-xdist>=3.8",
       "torch==2.13.0",
       "jinja2>=3.1",
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",
+      # the import layers in the style gate (pyproject.toml [tool.importlinter])
+      "import-linter>=2.17",
       "peft==0.21.2",
       # the optional extras below, so their tests run in CI
       "pyarrow>=15",
       "datasets>=3",
       "wandb>=0.19.10",
+      # rollout.router_url: SGLang's router, started by tests/pipelines/test_sglang_router_rl.py
+      "sglang-router==0.3.2",
     ],
     "ray": ["ray>=2.50"],
+    # rollout.router_url (rstar_jax/rollout/README.md, "SGLang's router")
+    "router": ["sglang-router==0.3.2"],
     # data.format parquet / hf_dataset (rstar_jax.data.formats)
     "data": ["pyarrow>=15", "datasets>=3"],
     # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))

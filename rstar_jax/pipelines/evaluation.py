@@ -11,21 +11,22 @@ truncation rate, and per-problem solve counts.
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rstar_jax.config import RunConfig
+from rstar_jax.config import RunConfig, eval_protocols
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.models import lora
-from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics, wiring
+from rstar_jax.pipelines import data_sources, rl_metrics, wiring
 from rstar_jax.pipelines.metrics_log import Progress
 from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.agent_runner import AgentRunner
@@ -123,6 +124,18 @@ async def evaluate(
   return report
 
 
+def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:
+  """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
+  k = int(report["metrics"]["k"])
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
+    for i, row in enumerate(report["per_problem"]):
+      n = int(row["num_correct"])
+      w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])
+
+
 def write_report(report: dict, path: str | os.PathLike) -> None:
   if not primary.is_primary():  # [multi-process] one writer
     return
@@ -195,6 +208,59 @@ def run_eval(
   report["protocol"] = run.eval.protocol
   write_report(report, out_path)
   csv_path = run.eval.csv_path or os.path.splitext(out_path)[0] + "_per_problem.csv"
-  eval_protocols.write_csv(report, csv_path)
+  write_csv(report, csv_path)
   report["csv_path"] = csv_path
   return report
+
+
+# The recipe each chat format belongs to, for the warning below.
+FORMAT_RECIPES = {
+  "rstar2": "rStar2-Agent (configs/rstar2_qwen3_14b.py, rstar2_tiny_cpu.py)",
+  "rstar2_released": "rStar2-Agent, released prompt layout",
+  "qwen3_thinking": "ASTER (configs/aster_qwen3_4b.py, aster_tiny_cpu.py)",
+  "qwen3": "Qwen3 hybrid template",
+}
+
+
+def trained_chat_format(model_dirs: Sequence[str]) -> tuple[str, str] | None:
+  """(chat format, record file) a run directory recorded for the model being evaluated:
+  ``<run>/resolved_config/*.json`` beside a checkpoint folder (``<run>/ckpt``) or an exported
+  model (``<run>/hf``); None when no record is found (a model from elsewhere)."""
+  for d in model_dirs:
+    if not d:
+      continue
+    rec_dir = os.path.join(os.path.dirname(os.path.abspath(d)), "resolved_config")
+    try:
+      names = sorted(os.listdir(rec_dir))
+    except OSError:
+      continue
+    for name in names:
+      path = os.path.join(rec_dir, name)
+      try:
+        with open(path, encoding="utf-8") as f:
+          fmt = json.load(f).get("rollout.chat_format")
+      except (OSError, ValueError, AttributeError):
+        continue
+      if fmt:
+        return fmt, path
+  return None
+
+
+def recipe_mismatch_warning(run: RunConfig, checkpoint_dir: str = "") -> str | None:
+  """A warning line when the model was trained (per its run record) with another chat format
+  than the eval config renders: it would be scored on prompts it never saw, silently. Names
+  both formats and their recipes, and the fix."""
+  found = trained_chat_format([checkpoint_dir, run.model.hf_dir])
+  if found is None:
+    return None
+  trained, record = found
+  fmt = run.rollout.chat_format
+  if trained == fmt:
+    return None
+  return (
+    f"launchers.eval: the model was trained with chat format {trained!r} "
+    f"({FORMAT_RECIPES.get(trained, 'another recipe')}; {record}) but this eval config renders "
+    f"{fmt!r} ({FORMAT_RECIPES.get(fmt, 'another recipe')}): its prompts and tool turns are "
+    f"not the ones it learned; evaluate with the trained recipe's :eval variant or pass "
+    f"--config.rollout.chat_format={trained}"
+  )

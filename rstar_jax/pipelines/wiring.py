@@ -24,16 +24,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rstar_jax.config import RunConfig, StageConfig, ToolConfig
+from rstar_jax.config import RunConfig, StageConfig, ToolConfig, eval_protocols
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import fleet
 from rstar_jax.errors import UserError
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
 from rstar_jax.models import routes as routes_lib
-from rstar_jax.pipelines import data_sources, eval_protocols
+from rstar_jax.pipelines import data_sources
 from rstar_jax.planning import fit, plan
 from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.rollout.agent_loop import RolloutSettings
@@ -175,8 +175,8 @@ def build_learner(
     abstract_params = None
   else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
     abstract_params = lora.abstract_params(model_config, lora_cfg, run.model.param_dtype)
-    tx = lora.optimizer(tx, abstract_params)
-    js = lora.make_jitted_steps(
+    tx = lora_training.optimizer(tx, abstract_params)
+    js = steps.make_lora_jitted_steps(
       model_config,
       lora_cfg,
       mesh,
@@ -277,12 +277,17 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
       dtype=r.dtype or None,  # its own compute dtype, kept across weight pushes
     )
   return SGLangEngine(
-    fleet.process_urls(list(r.sglang_urls)),
+    # With a router the workers are read from it (every process pushes to all of them).
+    [] if r.router_url else fleet.process_urls(list(r.sglang_urls)),
     staging_dir=fleet.process_staging_dir(r.staging_dir),
     weight_transport=r.weight_transport,
     weight_delta=r.weight_delta,
     colocated=r.colocated,
     server_timeout_s=r.server_timeout_s,
+    health_interval_s=r.health_interval_s,
+    health_timeout_s=r.health_timeout_s,
+    max_server_failures=r.max_server_failures,
+    router_url=r.router_url or None,
     route_layout=layout,
   )
 

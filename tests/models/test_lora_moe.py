@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rstar_jax.errors import UserError
-from rstar_jax.learner import optim
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3, qwen3_moe
 from rstar_jax.sharding import make_mesh
@@ -42,7 +42,9 @@ def test_adapters_on_experts_are_one_clear_error(targets):
   cfg = lora.LoraConfig(rank=2, targets=targets)
   for fn in (
     lambda: lora.adapter_shapes(MC, cfg),
-    lambda: lora.make_jitted_steps(MC, cfg, None, tx=optim.make_optimizer(optim.OptimConfig())),
+    lambda: steps.make_lora_jitted_steps(
+      MC, cfg, None, tx=optim.make_optimizer(optim.OptimConfig())
+    ),
   ):
     with pytest.raises(UserError) as e:
       fn()
@@ -71,8 +73,8 @@ def test_attention_adapters_train_on_a_moe_model():
   p = p.replace(lora=jax.tree.map(lambda x: x + 0.05, p.lora))
   batch = _batch()
   oc = optim.OptimConfig(lr=1e-2, warmup_steps=0)
-  tx = lora.optimizer(optim.make_optimizer(oc), p)
-  js = lora.make_jitted_steps(MC, ATTN, make_mesh({"fsdp": 1}, jax.devices()[:1]), tx=tx)
+  tx = lora_training.optimizer(optim.make_optimizer(oc), p)
+  js = steps.make_lora_jitted_steps(MC, ATTN, make_mesh({"fsdp": 1}, jax.devices()[:1]), tx=tx)
   # The unmerged forward the learner runs == the merged model through qwen3_moe.forward.
   logp = np.asarray(js.compute_logprobs(p, js.shard_batch(batch)))
   logits = qwen3_moe.forward(lora.merge(p), MC, batch["input_ids"])
