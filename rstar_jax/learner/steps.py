@@ -690,6 +690,40 @@ def make_jitted_steps_for(
   )
 
 
+def with_route_layers(model_config, config: StepConfig) -> StepConfig:
+  """``config`` with ``route_layers`` = the model's MoE layers (per-layer routing/agree_layer{i}
+  metrics) unless set; unchanged for a dense model."""
+  layout = routes_lib.layout_of(model_config)
+  if layout is not None and not config.route_layers:
+    config = dataclasses.replace(config, route_layers=layout.layers)
+  return config
+
+
+def model_apply_fn(model_config, prepare=None):
+  """The learner's ``apply_fn`` for a Qwen3 / Qwen3-MoE config: ``(params, input_ids,
+  attention_mask, segment_ids=None, positions=None, routes=None)`` -> logits, or for MoE
+  ``(logits, StepAux)``. ``prepare(params, input_ids)`` -> the plain param tree (LoRA:
+  `lora.inject`); None: params are the tree."""
+
+  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None, routes=None):
+    if prepare is not None:
+      params = prepare(params, input_ids)
+    kw = dict(positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
+    if not getattr(model_config, "is_moe", False):
+      return qwen3.forward(params, model_config, input_ids, **kw)
+    # Qwen3-MoE: routes are forced (rollout routing replay) when the step passes them; the
+    # routers' own top-k feeds routing/agree*; the load-balancing / z losses (config
+    # coefficients) join the loss.
+    logits, aux = qwen3_moe.forward(
+      params, model_config, input_ids, routes=routes, return_aux=True, **kw
+    )
+    aux_loss, metrics = qwen3_moe.aux_losses(aux, model_config)
+    scalars = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
+    return logits, StepAux(loss=aux_loss, metrics=scalars, topk=aux.topk)
+
+  return apply_fn
+
+
 def make_jitted_steps(
   model_config,
   mesh: jax.sharding.Mesh,
@@ -707,9 +741,7 @@ def make_jitted_steps(
   passing it in. Build states with `JittedSteps.shard_state(TrainState.create(params, tx, rng))`.
   """
 
-  layout = routes_lib.layout_of(model_config)
-  if layout is not None and not config.route_layers:  # per-layer routing/agree_layer{i}
-    config = dataclasses.replace(config, route_layers=layout.layers)
+  config = with_route_layers(model_config, config)
   params_sh = qwen3.param_shardings(model_config, mesh, rules)
   abstract = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
@@ -717,18 +749,5 @@ def make_jitted_steps(
     is_leaf=lambda x: isinstance(x, tuple),
   )
 
-  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None, routes=None):
-    kw = dict(positions=positions, attention_mask=attention_mask, segment_ids=segment_ids)
-    if not getattr(model_config, "is_moe", False):
-      return qwen3.forward(params, model_config, input_ids, **kw)
-    # Qwen3-MoE: routes are forced (rollout routing replay) when the step passes them; the
-    # routers' own top-k feeds routing/agree*; the load-balancing / z losses (config
-    # coefficients) join the loss.
-    logits, aux = qwen3_moe.forward(
-      params, model_config, input_ids, routes=routes, return_aux=True, **kw
-    )
-    aux_loss, metrics = qwen3_moe.aux_losses(aux, model_config)
-    scalars = {k: v for k, v in metrics.items() if jnp.ndim(v) == 0}
-    return logits, StepAux(loss=aux_loss, metrics=scalars, topk=aux.topk)
-
+  apply_fn = model_apply_fn(model_config)
   return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules, config=config)

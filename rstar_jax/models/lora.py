@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rstar_jax.errors import UserError
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
 from rstar_jax.sharding.rules import logical_to_shardings
 
@@ -58,6 +59,7 @@ TARGET_GROUPS = {
   "down_proj": "mlp",
 }
 ALL_TARGETS = tuple(TARGET_GROUPS)
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,8 +124,24 @@ def is_lora(params) -> bool:
 # ----------------------------------------------------------------------------- layout
 
 
+def check_targets(model_config: Qwen3Config, cfg: LoraConfig) -> None:
+  """A Qwen3-MoE model takes adapters on the attention projections only: its MLPs are expert
+  stacks (and a mixed model's dense layers live in their own stack), which have no adapters
+  here. Anything else is one `UserError` naming the fix."""
+  if not getattr(model_config, "is_moe", False):
+    return
+  bad = [t for t in cfg.targets if t not in ATTENTION_TARGETS]
+  if bad:
+    raise UserError(
+      f"model.lora_targets: LoRA on a Qwen3-MoE model adapts the attention projections only "
+      f"{list(ATTENTION_TARGETS)}; adapters on the experts / MLPs ({', '.join(bad)}) are not "
+      f"supported: set --config.model.lora_targets={','.join(ATTENTION_TARGETS)}"
+    )
+
+
 def _targets(model_config: Qwen3Config, cfg: LoraConfig):
   """[(group, name, (in, out), (in_axis, out_axis))] of the adapted kernels."""
+  check_targets(model_config, cfg)
   shapes, axes = param_shapes(model_config)["layers"], param_logical_axes(model_config)["layers"]
   out = []
   for name in cfg.targets:
@@ -321,7 +339,8 @@ def branch(x: jax.Array, p: dict[str, Any]) -> jax.Array:
 
 
 def apply_fn_for(model_config: Qwen3Config):
-  """The learner's ``apply_fn`` for `LoraParams` (base + unmerged low-rank branches)."""
+  """The learner's ``apply_fn`` for `LoraParams` (base + unmerged low-rank branches), dense
+  Qwen3 only (a Qwen3-MoE policy's comes from `make_jitted_steps`)."""
   from rstar_jax.models import qwen3  # cycle: qwen3 imports lora
 
   def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
@@ -473,12 +492,20 @@ def make_jitted_steps(
   jitted sft / rl / log-prob steps, base and adapters sharded by the logical-axis rules."""
   from rstar_jax.learner import steps  # cycle: learner.steps imports lora
 
+  check_targets(model_config, cfg)
+  if getattr(model_config, "is_moe", False):
+    # The learner's MoE forward (forced routes, aux losses, router top-k) on the injected tree.
+    apply_fn = steps.model_apply_fn(model_config, prepare=inject)
+  else:
+    apply_fn = apply_fn_for(model_config)
   return steps.make_jitted_steps_for(
-    apply_fn_for(model_config),
+    apply_fn,
     param_shardings(model_config, cfg, mesh, rules),
     abstract_params(model_config, cfg, param_dtype),
     tx,
     mesh,
     rules=rules,
-    config=config if config is not None else steps.StepConfig(),
+    config=steps.with_route_layers(
+      model_config, config if config is not None else steps.StepConfig()
+    ),
   )

@@ -43,7 +43,9 @@ sized by a capacity bound is the upgrade for large EP on GPU / TPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -215,6 +217,31 @@ def _combine(y_rows: jax.Array, weights: jax.Array) -> jax.Array:
   return jnp.sum(y, axis=1)
 
 
+_planning = threading.local()
+
+
+@contextlib.contextmanager
+def shape_only_grouped_matmul():
+  """Ahead-of-time planning only (`rstar_jax.planning.plan`): while tracing inside this
+  context, the ``ragged`` form's grouped matmul is a stand-in with the grouped GEMM's operand
+  and result shapes, FLOPs (2 x rows x in x out) and weight-gradient shape, but not its values
+  (rows against expert 0's weights). XLA:CPU expands ``ragged_dot`` into a dense masked product
+  (temporaries = groups x the result), which would make a CPU compile of the GPU program
+  report memory the GPU never uses. A program traced here must never run."""
+  prev = getattr(_planning, "on", False)
+  _planning.on = True
+  try:
+    yield
+  finally:
+    _planning.on = prev
+
+
+def _grouped_dot(a: jax.Array, w: jax.Array, sizes: jax.Array) -> jax.Array:
+  if getattr(_planning, "on", False):
+    return a @ w[0]
+  return jax.lax.ragged_dot(a, w, sizes)
+
+
 def experts_ragged(x: jax.Array, ids: jax.Array, weights: jax.Array, p: Params) -> jax.Array:
   """Sorted rows through ``jax.lax.ragged_dot`` (one grouped GEMM per projection). [N, D]."""
   E = p["gate_proj"]["kernel"].shape[0]
@@ -224,7 +251,7 @@ def experts_ragged(x: jax.Array, ids: jax.Array, weights: jax.Array, p: Params) 
   dt = x.dtype
 
   def dot(a, w):
-    return jax.lax.ragged_dot(a, w.astype(dt), sizes)
+    return _grouped_dot(a, w.astype(dt), sizes)
 
   ys = _swiglu(xs, p["gate_proj"]["kernel"], p["up_proj"]["kernel"], p["down_proj"]["kernel"], dot)
   inv = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
@@ -479,6 +506,7 @@ __all__ = [
   "resolve_implementation",
   "route",
   "router_z_loss",
+  "shape_only_grouped_matmul",
   "sparse_mlp",
   "valid_routes",
 ]

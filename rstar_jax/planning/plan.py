@@ -18,6 +18,10 @@ and only ``lower(...).compile()`` runs. From the compiled per-device program we 
 * the collectives in the optimized HLO text (static op counts; an op inside a loop body
   counts once).
 
+A Qwen3-MoE model (preset ``qwen3-30b-a3b`` or an HF dir) is planned with the GPU's grouped
+expert form traced through a shape-only stand-in (see `compile_step`); its FLOPs count the k
+active experts ("model") and, as run, the expert-parallel exchange's worst-case rows.
+
 The compiled program is the learner's own: the jit objects `learner.steps.make_jitted_steps`
 returns (`JittedSteps.jitted`, lowered with `JittedSteps.lower` on abstract arguments), with the
 batch keys the step reads (`StepConfig.rl_keys`: the sampler's log-probs with ``rl.tis_cap``).
@@ -25,6 +29,7 @@ batch keys the step reads (`StepConfig.rl_keys`: the sampler's log-probs with ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -40,7 +45,8 @@ from rstar_jax.learner import optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import lora, qwen3
+from rstar_jax.models import lora, moe, qwen3
+from rstar_jax.models.qwen3_config import Qwen3MoeConfig
 
 GIB = 1024**3
 
@@ -70,6 +76,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     rope_theta=5e6,
     tie_word_embeddings=True,
     max_position_embeddings=262144,
+  ),
+  # Qwen3-30B-A3B (HF qwen3_moe): every layer sparse (decoder_sparse_step 1, no
+  # mlp_only_layers), so intermediate_size is unused.
+  "qwen3-30b-a3b": dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    rope_theta=1e6,
+    tie_word_embeddings=False,
+    max_position_embeddings=40960,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    router_aux_loss_coef=0.001,
   ),
 }
 
@@ -114,9 +139,8 @@ def model_config_for_plan(cfg: RunConfig) -> qwen3.Qwen3Config:
   if preset:
     if preset not in PRESETS:
       raise ValueError(f"plan.model_preset: expected one of {sorted(PRESETS)}, got {preset!r}")
-    return qwen3.Qwen3Config(
-      **PRESETS[preset], dtype=m.dtype, remat=m.remat, **_attention_fields(m)
-    )
+    cls = Qwen3MoeConfig if "num_experts" in PRESETS[preset] else qwen3.Qwen3Config
+    return cls(**PRESETS[preset], dtype=m.dtype, remat=m.remat, **_attention_fields(m))
   if m.hf_dir:
     raise ValueError(
       f"model.hf_dir={m.hf_dir!r} has no config.json here and the config "
@@ -162,14 +186,20 @@ def param_count(config: qwen3.Qwen3Config) -> int:
   return sum(math.prod(s) for s in shapes)
 
 
-def forward_flops_per_row(c: qwen3.Qwen3Config, seq_len: int) -> dict[str, float]:
+def forward_flops_per_row(
+  c: qwen3.Qwen3Config, seq_len: int, expert_rows_factor: int = 1
+) -> dict[str, float]:
   """Matmul + attention FLOPs of one forward over one row of T tokens, as this model code
   computes them: dense layers 2*in*out per token; attention scores and weighted sum over the
   full T x T block for ``attention="xla"`` (it materialises it; causality is a mask, not
   skipped work), over the causal key blocks only for "blockwise" (nb (nb + 1) / 2 of nb^2
   blocks of ``attention_block_size``) and the causal triangle for "fused"; logits 2*D*V per
-  token. Returns {"layers", "logits"} so remat (which recomputes only the layers) can be
-  counted."""
+  token. A Qwen3-MoE config counts its dense layers as above and, per sparse layer, the router
+  (2*D*E per token) and the k active experts (2*3*D*F_moe*k per token), times
+  ``expert_rows_factor`` (the expert-parallel layer's static worst-case buffer runs P x the
+  routed rows through the local experts, `moe._ep_local`). Returns {"layers", "logits",
+  "experts"} ("experts": the expert part of "layers") so remat (which recomputes only the
+  layers) can be counted."""
   t, d, f, dh = seq_len, c.hidden_size, c.intermediate_size, c.head_dim
   hq, hkv = c.num_attention_heads, c.num_key_value_heads
   proj = 2 * t * d * (hq * dh + 2 * hkv * dh) + 2 * t * hq * dh * d
@@ -180,20 +210,35 @@ def forward_flops_per_row(c: qwen3.Qwen3Config, seq_len: int) -> dict[str, float
   elif c.attention == "fused":
     attn = attn * (t + 1) / (2 * t)
   mlp = 2 * t * 3 * d * f
-  layers = c.num_hidden_layers * (proj + attn + mlp)
+  if not c.is_moe:
+    layers = c.num_hidden_layers * (proj + attn + mlp)
+    experts = 0
+  else:
+    n_sparse = len(c.sparse_layers)
+    experts = n_sparse * 2 * t * 3 * d * c.moe_intermediate_size * c.num_experts_per_tok
+    experts *= expert_rows_factor
+    router = n_sparse * 2 * t * d * c.num_experts
+    layers = c.num_hidden_layers * (proj + attn) + len(c.dense_layers) * mlp + router + experts
   logits = 2 * t * d * c.vocab_size
-  return {"layers": float(layers), "logits": float(logits)}
+  return {"layers": float(layers), "logits": float(logits), "experts": float(experts)}
 
 
-def step_flops(c: qwen3.Qwen3Config, shape: StepShape) -> dict[str, float]:
+def step_flops(
+  c: qwen3.Qwen3Config, shape: StepShape, expert_parallel: int = 1
+) -> dict[str, float]:
   """FLOPs of one learner step over the whole batch (all devices).
 
-  model: forward + backward (backward = 2 x forward), the usual MFU numerator.
-  hardware: model + the remat re-forward of the layers when ``c.remat``.
+  model: forward + backward (backward = 2 x forward), the usual MFU numerator (MoE: the k
+  active experts per token).
+  hardware: as the code runs it: model + the remat re-forward of the layers when ``c.remat``;
+  with ``expert_parallel`` P > 1 the expert matmuls run on P x the routed rows (the
+  exchange's static worst-case buffer, `moe._ep_local`).
   """
   fw = forward_flops_per_row(c, shape.seq_len)
   model = 3.0 * (fw["layers"] + fw["logits"]) * shape.rows
-  hardware = model + (fw["layers"] * shape.rows if c.remat else 0.0)
+  run = forward_flops_per_row(c, shape.seq_len, expert_parallel if c.is_moe else 1)
+  hardware = 3.0 * (run["layers"] + run["logits"]) * shape.rows
+  hardware += run["layers"] * shape.rows if c.remat else 0.0
   return {
     "model": model,
     "hardware": hardware,
@@ -213,6 +258,8 @@ def sharded_bytes(abstract_tree, shardings_tree) -> int:
 def count_collectives(hlo_text: str) -> dict[str, int]:
   """Static counts of collective ops in optimized HLO text (async ``-start`` pairs count
   once; an op inside a loop body counts once)."""
+  # Comments such as /*index=5*/ in long tuple shapes (CPU all-to-all) hold an "=".
+  hlo_text = re.sub(r"/\*.*?\*/", "", hlo_text)
   out = {}
   for name in COLLECTIVES:
     sync = len(re.findall(rf"= [^\n=]*? {name}\(", hlo_text))
@@ -295,7 +342,17 @@ def compile_step(
 ) -> dict[str, Any]:
   """Lowers and compiles the project's jitted step for ``shape`` (``packed``: with packed-row
   inputs; ``lora_cfg``: a LoRA policy, as `wiring.build_learner` builds it: frozen base,
-  adapter-only optimizer); returns the raw analyses."""
+  adapter-only optimizer); returns the raw analyses.
+
+  A Qwen3-MoE model is compiled with the GPU's grouped form (``ragged``) traced under
+  `moe.shape_only_grouped_matmul`: XLA:CPU expands ``ragged_dot`` densely and the CPU default
+  (``block``) gathers one weight matrix per row block, so neither CPU program has the GPU
+  program's memory."""
+  if getattr(model_config, "is_moe", False):
+    model_config = model_config.replace(moe_implementation="ragged")
+    grouped = moe.shape_only_grouped_matmul()
+  else:
+    grouped = contextlib.nullcontext()
   if lora_cfg is None:
     js = steps.make_jitted_steps(model_config, mesh, "train", tx=tx, config=step_config)
     abstract = abstract_state(model_config, tx, param_dtype)
@@ -311,7 +368,8 @@ def compile_step(
   t0 = time.perf_counter()
   # The very jit objects the learner runs (`JittedSteps.jitted`), lowered under its mesh and
   # activation layout: what is planned is what trains.
-  lowered = js.lower("rl_step" if shape.kind == "rl" else "sft_step", state, batch)
+  with grouped:
+    lowered = js.lower("rl_step" if shape.kind == "rl" else "sft_step", state, batch)
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
@@ -377,7 +435,8 @@ def plan_step(
   r = compile_step(shape, model_config, mesh, tx, step_config, param_dtype, packed, lora_cfg)
   n = mesh.devices.size
   usable = hw.hbm_gib * GIB * hw.mem_fraction
-  fl = step_flops(model_config, shape)
+  ep = dict(mesh.shape).get("expert", 1)
+  fl = step_flops(model_config, shape, ep)
   step_s = fl["model"] / (n * hw.mfu * hw.peak_tflops * 1e12)
   if packed:
     # Packed rows (learner/packing.py): the same trajectories in ~fill x rows rows of T
@@ -387,7 +446,7 @@ def plan_step(
     # row is a full T row), so the FLOPs scale with the row count.
     per_micro = shape.rows // shape.num_micro_batches  # rows of one micro-batch
     rows_p = min(shape.rows, _round_up(math.ceil(shape.rows * hw.packed_fill), per_micro))
-    flp = step_flops(model_config, dataclasses.replace(shape, rows=rows_p))
+    flp = step_flops(model_config, dataclasses.replace(shape, rows=rows_p), ep)
     r["packed"] = {
       "assumed_fill": hw.packed_fill,
       "rows": rows_p,

@@ -309,3 +309,53 @@ def test_lora_plan_reports_memory_saved_against_full_finetuning():
   )
   assert lo["saved_bytes"]["rl"] > 0.3 * lo["full_finetune_state_bytes"]["rl"]
   assert "LoRA r=4" in plan_lib.format_table(plan)
+
+
+def test_moe_preset_sizes_and_active_flops():
+  c = plan_lib.Qwen3MoeConfig(**plan_lib.PRESETS["qwen3-30b-a3b"])
+  # Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active per token (embedding included).
+  assert plan_lib.param_count(c) / 1e9 == pytest.approx(30.53, abs=0.01)
+  fw = plan_lib.forward_flops_per_row(c, 1)
+  d, f, k, L = 2048, 768, 8, 48
+  assert fw["experts"] == L * 2 * 3 * d * f * k  # the k active experts, not all E
+  active = (fw["layers"] + fw["logits"]) / 2 + c.vocab_size * d  # + the embedding lookup
+  assert active / 1e9 == pytest.approx(3.3, abs=0.1)
+  # Expert parallel P: the worst-case exchange buffer runs P x the routed rows.
+  shape = plan_lib.StepShape(kind="rl", rows=8, seq_len=64, num_micro_batches=1)
+  one, ep8 = plan_lib.step_flops(c, shape), plan_lib.step_flops(c, shape, 8)
+  assert ep8["model"] == one["model"]
+  c = c.replace(remat=True)
+  one, ep8 = plan_lib.step_flops(c, shape), plan_lib.step_flops(c, shape, 8)
+  extra = plan_lib.forward_flops_per_row(c, 64)["experts"] * 7 * 8 * (3 + 1)  # fwd+bwd+remat
+  assert ep8["hardware"] - one["hardware"] == pytest.approx(extra)
+
+
+def test_moe_plan_compiles_the_expert_parallel_exchange(monkeypatch):
+  monkeypatch.setitem(
+    plan_lib.PRESETS,
+    "tiny-moe",
+    dict(
+      vocab_size=512,
+      hidden_size=64,
+      intermediate_size=128,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=16,
+      rope_theta=1e4,
+      tie_word_embeddings=False,
+      max_position_embeddings=4096,
+      num_experts=8,
+      num_experts_per_tok=2,
+      moe_intermediate_size=32,
+    ),
+  )
+  cfg = tiny_cfg()
+  cfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, model_preset="tiny-moe"))
+  plan = run_plan(cfg, {"expert": 8})
+  r = plan["steps"]["rl"]
+  assert plan["model"]["num_experts"] == 8 and plan["mesh"]["expert"] == 8
+  # The token exchange is in the program (the CPU all-to-all is a tuple whose shape holds
+  # /*index=5*/ comments), and the experts' state is split 8 ways.
+  assert r["collectives"]["all-to-all"] > 0
+  assert r["flops_per_step"] > r["model_flops_per_step"]

@@ -159,29 +159,31 @@ def fill(
 
 
 @functools.partial(jax.jit, static_argnums=2)
-def _changed_rows(a, b, stacked: bool):
+def _changed_rows(a, b, lead: int):
   # 8-byte types bitcast to uint32 pairs (a trailing axis of 2), folded by the reshape.
   bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[a.dtype.itemsize]
   ne = jax.lax.bitcast_convert_type(a, bits) != jax.lax.bitcast_convert_type(b, bits)
-  return ne.reshape(ne.shape[0], -1).any(axis=1) if stacked else ne.any()[None]
+  return ne.reshape(*a.shape[:lead], -1).any(axis=-1)
 
 
-def _changed_rows_host(a: np.ndarray, b: np.ndarray, stacked: bool) -> np.ndarray:
+def _changed_rows_host(a: np.ndarray, b: np.ndarray, lead: int) -> np.ndarray:
   """_changed_rows on zero-copy host views, compared as the widest unsigned ints that divide
   each row (8x fewer elements than bytes; XLA:CPU's per-leaf compare ran at ~0.3 GB/s)."""
-  rows = a.shape[0] if stacked else 1
+  dims = a.shape[:lead]
+  rows = int(np.prod(dims))
   a, b = a.reshape(rows, -1).view(np.uint8), b.reshape(rows, -1).view(np.uint8)
   w = next(k for k in (8, 4, 2, 1) if a.shape[1] % k == 0)
   u = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}[w]
   a, b = a.view(u), b.view(u)
-  return np.array([not np.array_equal(a[i], b[i]) for i in range(rows)])
+  return np.array([not np.array_equal(a[i], b[i]) for i in range(rows)]).reshape(dims)
 
 
 def changed_tensors(
   params: Any, previous: Any | None, table: Sequence[layout.HFTensor]
 ) -> list[layout.HFTensor]:
   """The HF tensors whose bytes differ from ``previous`` (all of them if None, if a kept
-  array was deleted/donated, or if a dtype/shape changed)."""
+  array was deleted/donated, or if a dtype/shape changed). One flag per HF tensor: per layer
+  of a stacked leaf, per (layer, expert) of a Qwen3-MoE expert stack."""
   if previous is None:
     return list(table)
   flags: dict[tuple, np.ndarray] = {}
@@ -189,16 +191,17 @@ def changed_tensors(
     if t.path in flags:
       continue
     a, b = layout.get_leaf(params, t.path), layout.get_leaf(previous, t.path)
+    lead = 0 if t.layer is None else len(t.layer) if isinstance(t.layer, tuple) else 1
     if a.shape != b.shape or a.dtype != b.dtype or (hasattr(b, "is_deleted") and b.is_deleted()):
       flags[t.path] = None
     elif _on_cpu(a) and _on_cpu(b) and a.is_fully_addressable and b.is_fully_addressable:
-      flags[t.path] = _changed_rows_host(np.asarray(a), np.asarray(b), t.path[0] == "layers")
+      flags[t.path] = _changed_rows_host(np.asarray(a), np.asarray(b), lead)
     else:
-      flags[t.path] = np.asarray(jax.device_get(_changed_rows(a, b, t.path[0] == "layers")))
+      flags[t.path] = np.asarray(jax.device_get(_changed_rows(a, b, lead)))
   out = []
   for t in table:
     f = flags[t.path]
-    if f is None or bool(f[t.layer if t.layer is not None else 0]):
+    if f is None or bool(f[t.layer] if t.layer is not None else f):
       out.append(t)
   return out
 
