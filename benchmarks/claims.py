@@ -377,6 +377,10 @@ def arm_config(arm: Arm, seed: int, args, sft_from: str):
   cfg.eval.k = args.eval_k
   if args.eval_problems:
     cfg.eval.max_problems = args.eval_problems
+  if getattr(args, "sft_epochs", 0):  # timing probes (benchmarks/claims_probe.py) only
+    cfg.sft.epochs = args.sft_epochs
+  if getattr(args, "curve_problems", -1) >= 0:
+    cfg.demo.curve_eval_problems = args.curve_problems
   if arm.group:
     p0, n0, _ = base_group(args)
     n, k = arm.group

@@ -261,63 +261,68 @@ def _run_claims(*args):
 
 @pytest.mark.slow
 def test_claims_smoke_json_and_plots(tmp_path):
+  """Every issue-42 arm at toy size, one RL step each: both roc group sizes, the dense and graded
+  starts under two budgets (the second budget reuses each start's SFT model and reruns its SFT
+  evaluation); stdout is exactly the JSON document."""
   out = str(tmp_path / "claims")
-  proc = _run_claims(f"--out={out}", "--smoke", "--json")
+  proc = _run_claims(f"--out={out}", "--smoke", "--steps=1", "--budgets=2,3", "--json")
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  res = json.loads(proc.stdout)  # the whole of stdout: one document, no progress lines
   assert res == json.load(open(os.path.join(out, "claims.json")))
+  arms = ["roc_4to2", "grpo_4to2", "roc_8to4", "grpo_8to4"]
+  arms += ["dense_t2", "graded_t2", "dense_t3", "graded_t3"]
+  assert sorted(res["arms"]) == sorted(arms)
   table = open(res["table"]).read()
-  assert table.count("| seed") == 1 and len(table.splitlines()) == 2 + 4 * 2
-  assert set(res["arms"]) == {"roc", "grpo", "dense", "sparse"}
+  assert table.count("| seed") == 1 and all(f"| {a} | 0 |" in table for a in arms)
   for arm, a in res["arms"].items():
-    assert a["seeds"] == [0] and a["rl_steps"] == 2, arm
+    assert a["seeds"] == [0] and a["rl_steps"] == 1, arm
     for m in METRICS:
-      assert len(a["series"][m]["mean"]) == 2 and set(a["first_last"][m]) >= {"first", "last"}
+      assert len(a["series"][m]["mean"]) == 1 and set(a["first_last"][m]) >= {"first", "last"}
     for when in ("before", "after"):
       assert 0 <= a["heldout"]["accuracy"][when]["mean"] <= 1
-  assert {a["roc_mode"] for a in res["arms"].values()} == {"paper", "random"}
-  assert res["arms"]["grpo"]["roc_mode"] == "random"
+    assert a["trajectories_generated"]["per_seed"][0] > 0
   assert (
-    isinstance(res["noisy_start_ok"], bool) and len(res["noisy_start_pos_tool_error_ratio"]) == 2
+    res["arms"]["grpo_8to4"]["roc_mode"] == "random" and res["arms"]["dense_t3"]["max_turns"] == 3
   )
-  for claim in ("roc", "aster"):
-    png = res["claims"][claim]["png"]
-    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert set(res["comparisons"]) == {
+    "roc_vs_grpo_4to2",
+    "roc_vs_grpo_8to4",
+    "roc_8to4_vs_4to2",
+    "graded_vs_dense_t2",
+    "graded_vs_dense_t3",
+  }
+  for c in res["comparisons"].values():
+    assert open(c["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    p = c["paired"]["heldout_accuracy_after"]
+    assert p["n"] == 1 and p["lo"] is None  # one seed: a difference, no interval
+  assert open(res["calls_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert "Paired differences" in table and "kept positives cleaner" in table
 
-  # The GRPO arm trained from the RoC arm's SFT model (same weights, same SFT eval).
-  def sft(arm):
-    with open(os.path.join(out, arm, "seed0", "sft", "hf", "model.safetensors"), "rb") as f:
+  def read(arm, *path):
+    with open(os.path.join(out, arm, "seed0", *path), "rb") as f:
       return f.read()
 
-  assert sft("roc") == sft("grpo")
-  assert os.path.isdir(os.path.join(out, "roc", "seed0", "sft", "ckpt"))  # trained there only
-  assert not os.path.exists(os.path.join(out, "grpo", "seed0", "sft", "ckpt"))
-  stats = json.load(open(os.path.join(out, "roc", "seed0", "coldstart_stats.json")))
+  # Same trajectories per step at both group sizes (2 prompts x 4 = 1 prompt x 8), one SFT model.
+  for arm in arms[:4]:
+    rows = [json.loads(x) for x in read(arm, "rl", "metrics.jsonl").splitlines()]
+    assert rows[0]["rollouts_generated"] == 8, arm
+  sft = read("roc_4to2", "sft", "hf", "model.safetensors")
+  assert all(read(a, "sft", "hf", "model.safetensors") == sft for a in arms[1:4])
+  assert not os.path.exists(os.path.join(out, "grpo_8to4", "seed0", "sft", "ckpt"))
+  stats = json.loads(read("roc_4to2", "coldstart_stats.json"))
   assert stats["calls_failed"] / stats["calls_total"] >= 0.1  # the noisy cold start
-  sparse = json.load(open(os.path.join(out, "sparse", "seed0", "coldstart_stats.json")))
-  assert sparse["mean_tool_calls_kept"] == 1.0
-
-  # A budget-sweep point reuses those SFT models: the SFT evaluation, made under the old budget,
-  # reruns (--discard_stale), the SFT model itself is copied, not retrained.
-  out2 = str(tmp_path / "mt2")
-  proc = _run_claims(
-    f"--out={out2}",
-    "--smoke",
-    "--claims=aster",
-    "--max_turns=2",
-    f"--sft_from={out}",
-    "--discard_stale",
-    "--json",
-  )
-  assert proc.returncode == 0, f"sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-  res2 = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert set(res2["arms"]) == {"dense", "sparse"} and res2["settings"]["max_turns"] == 2
-  for arm in ("dense", "sparse"):
-    with open(os.path.join(out2, arm, "seed0", "sft", "hf", "model.safetensors"), "rb") as f:
-      assert f.read() == sft(arm)
-    assert not os.path.exists(os.path.join(out2, arm, "seed0", "sft", "ckpt"))
-    rec = json.load(open(os.path.join(out2, arm, "seed0", "resolved_config", "eval_sft.json")))
-    assert rec["rollout.max_turns"] == rec["eval.max_turns"] == 2  # reran under the new budget
+  # The graded start trained once (under budget 2) and was reused under budget 3, its SFT
+  # evaluation rerun under the new budget, with k = 4 samples per problem.
+  for start in ("dense", "graded"):
+    assert read(f"{start}_t3", "sft", "hf", "model.safetensors") == read(
+      f"{start}_t2", "sft", "hf", "model.safetensors"
+    )
+    assert not os.path.exists(os.path.join(out, f"{start}_t3", "seed0", "sft", "ckpt"))
+    rec = json.loads(read(f"{start}_t3", "resolved_config", "eval_sft.json"))
+    assert rec["rollout.max_turns"] == rec["eval.max_turns"] == 3 and rec["eval.k"] == 4
+    assert json.loads(read(f"{start}_t3", "eval_sft.json"))["metrics"]["k"] == 4
+  graded = json.loads(read("graded_t2", "coldstart_stats.json"))
+  assert 1.0 < graded["mean_tool_calls_kept"] < 4.0
 
 
 def test_sft_from_points_each_cold_start_at_its_first_arm(tmp_path):

@@ -1,0 +1,292 @@
+"""What `benchmarks/claims.py` costs, measured on a shortened run, and its --quick and full wall
+times projected from that (issue 42: on a machine shared by many jobs neither finishes in a day).
+
+A probe run is the claims pipeline itself with the SFT phase cut to ``--sft_epochs`` of the
+config's, ``--steps`` RL steps (default 3) and ``--eval_problems`` held-out problems, for a few
+arms (default: both roc group sizes and the dense start under 5 turns). It counts the CPU seconds
+of its whole process tree (psutil: the process, its threads and the code-pool workers with the
+tool processes they reaped) per unit: per SFT step, per RL step (the first, with its jit
+compiles, apart), per evaluated trajectory, and per cold-start data + tokenizer phase. CPU
+seconds hardly depend on how many other jobs share the cores, wall seconds do. `project` turns
+the units into the CPU seconds of a plan (the arms, steps, seeds, evaluations and SFT models
+that --quick or a full run executes) and a wall time on 2 idle cores between cpu / 2 (every
+part runs on both cores) and cpu (none does).
+
+The probe's SFT model is barely trained, so its rollouts run to the response budget more often
+than a trained model's: the per-step and per-trajectory costs are upper bounds.
+
+  python benchmarks/claims_probe.py --out=/tmp/claims_probe --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # claims.py
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+
+import claims  # noqa: E402
+
+
+def tree_cpu_s(proc=None) -> float:
+  """CPU seconds (user + system) of ``proc`` (default: this process), its reaped children and
+  every live descendant with theirs."""
+  import psutil  # only the probe needs it
+
+  proc = proc or psutil.Process()
+  total = 0.0
+  for p in [proc, *proc.children(recursive=True)]:
+    with contextlib.suppress(psutil.Error):
+      t = p.cpu_times()
+      total += t.user + t.system + t.children_user + t.children_system
+  return total
+
+
+class Meter:
+  """Wraps the demo's phases (module attributes, so run_demo calls the wrappers) and the RL
+  metrics writer; ``events`` holds (kind, arm, cpu_s, wall_s, info) per measured unit."""
+
+  def __init__(self):
+    self.events: list[dict] = []
+    self.arm = ""
+    self._rl_mark = None
+
+  def add(self, kind: str, cpu: float, wall: float, **info) -> None:
+    self.events.append({"kind": kind, "arm": self.arm, "cpu_s": cpu, "wall_s": wall, **info})
+    print(f"[probe] {self.arm} {kind}: {cpu:.1f} cpu-s, {wall:.1f} s {info}", file=sys.stderr)
+
+  def install(self):
+    from rstar_jax.pipelines import demo, sft_loop
+    from rstar_jax.pipelines.metrics_log import MetricsWriter
+
+    meter = self
+
+    def timed(fn, kind, info=None):
+      def wrapper(*a, **kw):
+        c0, w0 = tree_cpu_s(), time.monotonic()
+        out = fn(*a, **kw)
+        meter.add(
+          kind, tree_cpu_s() - c0, time.monotonic() - w0, **(info(a, kw, out) if info else {})
+        )
+        return out
+
+      return wrapper
+
+    def data_info(a, kw, out):
+      return {"chats": len(out)}
+
+    def sft_info(a, kw, out):
+      return {"steps": int(out["steps"])}
+
+    demo.phase_data = timed(demo.phase_data, "data", data_info)
+    demo.phase_tokenizer = timed(demo.phase_tokenizer, "tokenizer")
+    sft_loop.run_sft = timed(sft_loop.run_sft, "sft", sft_info)
+    evaluate = demo._evaluate
+
+    async def _evaluate(cfg, params, tokenizer, problems, k, seed):
+      c0, w0 = tree_cpu_s(), time.monotonic()
+      rep = await evaluate(cfg, params, tokenizer, problems, k, seed)
+      m = rep["metrics"]
+      meter.add(
+        "eval", tree_cpu_s() - c0, time.monotonic() - w0, trajectories=len(problems) * k,
+        tool_calls_per_traj=m.get("tool_calls_per_traj"),
+        response_length_mean=m.get("response_length_mean"),
+      )  # fmt: skip
+      return rep
+
+    demo._evaluate = _evaluate
+    phase_rl = demo.phase_rl
+
+    def rl(*a, **kw):
+      meter._rl_mark = (tree_cpu_s(), time.monotonic())
+      return phase_rl(*a, **kw)
+
+    demo.phase_rl = rl
+    write = MetricsWriter.write
+
+    def write_step(self, step, metrics):
+      if meter._rl_mark is not None and "reward_mean" in metrics:
+        c, w = tree_cpu_s(), time.monotonic()
+        meter.add(
+          "rl_step", c - meter._rl_mark[0], w - meter._rl_mark[1], step=int(step),
+          trajectories=float(metrics.get("rollouts_generated", 0.0)),
+          response_length_mean=metrics.get("response_length_mean"),
+        )  # fmt: skip
+        meter._rl_mark = (c, w)
+      return write(self, step, metrics)
+
+    MetricsWriter.write = write_step
+    return self
+
+
+def units(events: Sequence[dict]) -> dict:
+  """Per-unit CPU seconds from a probe's events: ``sft_step`` (per cold start variant),
+  ``rl_first`` / ``rl_step`` (per arm; the later steps' median), ``eval_traj`` (over every
+  evaluation), ``data`` (data + tokenizer phases, per variant)."""
+  out: dict = {"sft_step": {}, "rl_first": {}, "rl_step": {}, "data": {}}
+  evals = [e for e in events if e["kind"] == "eval" and e["trajectories"]]
+  out["eval_traj"] = (
+    sum(e["cpu_s"] for e in evals) / sum(e["trajectories"] for e in evals) if evals else None
+  )
+  for e in events:
+    v = e.get("variant", e["arm"])
+    if e["kind"] == "sft" and e["steps"]:
+      out["sft_step"][v] = e["cpu_s"] / e["steps"]
+    if e["kind"] in ("data", "tokenizer"):
+      out["data"][v] = out["data"].get(v, 0.0) + e["cpu_s"]
+  for arm in {e["arm"] for e in events if e["kind"] == "rl_step"}:
+    steps = sorted(
+      (e for e in events if e["kind"] == "rl_step" and e["arm"] == arm), key=lambda e: e["step"]
+    )
+    out["rl_first"][arm] = steps[0]["cpu_s"]
+    later = [e["cpu_s"] for e in steps[1:]]
+    out["rl_step"][arm] = statistics.median(later) if later else steps[0]["cpu_s"]
+  return out
+
+
+def plan(args) -> list[dict]:
+  """What a claims.py invocation (its parsed ``args``) runs, per run: arm, variant, whether it
+  trains its SFT model and evaluates it (a reused SFT model under another budget is
+  re-evaluated), RL steps, curve evaluations, held-out problems x k."""
+  from configs import demo as demo_config
+
+  arms = claims.build_arms(args)
+  seeds = range(1 if (args.quick or args.smoke) else args.seeds)
+  runs, home = [], {}
+  for arm in arms:
+    cfg = demo_config.get_config(arm.variant)
+    steps = args.steps or cfg.stages[0]["steps"]
+    problems = args.eval_problems or cfg.eval.max_problems
+    for s in seeds:
+      first = arm.variant not in home
+      budget = home.setdefault(arm.variant, arm.max_turns)
+      runs.append(
+        {
+          "arm": arm.name,
+          "variant": arm.variant,
+          "group": arm.group,
+          "trains_sft": first,
+          "evals_sft": first or budget != arm.max_turns,
+          "rl_steps": steps,
+          "curve_evals": steps // cfg.train.eval_every if cfg.demo.curve_eval_problems else 0,
+          "curve_trajectories": cfg.demo.curve_eval_problems * args.eval_k,
+          "eval_trajectories": problems * args.eval_k,
+          "sft_epochs": cfg.sft.epochs,
+        }
+      )
+  return runs
+
+
+def project(runs: Sequence[dict], u: dict, probe_epochs: dict, rl_unit: dict) -> dict:
+  """CPU seconds of ``runs`` (`plan`) from the units ``u`` (`units`). ``probe_epochs``: the
+  probe's SFT epochs per variant (its SFT steps scale by epochs); ``rl_unit``: run -> the probed
+  arm whose RL step stands for it. Returns {"cpu_s", "wall_s_2cores": [cpu/2, cpu], "parts"}."""
+  parts = {"data_sft": 0.0, "eval": 0.0, "rl": 0.0}
+  for r in runs:
+    v = r["variant"] if r["variant"] in u["sft_step"] else "dense"
+    if r["trains_sft"]:
+      parts["data_sft"] += u["data"].get(v, 0.0)
+      steps_probe = probe_epochs[v]["steps"]
+      parts["data_sft"] += (
+        u["sft_step"][v] * steps_probe * r["sft_epochs"] / probe_epochs[v]["epochs"]
+      )
+    n_eval = (
+      r["eval_trajectories"] * (2 if r["evals_sft"] else 1)
+      + r["curve_evals"] * r["curve_trajectories"]
+    )
+    parts["eval"] += n_eval * u["eval_traj"]
+    arm = rl_unit(r)
+    parts["rl"] += u["rl_first"][arm] + (r["rl_steps"] - 1) * u["rl_step"][arm]
+  cpu = sum(parts.values())
+  return {"cpu_s": cpu, "wall_s_2cores": [cpu / 2, cpu], "parts": parts}
+
+
+def _rl_unit_for(probed: Sequence[str]):
+  """Maps a run to a probed arm: the same arm, else the roc arm of its group, else the aster
+  arm."""
+
+  def pick(r):
+    if r["arm"] in probed:
+      return r["arm"]
+    if r["group"]:
+      n, k = r["group"]
+      return next((a for a in probed if a.endswith(f"_{n}to{k}")), probed[0])
+    return next((a for a in probed if "_t" in a), probed[-1])
+
+  return pick
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--out", required=True)
+  p.add_argument("--arms", default="roc_8to4,roc_32to16,dense_t5")
+  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--sft_epochs", type=float, default=0.1)
+  p.add_argument("--eval_problems", type=int, default=16)
+  p.add_argument("--json", action="store_true")
+  a = p.parse_args(argv)
+  cargs = claims.parse_args(
+    [f"--out={a.out}", f"--steps={a.steps}", f"--eval_problems={a.eval_problems}", "--seeds=1"]
+  )
+  cargs.sft_epochs, cargs.curve_problems = a.sft_epochs, 0
+  wanted = [x for x in a.arms.split(",") if x]
+  arms = [arm for arm in claims.build_arms(cargs) if arm.name in wanted]
+  if len(arms) != len(wanted):
+    p.error(
+      f"--arms: expected names from {[x.name for x in claims.build_arms(cargs)]}, got {wanted}"
+    )
+  saved = os.dup(1) if a.json else None
+  if a.json:
+    os.dup2(2, 1)
+  t0 = time.monotonic()
+  meter = Meter().install()
+  home: dict[str, str] = {}
+  with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
+    for arm in arms:
+      wd = os.path.join(a.out, arm.name, "seed0")
+      src = home.setdefault(arm.variant, wd)
+      meter.arm = arm.name
+      n0 = len(meter.events)
+      claims.run_one(claims.arm_config(arm, 0, cargs, "" if src == wd else src), wd, True)
+      for e in meter.events[n0:]:
+        e["variant"] = arm.variant
+  if saved is not None:
+    sys.stdout.flush()
+    os.dup2(saved, 1)
+  u = units(meter.events)
+  probe_epochs = {
+    e["variant"]: {"steps": e["steps"], "epochs": a.sft_epochs}
+    for e in meter.events
+    if e["kind"] == "sft"
+  }
+  pick = _rl_unit_for([x.name for x in arms])
+  res = {
+    "probe": {"arms": wanted, "steps": a.steps, "sft_epochs": a.sft_epochs, "eval_problems": a.eval_problems,
+              "wall_time_s": time.monotonic() - t0, "events": meter.events},
+    "units_cpu_s": u,
+    "projections": {},
+  }  # fmt: skip
+  for name, argv2 in (("quick", ["--quick"]), ("full_roc5_aster3", None)):
+    if argv2 is None:
+      roc = plan(claims.parse_args(["--out=/x", "--claims=roc", "--seeds=5"]))
+      aster = plan(claims.parse_args(["--out=/x", "--claims=aster", "--seeds=3"]))
+      runs = roc + aster
+    else:
+      runs = plan(claims.parse_args(["--out=/x", *argv2]))
+    res["projections"][name] = {"runs": len(runs), **project(runs, u, probe_epochs, pick)}
+  text = json.dumps(res, sort_keys=True)
+  if a.json:
+    print(text)
+  else:
+    print(json.dumps(res["projections"], indent=1))
+
+
+if __name__ == "__main__":
+  main()
