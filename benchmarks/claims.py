@@ -379,7 +379,7 @@ def arm_config(arm: Arm, seed: int, args, sft_from: str):
     cfg.eval.max_problems = args.eval_problems
   if getattr(args, "sft_epochs", 0):  # timing probes (benchmarks/claims_probe.py) only
     cfg.sft.epochs = args.sft_epochs
-  if getattr(args, "curve_problems", -1) >= 0:
+  if args.curve_problems >= 0:
     cfg.demo.curve_eval_problems = args.curve_problems
   if arm.group:
     p0, n0, _ = base_group(args)
@@ -652,6 +652,7 @@ def run_claims(args) -> dict:
       "steps": args.steps or None,
       "eval_k": args.eval_k,
       "eval_problems": args.eval_problems or None,
+      "curve_problems": None if args.curve_problems < 0 else args.curve_problems,
       "group": list(args.group) if args.group else None,
       "budgets": list(args.budgets),
       "starts": list(args.starts),
@@ -708,6 +709,12 @@ def parse_args(argv=None):
   p.add_argument("--eval_k", type=int, default=4, help="held-out samples per problem (avg@k)")
   p.add_argument(
     "--eval_problems", type=int, default=0, help="held-out problems (0 = the config's 200)"
+  )
+  p.add_argument(
+    "--curve_problems",
+    type=int,
+    default=-1,
+    help="held-out problems of the evaluations every train.eval_every RL steps (-1 = config's 48)",
   )
   p.add_argument(
     "--tool_failure_rate",
@@ -771,13 +778,16 @@ def parse_args(argv=None):
     args.steps = QUICK_STEPS
   if args.quick and not args.eval_problems:
     args.eval_problems = QUICK_EVAL_PROBLEMS
+  if args.quick and args.curve_problems < 0:
+    args.curve_problems = QUICK_CURVE_PROBLEMS
   return args
 
 
-# --quick: one seed per arm, short RL and 100 held-out problems x k (at k=4, 400 samples: a
-# sampling sd of at most 2.5 points per accuracy).
-QUICK_STEPS = 10
-QUICK_EVAL_PROBLEMS = 100
+# --quick: one seed per arm, short RL, fewer held-out problems (x k = 4 samples each), sized by
+# benchmarks/claims_probe.py's projection to about 30 minutes on 2 idle cores.
+QUICK_STEPS = 8
+QUICK_EVAL_PROBLEMS = 50
+QUICK_CURVE_PROBLEMS = 16
 
 
 def main(argv=None) -> None:

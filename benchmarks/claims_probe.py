@@ -164,6 +164,7 @@ def plan(args) -> list[dict]:
     cfg = demo_config.get_config(arm.variant)
     steps = args.steps or cfg.stages[0]["steps"]
     problems = args.eval_problems or cfg.eval.max_problems
+    curve = cfg.demo.curve_eval_problems if args.curve_problems < 0 else args.curve_problems
     for s in seeds:
       first = arm.variant not in home
       budget = home.setdefault(arm.variant, arm.max_turns)
@@ -175,8 +176,8 @@ def plan(args) -> list[dict]:
           "trains_sft": first,
           "evals_sft": first or budget != arm.max_turns,
           "rl_steps": steps,
-          "curve_evals": steps // cfg.train.eval_every if cfg.demo.curve_eval_problems else 0,
-          "curve_trajectories": cfg.demo.curve_eval_problems * args.eval_k,
+          "curve_evals": steps // cfg.train.eval_every if curve else 0,
+          "curve_trajectories": curve * args.eval_k,
           "eval_trajectories": problems * args.eval_k,
           "sft_epochs": cfg.sft.epochs,
         }
@@ -184,15 +185,20 @@ def plan(args) -> list[dict]:
   return runs
 
 
-def project(runs: Sequence[dict], u: dict, probe_epochs: dict, rl_unit: dict) -> dict:
+def project(
+  runs: Sequence[dict], u: dict, probe_epochs: dict, rl_unit, update_s: float = 0.0
+) -> dict:
   """CPU seconds of ``runs`` (`plan`) from the units ``u`` (`units`). ``probe_epochs``: the
   probe's SFT epochs per variant (its SFT steps scale by epochs); ``rl_unit``: run -> the probed
-  arm whose RL step stands for it. Returns {"cpu_s", "wall_s_2cores": [cpu/2, cpu], "parts"}."""
+  arm whose RL step stands for it; ``update_s``: CPU seconds of one RL step's policy update,
+  added per step (a probe whose groups were all right or all wrong measured steps without one:
+  `update_estimate`). Returns {"cpu_s", "wall_s_2cores": [cpu/2, cpu], "parts"}."""
   parts = {"data_sft": 0.0, "eval": 0.0, "rl": 0.0}
   for r in runs:
-    v = r["variant"] if r["variant"] in u["sft_step"] else "dense"
+    # A start the probe did not train stands in with another's (similar chats per problem).
+    v = r["variant"] if r["variant"] in u["sft_step"] else next(iter(u["sft_step"]))
     if r["trains_sft"]:
-      parts["data_sft"] += u["data"].get(v, 0.0)
+      parts["data_sft"] += u["data"].get(v, next(iter(u["data"].values()), 0.0))
       steps_probe = probe_epochs[v]["steps"]
       parts["data_sft"] += (
         u["sft_step"][v] * steps_probe * r["sft_epochs"] / probe_epochs[v]["epochs"]
@@ -204,8 +210,38 @@ def project(runs: Sequence[dict], u: dict, probe_epochs: dict, rl_unit: dict) ->
     parts["eval"] += n_eval * u["eval_traj"]
     arm = rl_unit(r)
     parts["rl"] += u["rl_first"][arm] + (r["rl_steps"] - 1) * u["rl_step"][arm]
+    parts["rl_update_estimate"] = parts.get("rl_update_estimate", 0.0) + r["rl_steps"] * update_s
   cpu = sum(parts.values())
   return {"cpu_s": cpu, "wall_s_2cores": [cpu / 2, cpu], "parts": parts}
+
+
+def update_estimate(sft_step_s: float, rows: int, sft_batch: int, forward_frac: float = 1 / 3):
+  """CPU seconds of an RL update over ``rows`` kept trajectories, from the SFT step's cost
+  (same model and row length): one forward + backward per row (rows / sft_batch SFT steps)
+  plus the old log-prob forward pass (``forward_frac`` of a step each)."""
+  return sft_step_s * rows / sft_batch * (1.0 + forward_frac)
+
+
+def events_from_log(path: str) -> list[dict]:
+  """The events a probe printed (``[probe] <arm> <kind>: <cpu> cpu-s, <wall> s {info}``), e.g.
+  of a probe stopped before its end; variant = the arm's configs/demo.py variant."""
+  import ast
+  import re
+
+  pat = re.compile(r"^\[probe\] (\S+) (\w+): ([\d.]+) cpu-s, ([\d.]+) s (\{.*\})$")
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      m = pat.match(line.strip())
+      if not m:
+        continue
+      arm, kind, cpu, wall, info = m.groups()
+      variant = "noisy" if arm.startswith(("roc_", "grpo_")) else arm.split("_t")[0]
+      out.append(
+        {"kind": kind, "arm": arm, "cpu_s": float(cpu), "wall_s": float(wall), "variant": variant,
+         **ast.literal_eval(info)}
+      )  # fmt: skip
+  return out
 
 
 def _rl_unit_for(probed: Sequence[str]):
@@ -223,29 +259,11 @@ def _rl_unit_for(probed: Sequence[str]):
   return pick
 
 
-def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--out", required=True)
-  p.add_argument("--arms", default="roc_8to4,roc_32to16,dense_t5")
-  p.add_argument("--steps", type=int, default=3)
-  p.add_argument("--sft_epochs", type=float, default=0.1)
-  p.add_argument("--eval_problems", type=int, default=16)
-  p.add_argument("--json", action="store_true")
-  a = p.parse_args(argv)
-  cargs = claims.parse_args(
-    [f"--out={a.out}", f"--steps={a.steps}", f"--eval_problems={a.eval_problems}", "--seeds=1"]
-  )
-  cargs.sft_epochs, cargs.curve_problems = a.sft_epochs, 0
-  wanted = [x for x in a.arms.split(",") if x]
-  arms = [arm for arm in claims.build_arms(cargs) if arm.name in wanted]
-  if len(arms) != len(wanted):
-    p.error(
-      f"--arms: expected names from {[x.name for x in claims.build_arms(cargs)]}, got {wanted}"
-    )
+def _run_probe(a, cargs, arms) -> list[dict]:
+  """Runs the probe's arms with the meter installed; returns its events."""
   saved = os.dup(1) if a.json else None
   if a.json:
     os.dup2(2, 1)
-  t0 = time.monotonic()
   meter = Meter().install()
   home: dict[str, str] = {}
   with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
@@ -260,27 +278,91 @@ def main(argv=None) -> None:
   if saved is not None:
     sys.stdout.flush()
     os.dup2(saved, 1)
-  u = units(meter.events)
+  return meter.events
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--out", required=True)
+  p.add_argument("--arms", default="roc_8to4,roc_32to16,dense_t5")
+  p.add_argument("--steps", type=int, default=3)
+  p.add_argument("--sft_epochs", type=float, default=0.1)
+  p.add_argument("--eval_problems", type=int, default=16)
+  p.add_argument(
+    "--from_log", default="", help="project from a probe's stderr log instead of running one"
+  )
+  p.add_argument(
+    "--sft_step_cpu",
+    type=float,
+    default=0.0,
+    help="CPU seconds per SFT step measured elsewhere (a probe's few steps include the compile)",
+  )
+  p.add_argument(
+    "--reference_quick_s",
+    type=float,
+    default=1497.0,
+    help="wall seconds of issue 30's --quick on the quiet machine (2026-12-06): scales the CPU "
+    "projections to wall time (0 = no calibration)",
+  )
+  p.add_argument("--json", action="store_true")
+  a = p.parse_args(argv)
+  cargs = claims.parse_args(
+    [f"--out={a.out}", f"--steps={a.steps}", f"--eval_problems={a.eval_problems}", "--seeds=1"]
+  )
+  cargs.sft_epochs, cargs.curve_problems = a.sft_epochs, 0  # curve evaluations: per trajectory
+  wanted = [x for x in a.arms.split(",") if x]
+  arms = [arm for arm in claims.build_arms(cargs) if arm.name in wanted]
+  if len(arms) != len(wanted):
+    p.error(
+      f"--arms: expected names from {[x.name for x in claims.build_arms(cargs)]}, got {wanted}"
+    )
+  t0 = time.monotonic()
+  if a.from_log:
+    events = events_from_log(a.from_log)
+  else:
+    events = _run_probe(a, cargs, arms)
+  u = units(events)
   probe_epochs = {
     e["variant"]: {"steps": e["steps"], "epochs": a.sft_epochs}
-    for e in meter.events
+    for e in events
     if e["kind"] == "sft"
   }
-  pick = _rl_unit_for([x.name for x in arms])
+  if a.sft_step_cpu:
+    u["sft_step"] = {v: a.sft_step_cpu for v in u["sft_step"]}
+  pick = _rl_unit_for([x for x in wanted if x in u["rl_step"]])
+  # The demo's RL batch: 32 prompts x 4 kept = 8 prompts x 16 kept = 128 rows; SFT batch 16.
+  upd = update_estimate(next(iter(u["sft_step"].values())), 128, 16)
   res = {
     "probe": {"arms": wanted, "steps": a.steps, "sft_epochs": a.sft_epochs, "eval_problems": a.eval_problems,
-              "wall_time_s": time.monotonic() - t0, "events": meter.events},
+              "wall_time_s": time.monotonic() - t0, "events": events,
+              "from_log": a.from_log or None, "sft_step_cpu_override": a.sft_step_cpu or None},
     "units_cpu_s": u,
     "projections": {},
   }  # fmt: skip
-  for name, argv2 in (("quick", ["--quick"]), ("full_roc5_aster3", None)):
+  # Issue 30's --quick (4 arms, 20 steps, k=1 on 200 problems, budget 5), as claims.py runs it.
+  issue30 = "--quick --steps=20 --group= --budgets=5 --starts=dense,sparse --eval_k=1"
+  issue30 += " --eval_problems=200 --curve_problems=48"
+  for name, argv2 in (
+    ("quick", ["--quick"]),
+    ("full_roc5_aster3", None),
+    ("issue30_quick", issue30.split()),
+  ):
     if argv2 is None:
       roc = plan(claims.parse_args(["--out=/x", "--claims=roc", "--seeds=5"]))
       aster = plan(claims.parse_args(["--out=/x", "--claims=aster", "--seeds=3"]))
       runs = roc + aster
     else:
       runs = plan(claims.parse_args(["--out=/x", *argv2]))
-    res["projections"][name] = {"runs": len(runs), **project(runs, u, probe_epochs, pick)}
+    res["projections"][name] = {"runs": len(runs), **project(runs, u, probe_epochs, pick, upd)}
+  res["rl_update_estimate_cpu_s"] = upd
+  if a.reference_quick_s:
+    # Wall seconds per projected CPU second, from the one run measured on the quiet machine:
+    # under contention JAX's thread pools spin, so CPU seconds counted here overstate a quiet
+    # machine's (the ratio absorbs that, the junk probe model's longer rollouts and both cores).
+    ratio = a.reference_quick_s / res["projections"]["issue30_quick"]["cpu_s"]
+    res["wall_per_cpu_s"] = ratio
+    for v in res["projections"].values():
+      v["wall_s_calibrated"] = v["cpu_s"] * ratio
   text = json.dumps(res, sort_keys=True)
   if a.json:
     print(text)

@@ -136,7 +136,9 @@ def test_arm_configs_share_sft_and_differ_only_in_rl():
   assert dense.tool.inject_failure_rate == 0.0
   quick = claims.parse_args(["--out=/x", "--quick"])
   q = claims.arm_config(_arm("dense_t5", quick), 0, quick, "")
-  assert q.stages[0].steps == claims.QUICK_STEPS and q.eval.max_problems == 100 and q.eval.k == 4
+  assert q.stages[0].steps == claims.QUICK_STEPS and q.eval.k == 4
+  assert q.eval.max_problems == claims.QUICK_EVAL_PROBLEMS
+  assert q.demo.curve_eval_problems == claims.QUICK_CURVE_PROBLEMS
   bad_args = (
     ["--claims=roc,nope"], ["--seeds=0"], ["--tool_failure_rate=1.5"], ["--group=32:15"],
     ["--group=abc"], ["--budgets=3,x"], ["--budgets=0"], ["--starts=dense,chatty"], ["--eval_k=0"],
@@ -255,7 +257,7 @@ def _run_claims(*args):
     env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
     text=True,
-    timeout=900,
+    timeout=2400,
   )
 
 

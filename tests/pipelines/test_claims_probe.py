@@ -57,7 +57,9 @@ def test_plan_counts_sft_models_and_reevaluations():
   assert [r["arm"] for r in runs if r["evals_sft"]] == [
     "roc_8to4", "dense_t3", "graded_t3", "dense_t5", "graded_t5", "dense_t8", "graded_t8",
   ]  # fmt: skip
-  assert all(r["rl_steps"] == claims.QUICK_STEPS and r["eval_trajectories"] == 400 for r in runs)
+  n_eval = claims.QUICK_EVAL_PROBLEMS * 4
+  assert all(r["rl_steps"] == claims.QUICK_STEPS and r["eval_trajectories"] == n_eval for r in runs)
+  assert all(r["curve_trajectories"] == claims.QUICK_CURVE_PROBLEMS * 4 for r in runs)
   full = probe.plan(claims.parse_args(["--out=/x", "--claims=roc", "--seeds=5"]))
   assert len(full) == 4 * 5 and sum(r["trains_sft"] for r in full) == 1
 
@@ -78,6 +80,29 @@ def test_project_adds_the_parts():
   sft = 15.0 + 2.0 * 10 * 10.0 / 0.1  # data + tokenizer, then 1000 SFT steps at 2 cpu-s
   ev = (10 * 2 + 2 * 3 + 10) * 1.5
   rl = 2 * (50.0 + 10 * 5.0)
-  assert pr["parts"] == pytest.approx({"data_sft": sft, "eval": ev, "rl": rl})
+  assert pr["parts"] == pytest.approx(
+    {"data_sft": sft, "eval": ev, "rl": rl, "rl_update_estimate": 0.0}
+  )
   assert pr["cpu_s"] == pytest.approx(sft + ev + rl)
   assert pr["wall_s_2cores"] == pytest.approx([pr["cpu_s"] / 2, pr["cpu_s"]])
+  # An update estimate is added per RL step: 128 rows = 8 SFT batches of 16, plus a forward.
+  upd = probe.update_estimate(2.0, 128, 16)
+  assert upd == pytest.approx(2.0 * 8 * (1 + 1 / 3))
+  with_upd = probe.project(runs, u, {"noisy": {"steps": 10, "epochs": 0.1}}, pick, upd)
+  assert with_upd["cpu_s"] == pytest.approx(pr["cpu_s"] + 22 * upd)
+
+
+def test_events_from_a_probe_log(tmp_path):
+  log = tmp_path / "probe.log"
+  log.write_text(
+    "[demo 11:51:11] sft: done\n"
+    "[probe] roc_32to16 sft: 12.8 cpu-s, 75.4 s {'steps': 5}\n"
+    "[probe] dense_t5 rl_step: 9.2 cpu-s, 79.7 s {'step': 2, 'trajectories': 256.0}\n"
+  )
+  ev = probe.events_from_log(str(log))
+  assert ev == [
+    {"kind": "sft", "arm": "roc_32to16", "cpu_s": 12.8, "wall_s": 75.4, "variant": "noisy",
+     "steps": 5},
+    {"kind": "rl_step", "arm": "dense_t5", "cpu_s": 9.2, "wall_s": 79.7, "variant": "dense",
+     "step": 2, "trajectories": 256.0},
+  ]  # fmt: skip
