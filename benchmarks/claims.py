@@ -786,8 +786,8 @@ def parse_args(argv=None):
 # --quick: one seed per arm, short RL, fewer held-out problems (x k = 4 samples each), sized by
 # benchmarks/claims_probe.py's projection to about 30 minutes on 2 idle cores.
 QUICK_STEPS = 8
-QUICK_EVAL_PROBLEMS = 50
-QUICK_CURVE_PROBLEMS = 16
+QUICK_EVAL_PROBLEMS = 100
+QUICK_CURVE_PROBLEMS = 24
 
 
 def main(argv=None) -> None:

@@ -128,12 +128,22 @@ class Meter:
 
 def units(events: Sequence[dict]) -> dict:
   """Per-unit CPU seconds from a probe's events: ``sft_step`` (per cold start variant),
-  ``rl_first`` / ``rl_step`` (per arm; the later steps' median), ``eval_traj`` (over every
-  evaluation), ``data`` (data + tokenizer phases, per variant)."""
+  ``rl_first`` / ``rl_step`` (per arm; the later steps' median), ``traj`` (one rollout: the
+  later RL steps' median per trajectory, all of a step's work counted), ``eval_call`` (an
+  evaluation's fixed part, mostly its sampler's compile: its CPU less its trajectories at
+  ``traj``, mean over evaluations), ``data`` (data + tokenizer phases, per variant)."""
   out: dict = {"sft_step": {}, "rl_first": {}, "rl_step": {}, "data": {}}
+  later = [
+    e["cpu_s"] / e["trajectories"]
+    for e in events
+    if e["kind"] == "rl_step" and e["step"] > 1 and e.get("trajectories")
+  ]
+  out["traj"] = statistics.median(later) if later else 0.0
   evals = [e for e in events if e["kind"] == "eval" and e["trajectories"]]
-  out["eval_traj"] = (
-    sum(e["cpu_s"] for e in evals) / sum(e["trajectories"] for e in evals) if evals else None
+  out["eval_call"] = (
+    statistics.mean(max(0.0, e["cpu_s"] - e["trajectories"] * out["traj"]) for e in evals)
+    if evals
+    else 0.0
   )
   for e in events:
     v = e.get("variant", e["arm"])
@@ -203,11 +213,9 @@ def project(
       parts["data_sft"] += (
         u["sft_step"][v] * steps_probe * r["sft_epochs"] / probe_epochs[v]["epochs"]
       )
-    n_eval = (
-      r["eval_trajectories"] * (2 if r["evals_sft"] else 1)
-      + r["curve_evals"] * r["curve_trajectories"]
-    )
-    parts["eval"] += n_eval * u["eval_traj"]
+    calls = 2 if r["evals_sft"] else 1  # the curve evaluations reuse RL's sampler
+    n_eval = r["eval_trajectories"] * calls + r["curve_evals"] * r["curve_trajectories"]
+    parts["eval"] += calls * u["eval_call"] + n_eval * u["traj"]
     arm = rl_unit(r)
     parts["rl"] += u["rl_first"][arm] + (r["rl_steps"] - 1) * u["rl_step"][arm]
     parts["rl_update_estimate"] = parts.get("rl_update_estimate", 0.0) + r["rl_steps"] * update_s

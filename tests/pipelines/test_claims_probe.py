@@ -31,18 +31,19 @@ def _events():
     ev("tokenizer", "roc_8to4", 5.0, variant="noisy"),
     ev("sft", "roc_8to4", 20.0, steps=10, variant="noisy"),
     ev("eval", "roc_8to4", 8.0, trajectories=4, variant="noisy"),
-    ev("rl_step", "roc_8to4", 50.0, step=1, variant="noisy"),
-    ev("rl_step", "roc_8to4", 6.0, step=2, variant="noisy"),
-    ev("rl_step", "roc_8to4", 4.0, step=3, variant="noisy"),
+    ev("rl_step", "roc_8to4", 50.0, step=1, trajectories=256, variant="noisy"),
+    ev("rl_step", "roc_8to4", 6.0, step=2, trajectories=256, variant="noisy"),
+    ev("rl_step", "roc_8to4", 4.0, step=3, trajectories=256, variant="noisy"),
     ev("eval", "roc_8to4", 4.0, trajectories=4, variant="noisy"),
     ev("sft", "dense_t5", 30.0, steps=10, variant="dense"),
-    ev("rl_step", "dense_t5", 40.0, step=1, variant="dense"),
+    ev("rl_step", "dense_t5", 40.0, step=1, trajectories=256, variant="dense"),
   ]
 
 
 def test_units_from_events():
   u = probe.units(_events())
-  assert u["eval_traj"] == pytest.approx(12.0 / 8)
+  assert u["traj"] == pytest.approx(5.0 / 256)  # median of 6/256 and 4/256
+  assert u["eval_call"] == pytest.approx((8.0 - 4 * u["traj"] + 4.0 - 4 * u["traj"]) / 2)
   assert u["sft_step"] == {"noisy": 2.0, "dense": 3.0}
   assert u["data"] == {"noisy": 15.0}
   assert u["rl_first"] == {"roc_8to4": 50.0, "dense_t5": 40.0}
@@ -78,7 +79,7 @@ def test_project_adds_the_parts():
   assert pick(runs[1]) == "roc_8to4"
   pr = probe.project(runs, u, {"noisy": {"steps": 10, "epochs": 0.1}}, pick)
   sft = 15.0 + 2.0 * 10 * 10.0 / 0.1  # data + tokenizer, then 1000 SFT steps at 2 cpu-s
-  ev = (10 * 2 + 2 * 3 + 10) * 1.5
+  ev = 3 * u["eval_call"] + (10 * 2 + 2 * 3 + 10) * u["traj"]  # 3 evaluation calls
   rl = 2 * (50.0 + 10 * 5.0)
   assert pr["parts"] == pytest.approx(
     {"data_sft": sft, "eval": ev, "rl": rl, "rl_update_estimate": 0.0}
