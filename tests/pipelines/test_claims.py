@@ -257,22 +257,24 @@ def _run_claims(*args):
     env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
     text=True,
-    timeout=2400,
+    timeout=1800,  # pytest.ini's 900 s stops it first in CI; longer by -o timeout=
   )
 
 
 @pytest.mark.slow
 def test_claims_smoke_json_and_plots(tmp_path):
-  """Every issue-42 arm at toy size, one RL step each: both roc group sizes, the dense and graded
-  starts under two budgets (the second budget reuses each start's SFT model and reruns its SFT
-  evaluation); stdout is exactly the JSON document."""
+  """The issue-42 arms at toy size, one RL step each: both roc group sizes and the graded start
+  under two budgets (the second reuses the SFT model and reruns its SFT evaluation); stdout is
+  exactly the JSON document. (The dense start and the graded-vs-dense pairing are the unit
+  tests' and issue 30's; left out here to keep this at six runs.)"""
   out = str(tmp_path / "claims")
-  proc = _run_claims(f"--out={out}", "--smoke", "--steps=1", "--budgets=2,3", "--json")
+  proc = _run_claims(
+    f"--out={out}", "--smoke", "--steps=1", "--budgets=2,3", "--starts=graded", "--json"
+  )
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
   res = json.loads(proc.stdout)  # the whole of stdout: one document, no progress lines
   assert res == json.load(open(os.path.join(out, "claims.json")))
-  arms = ["roc_4to2", "grpo_4to2", "roc_8to4", "grpo_8to4"]
-  arms += ["dense_t2", "graded_t2", "dense_t3", "graded_t3"]
+  arms = ["roc_4to2", "grpo_4to2", "roc_8to4", "grpo_8to4", "graded_t2", "graded_t3"]
   assert sorted(res["arms"]) == sorted(arms)
   table = open(res["table"]).read()
   assert table.count("| seed") == 1 and all(f"| {a} | 0 |" in table for a in arms)
@@ -283,16 +285,9 @@ def test_claims_smoke_json_and_plots(tmp_path):
     for when in ("before", "after"):
       assert 0 <= a["heldout"]["accuracy"][when]["mean"] <= 1
     assert a["trajectories_generated"]["per_seed"][0] > 0
-  assert (
-    res["arms"]["grpo_8to4"]["roc_mode"] == "random" and res["arms"]["dense_t3"]["max_turns"] == 3
-  )
-  assert set(res["comparisons"]) == {
-    "roc_vs_grpo_4to2",
-    "roc_vs_grpo_8to4",
-    "roc_8to4_vs_4to2",
-    "graded_vs_dense_t2",
-    "graded_vs_dense_t3",
-  }
+  assert res["arms"]["grpo_8to4"]["roc_mode"] == "random"
+  assert res["arms"]["graded_t3"]["max_turns"] == 3
+  assert set(res["comparisons"]) == {"roc_vs_grpo_4to2", "roc_vs_grpo_8to4", "roc_8to4_vs_4to2"}
   for c in res["comparisons"].values():
     assert open(c["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     p = c["paired"]["heldout_accuracy_after"]
@@ -315,14 +310,13 @@ def test_claims_smoke_json_and_plots(tmp_path):
   assert stats["calls_failed"] / stats["calls_total"] >= 0.1  # the noisy cold start
   # The graded start trained once (under budget 2) and was reused under budget 3, its SFT
   # evaluation rerun under the new budget, with k = 4 samples per problem.
-  for start in ("dense", "graded"):
-    assert read(f"{start}_t3", "sft", "hf", "model.safetensors") == read(
-      f"{start}_t2", "sft", "hf", "model.safetensors"
-    )
-    assert not os.path.exists(os.path.join(out, f"{start}_t3", "seed0", "sft", "ckpt"))
-    rec = json.loads(read(f"{start}_t3", "resolved_config", "eval_sft.json"))
-    assert rec["rollout.max_turns"] == rec["eval.max_turns"] == 3 and rec["eval.k"] == 4
-    assert json.loads(read(f"{start}_t3", "eval_sft.json"))["metrics"]["k"] == 4
+  assert read("graded_t3", "sft", "hf", "model.safetensors") == read(
+    "graded_t2", "sft", "hf", "model.safetensors"
+  )
+  assert not os.path.exists(os.path.join(out, "graded_t3", "seed0", "sft", "ckpt"))
+  rec = json.loads(read("graded_t3", "resolved_config", "eval_sft.json"))
+  assert rec["rollout.max_turns"] == rec["eval.max_turns"] == 3 and rec["eval.k"] == 4
+  assert json.loads(read("graded_t3", "eval_sft.json"))["metrics"]["k"] == 4
   graded = json.loads(read("graded_t2", "coldstart_stats.json"))
   assert 1.0 < graded["mean_tool_calls_kept"] < 4.0
 
