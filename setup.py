@@ -67,8 +67,12 @@ setup(
       "pyarrow>=15",
       "datasets>=3",
       "wandb>=0.19.10",
+      # rollout.router_url: SGLang's router, started by tests/pipelines/test_sglang_router_rl.py
+      "sglang-router==0.3.2",
     ],
     "ray": ["ray>=2.50"],
+    # rollout.router_url (rstar_jax/rollout/README.md, "SGLang's router")
+    "router": ["sglang-router==0.3.2"],
     # data.format parquet / hf_dataset (rstar_jax.data.formats)
     "data": ["pyarrow>=15", "datasets>=3"],
     # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))

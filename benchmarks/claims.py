@@ -57,7 +57,6 @@ Issue 42's figures and wall times: benchmarks/results/claims/README.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -67,6 +66,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
@@ -792,27 +794,12 @@ QUICK_CURVE_PROBLEMS = 24
 
 def main(argv=None) -> None:
   args = parse_args(argv)
-  # --json: stdout carries the one JSON document; everything else (the demo's progress, worker
-  # output on fd 1) goes to stderr.
-  saved = os.dup(1) if args.json else None
-  if args.json:
-    sys.stdout.flush()
-    os.dup2(2, 1)
-  try:
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-      out = run_claims(args)
-  finally:
-    if saved is not None:
-      sys.stdout.flush()
-      os.dup2(saved, 1)
-      os.close(saved)
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
+  out = run_claims(args)
   with open(out["table"], encoding="utf-8") as f:
-    table = f.read()
+    print(f.read(), flush=True)  # stderr under --json
   if args.json:
-    print(table, file=sys.stderr, flush=True)
-    print(json.dumps(out, sort_keys=True), flush=True)
-  else:
-    print(table, flush=True)
+    emit(out, sort_keys=True)
 
 
 if __name__ == "__main__":

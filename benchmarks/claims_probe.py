@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # claims.py
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 import claims  # noqa: E402
+import json_stdout  # noqa: E402
 
 
 def tree_cpu_s(proc=None) -> float:
@@ -269,23 +270,16 @@ def _rl_unit_for(probed: Sequence[str]):
 
 def _run_probe(a, cargs, arms) -> list[dict]:
   """Runs the probe's arms with the meter installed; returns its events."""
-  saved = os.dup(1) if a.json else None
-  if a.json:
-    os.dup2(2, 1)
   meter = Meter().install()
   home: dict[str, str] = {}
-  with contextlib.redirect_stdout(sys.stderr) if a.json else contextlib.nullcontext():
-    for arm in arms:
-      wd = os.path.join(a.out, arm.name, "seed0")
-      src = home.setdefault(arm.variant, wd)
-      meter.arm = arm.name
-      n0 = len(meter.events)
-      claims.run_one(claims.arm_config(arm, 0, cargs, "" if src == wd else src), wd, True)
-      for e in meter.events[n0:]:
-        e["variant"] = arm.variant
-  if saved is not None:
-    sys.stdout.flush()
-    os.dup2(saved, 1)
+  for arm in arms:
+    wd = os.path.join(a.out, arm.name, "seed0")
+    src = home.setdefault(arm.variant, wd)
+    meter.arm = arm.name
+    n0 = len(meter.events)
+    claims.run_one(claims.arm_config(arm, 0, cargs, "" if src == wd else src), wd, True)
+    for e in meter.events[n0:]:
+      e["variant"] = arm.variant
   return meter.events
 
 
@@ -324,6 +318,7 @@ def main(argv=None) -> None:
     p.error(
       f"--arms: expected names from {[x.name for x in claims.build_arms(cargs)]}, got {wanted}"
     )
+  emit = json_stdout.reserve(a.json)  # --json: stdout holds the JSON only
   t0 = time.monotonic()
   if a.from_log:
     events = events_from_log(a.from_log)
@@ -371,9 +366,8 @@ def main(argv=None) -> None:
     res["wall_per_cpu_s"] = ratio
     for v in res["projections"].values():
       v["wall_s_calibrated"] = v["cpu_s"] * ratio
-  text = json.dumps(res, sort_keys=True)
   if a.json:
-    print(text)
+    emit(res, sort_keys=True)
   else:
     print(json.dumps(res["projections"], indent=1))
 

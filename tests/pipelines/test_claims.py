@@ -272,7 +272,7 @@ def test_claims_smoke_json_and_plots(tmp_path):
     f"--out={out}", "--smoke", "--steps=1", "--budgets=2,3", "--starts=graded", "--json"
   )
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-  res = json.loads(proc.stdout)  # the whole of stdout: one document, no progress lines
+  res = json.loads(proc.stdout)  # --json: stdout is the JSON alone (issue 43 row 6)
   assert res == json.load(open(os.path.join(out, "claims.json")))
   arms = ["roc_4to2", "grpo_4to2", "roc_8to4", "grpo_8to4", "graded_t2", "graded_t3"]
   assert sorted(res["arms"]) == sorted(arms)
