@@ -53,7 +53,7 @@ Wall time on 2 CPU cores: 2026-12-06 (issue 30's arms, k=1): --quick 1,497 s on 
 machine; roc (5 seeds, 40 steps) 8,222 s, aster (3 seeds, 20 steps) 3,733 s, on a shared machine.
 Issue 42's arms were not run to the end on 2026-12-07 (a machine shared by seven jobs); the
 projection from measured costs (benchmarks/claims_probe.py) puts this --quick near 30 minutes
-and the full run near 4.5 hours on 2 idle cores: benchmarks/results/claims/README.md.
+and the full run near 4.3 hours on 2 idle cores: benchmarks/results/claims/README.md.
 """
 
 from __future__ import annotations
