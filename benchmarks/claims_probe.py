@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -369,7 +368,13 @@ def main(argv=None) -> None:
   if a.json:
     emit(res, sort_keys=True)
   else:
-    print(json.dumps(res["projections"], indent=1))
+    for name, v in res["projections"].items():
+      cal = v.get("wall_s_calibrated")
+      print(
+        f"{name}: {v['runs']} runs, {v['cpu_s']:.0f} cpu-s, wall on 2 cores "
+        f"{v['wall_s_2cores'][0]:.0f}..{v['wall_s_2cores'][1]:.0f} s"
+        + (f", calibrated {cal:.0f} s" if cal is not None else "")
+      )
 
 
 if __name__ == "__main__":
