@@ -1,0 +1,463 @@
+"""The docs cannot drift from the code (issue 38 item 2, issue 43).
+
+Fast checks over README.md, docs/*.md and the module READMEs:
+  * every relative link points at a file of the repository (and a heading of it, for an
+    ``.md#anchor``);
+  * every command shown (fenced shell blocks and inline code spans) parses as its program would
+    parse it, without running the job: ``python -m launchers.X`` gets the launcher's own absl
+    flags, its ``--config`` recipe file and ``:variant`` (the recipe's ``get_config`` refuses an
+    unknown variant), ``--config.a.b=v`` overrides of fields the config has, and the typed
+    conversion; ``python benchmarks/X.py`` / ``scripts/X.py`` the options its argparse parser
+    defines; ``bash scripts/X.sh`` an existing script;
+  * every ``--config.a.b`` mentioned anywhere names a field of the schema;
+  * docs/configuration.md is what scripts/gen_config_docs.py renders from the schema;
+  * the docs site builds with ``mkdocs build --strict``.
+
+Slow: the README's newcomer path run as written, in order, from a fresh folder.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import unicodedata
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from rstar_jax import cli
+from rstar_jax.config import from_config_dict, schema
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+README = os.path.join(REPO, "README.md")
+MODE = {"train": "rl", "sft": "sft", "eval": "eval", "demo": "rl"}
+PYTHONS = ("python", "python3", ".venv/bin/python", "python3.11")
+
+
+def doc_files() -> list[str]:
+  """README.md, docs/*.md and every README.md of the package, third_party and benchmarks."""
+  out = [README, *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+  for top in ("rstar_jax", "third_party", "benchmarks", "launchers", "configs", "scripts"):
+    out += sorted(glob.glob(os.path.join(REPO, top, "**", "README.md"), recursive=True))
+  return out
+
+
+def _rel(path: str) -> str:
+  return os.path.relpath(path, REPO)
+
+
+FENCE = re.compile(r"^(```|~~~)([\w+-]*)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
+
+
+def split_fences(text: str) -> tuple[list[tuple[str, str]], str]:
+  """([(language, body)] of the fenced blocks, the text with those blocks blanked out)."""
+  blocks = [(m.group(2).lower(), m.group(3)) for m in FENCE.finditer(text)]
+  prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+  return blocks, prose
+
+
+# ----------------------------------------------------------------------------------- links
+def heading_anchors(text: str) -> set[str]:
+  """The ids a heading gets on GitHub and in the mkdocs site (Python-Markdown's toc slugify);
+  both are accepted, since a link works where either does."""
+  _, prose = split_fences(text)
+  out = set()
+  for title in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", prose, re.M):
+    plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title).replace("`", "")
+    gh = re.sub(r"[^\w\- ]", "", plain.lower(), flags=re.U).replace(" ", "-")
+    ascii_ = unicodedata.normalize("NFKD", plain).encode("ascii", "ignore").decode()
+    toc = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", ascii_).strip().lower())
+    out |= {gh, toc}
+  return out
+
+
+def links(text: str) -> list[str]:
+  _, prose = split_fences(text)
+  prose = re.sub(r"`[^`]*`", "", prose)  # code spans are not links
+  found = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", prose)
+  found += re.findall(r"^\[[^\]]+\]:\s*(\S+)", prose, re.M)  # reference definitions
+  return found
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=_rel)
+def test_relative_links_point_at_files_and_headings(doc):
+  text = open(doc, encoding="utf-8").read()
+  bad = []
+  for target in links(text):
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
+      continue
+    path, _, anchor = target.partition("#")
+    full = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+    if not full.startswith(REPO) or not os.path.exists(full):
+      bad.append(f"{target}: no such file")
+      continue
+    if anchor and full.endswith(".md"):
+      if anchor not in heading_anchors(open(full, encoding="utf-8").read()):
+        bad.append(f"{target}: no heading #{anchor} in {_rel(full)}")
+  assert not bad, f"{_rel(doc)}: broken links:\n  " + "\n  ".join(bad)
+
+
+# -------------------------------------------------------------------------------- commands
+COMMAND_START = re.compile(
+  r"^(?:[A-Z_]+=\S*\s+)*(?:(?:\.venv/bin/)?python3?\s+(?:-m\s+launchers\.|benchmarks/|scripts/)"
+  r"|bash\s+scripts/|scripts/\S+\.sh)"
+)
+
+
+def _shell_lines(body: str) -> list[str]:
+  """The simple commands of a shell block: heredoc bodies dropped, continuations joined,
+  comments removed, ``&&`` / ``;`` / ``|`` lists split."""
+  body = re.sub(r"<<-?'?(\w+)'?\n.*?\n\1\n", "\n", body, flags=re.S)
+  body = body.replace("\\\n", " ")
+  out = []
+  for line in body.splitlines():
+    line = line.strip()
+    if not line or line.startswith("#"):
+      continue
+    try:
+      tokens = shlex.split(line, comments=True, posix=True)
+    except ValueError:
+      continue
+    cmd = []
+    for t in [*tokens, "&&"]:
+      if t in ("&&", "||", ";", "|"):
+        if cmd:
+          out.append(shlex.join(cmd))
+        cmd = []
+      else:
+        cmd.append(t)
+  return out
+
+
+def commands(text: str) -> list[str]:
+  """Every command of a doc that runs one of the repository's programs."""
+  blocks, prose = split_fences(text)
+  found = []
+  for lang, body in blocks:
+    if lang in ("bash", "sh", "shell", "console"):
+      found += _shell_lines(body)
+  for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose):
+    found.append(" ".join(span.split()))
+  return [c for c in found if COMMAND_START.match(c)]
+
+
+def _strip_wrappers(args: list[str]) -> list[str]:
+  while args and re.fullmatch(r"[A-Z_]+=\S*", args[0]):
+    args = args[1:]
+  out = []
+  for a in args:
+    if a in (">", ">>", "2>", "2>&1", "<", "|") or re.match(r"^\d?>", a):
+      break
+    out.append(a)
+  return out
+
+
+def _flag_defs(path: str) -> dict[str, tuple[str, list | None]]:
+  """{flag name: (DEFINE kind, enum values)} of the ``flags.DEFINE_*`` calls in ``path``."""
+  tree = ast.parse(open(path, encoding="utf-8").read(), path)
+  out = {}
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+      continue
+    kind = node.func.attr
+    if not kind.startswith("DEFINE_") or not node.args:
+      continue
+    if not isinstance(node.args[0], ast.Constant):
+      continue
+    enum = None
+    if kind == "DEFINE_enum" and len(node.args) > 2:
+      try:
+        enum = ast.literal_eval(node.args[2])
+      except ValueError:
+        enum = None
+    out[node.args[0].value] = (kind.removeprefix("DEFINE_"), enum)
+  return out
+
+
+def _argparse_options(path: str) -> set[str]:
+  tree = ast.parse(open(path, encoding="utf-8").read(), path)
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+      out |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+  return out | {"-h", "--help"}
+
+
+def parse_launcher(cmd: str, cwd: str = REPO):
+  """(launcher name, absl FlagValues, typed RunConfig or None) of one ``python -m launchers.X``
+  command, parsed as the launcher parses it: its own flags and the ones `rstar_jax.cli` adds,
+  its ``--config`` recipe with the variant and the ``--config.*`` overrides (list fields as
+  `cli.take_list_overrides` takes them), then the typed conversion of the launcher's mode.
+  Nothing runs. The conversion is skipped when the command names ``imports`` (modules of the
+  user's that the docs only show)."""
+  args = _strip_wrappers(shlex.split(cmd))
+  assert args[0] in PYTHONS and args[1] == "-m", cmd
+  module = args[2].removeprefix("launchers.")
+  source = os.path.join(REPO, "launchers", f"{module}.py")
+  assert os.path.isfile(source), f"{cmd}: no launcher launchers/{module}.py"
+  argv, lists = cli.take_list_overrides([args[2], *args[3:]])
+  argv = [a.replace("--config=configs/", f"--config={cwd}/configs/") for a in argv]
+  fv = flags.FlagValues()
+  defined = {**_flag_defs(os.path.join(REPO, "rstar_jax", "cli.py")), **_flag_defs(source)}
+  cfg = None
+  if "config" in defined:
+    defined.pop("config")
+    default = os.path.join(REPO, "configs", "demo.py") if module == "demo" else None
+    cfg = config_flags.DEFINE_config_file(
+      "config", default, "", flag_values=fv, lock_config=True, sys_argv=argv
+    )
+  for name, (kind, enum) in defined.items():
+    if kind == "enum" and enum:
+      flags.DEFINE_enum(name, None, enum, "", flag_values=fv)
+    else:
+      define = {
+        "bool": flags.DEFINE_bool,
+        "boolean": flags.DEFINE_bool,
+        "integer": flags.DEFINE_integer,
+        "float": flags.DEFINE_float,
+        "list": flags.DEFINE_list,
+        "multi_string": flags.DEFINE_multi_string,
+      }.get(kind, flags.DEFINE_string)
+      define(name, None, "", flag_values=fv)
+  try:
+    fv(argv)  # unknown flags, bad values, unknown variants and --config.* fields fail here
+  except Exception as e:  # absl, ml_collections and a recipe's UserError alike
+    raise AssertionError(f"{cmd}: {type(e).__name__}: {e}") from None
+  if cfg is None:
+    assert not lists, f"{cmd}: --config.* list overrides on a launcher without --config"
+    return module, fv, None
+  value = cfg.value
+  if lists:
+    cli.apply_list_overrides(value, lists)
+  if any(re.match(r"--config\.([\w.]+\.)?imports=", a) for a in args):
+    return module, fv, None
+  try:
+    if module in MODE:
+      run = cli.typed_config(value, MODE[module], f"launchers.{module}", check_inputs=False)
+    else:
+      run = from_config_dict(value, check_inputs=False)
+  except Exception as e:  # a value the typed config refuses (one line naming the field)
+    raise AssertionError(f"{cmd}: {type(e).__name__}: {e}") from None
+  return module, fv, run
+
+
+def check_command(cmd: str) -> None:
+  args = _strip_wrappers(shlex.split(cmd))
+  if any(a.endswith("...") for a in args):
+    return  # an elided example ("launchers.train ..."), not a command to run
+  if args[0] in PYTHONS:
+    if args[1] == "-m":
+      parse_launcher(cmd)
+      return
+    script = os.path.join(REPO, args[1])
+    assert os.path.isfile(script), f"{cmd}: no such file {args[1]}"
+    options = _argparse_options(script)
+    given = [a.split("=", 1)[0] for a in args[2:] if a.startswith("-")]
+    unknown = [g for g in given if g not in options]
+    assert not unknown, f"{cmd}: {args[1]} defines no option {unknown} (it has {sorted(options)})"
+    return
+  script = args[1] if args[0] == "bash" else args[0]
+  assert os.path.isfile(os.path.join(REPO, script)), f"{cmd}: no such script {script}"
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=_rel)
+def test_every_command_parses(doc):
+  found = commands(open(doc, encoding="utf-8").read())
+  bad = []
+  for cmd in found:
+    try:
+      check_command(cmd)
+    except Exception as e:  # every failure is reported, not the first
+      bad.append(f"{cmd}\n    -> {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+  assert not bad, f"{_rel(doc)}: commands that no longer parse:\n  " + "\n  ".join(bad)
+
+
+def _config_paths() -> set[str]:
+  out = {"imports", "mode"}
+
+  def walk(prefix: str, cls: type) -> None:
+    for f in dataclasses.fields(cls):
+      out.add(f"{prefix}.{f.name}")
+      for t in (f.type, *getattr(f.type, "__args__", ())):
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+          walk(f"{prefix}.{f.name}", t)
+
+  for name, cls in schema.SECTIONS.items():
+    walk(name, cls)
+  out.add("data.synthetic")
+  for f in dataclasses.fields(schema.SyntheticDataConfig):
+    out.add(f"data.synthetic.{f.name}")
+  return out
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=_rel)
+def test_every_config_override_names_a_field(doc):
+  text = open(doc, encoding="utf-8").read()
+  known = _config_paths()
+  named = set(re.findall(r"--config\.([a-z_][\w.]*[a-z0-9_])", text))
+  bad = sorted(n for n in named if n not in known and not n.startswith("stages"))
+  assert not bad, f"{_rel(doc)}: --config.* names no config field: {bad}"
+
+
+def test_the_command_parser_catches_what_drifts():
+  """The checks above fail on a renamed flag, variant or field (each case a real drift)."""
+  good = (
+    ".venv/bin/python -m launchers.train --config=configs/rstar2_qwen3_14b.py:debug --workdir=w"
+  )
+  check_command(good)
+  for broken in (
+    good.replace("--workdir", "--work_dir"),  # a renamed flag
+    good.replace(":debug", ":debugg"),  # a renamed variant
+    good + " --config.rl.gruop_size=4",  # a misspelt field
+    good + " --config.rl.group_size=many",  # a value of the wrong type
+    good.replace("launchers.train", "launchers.trian"),  # a renamed launcher
+    "python benchmarks/claims.py --out=/tmp/c --seedz=3",  # an argparse option
+    "bash scripts/no_such_script.sh",
+  ):
+    with pytest.raises(AssertionError):
+      check_command(broken)
+  assert "--config.rl.gruop_size" not in {f"--config.{p}" for p in _config_paths()}
+  assert "rl.group_size" in _config_paths() and "data.synthetic.n_train" in _config_paths()
+
+
+def test_docs_show_the_commands_the_checks_expect():
+  """The extraction finds the README's commands (so an empty walk cannot pass silently)."""
+  found = commands(open(README, encoding="utf-8").read())
+  assert "bash scripts/test.sh" in found
+  assert any(c.startswith("bash scripts/setup.sh") for c in found)
+  assert sum("-m launchers." in c for c in found) >= 8, found
+  assert any("launchers.demo" in c and "--workdir=runs/demo" in c for c in found)
+
+
+def test_readme_stays_a_landing_page():
+  lines = open(README, encoding="utf-8").read().count("\n")
+  assert lines <= 260, f"README.md has {lines} lines; move details to a docs/ page"
+
+
+# ---------------------------------------------------------------------- generated config page
+def test_configuration_page_is_generated_from_the_schema():
+  # A fresh process: registrations made by other tests must not reach the rendered page.
+  proc = subprocess.run(
+    [sys.executable, os.path.join(REPO, "scripts", "gen_config_docs.py"), "--check"],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  page = open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8").read()
+  for name, cls in schema.SECTIONS.items():
+    assert f"## {name} ({cls.__name__})" in page
+  doc = dict((n, d) for n, _, d in schema.describe(schema.RLConfig))["group_size"]
+  assert "| `group_size` |" in page and doc.replace("|", "\\|") in page
+
+
+# ------------------------------------------------------------------------------- docs site
+def test_docs_site_builds_strict_and_offline(tmp_path):
+  """``mkdocs build --strict``: a broken nav entry, a page missing from the nav, a bad
+  mkdocstrings reference or a docstring the handler cannot parse is an error. The theme's
+  web fonts are off and no plugin fetches anything, so the build needs no network."""
+  mkdocs = shutil.which("mkdocs", path=os.path.dirname(sys.executable))
+  if mkdocs is None:
+    pytest.skip("mkdocs is not installed (pip install rstar_jax[docs])")
+  cfg = open(os.path.join(REPO, "mkdocs.yml"), encoding="utf-8").read()
+  assert re.search(r"^\s+font:\s*false", cfg, re.M), "mkdocs.yml: theme.font must be false"
+  proc = subprocess.run(
+    [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO, NO_MKDOCS_2_WARNING="1"),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  api = (tmp_path / "site" / "api" / "rl" / "index.html").read_text()
+  assert "roc_downsample" in api and "policy_loss" in api  # rendered from the docstrings
+
+
+# ------------------------------------------------------------------ slow: the newcomer walk
+NEWCOMER = "## Newcomer path"
+# Commands another test already runs as the README writes them (not rerun here): the command's
+# --config value must still appear in that test, so the pairing cannot silently go stale.
+COVERED = {
+  "configs/demo.py:smoke": "tests/pipelines/test_demo.py",
+}
+
+
+def newcomer_steps() -> list[tuple[str, str]]:
+  """("cmd", shell command) and ("py", Python source) of the README's newcomer path, in order."""
+  text = open(README, encoding="utf-8").read()
+  start = text.index(NEWCOMER)
+  end = text.find("\n## ", start + len(NEWCOMER))
+  section = text[start : end if end >= 0 else len(text)]
+  out = []
+  for lang, body in re.findall(r"```(bash|python)\n(.*?)```", section, re.S):
+    if lang == "python":
+      out.append(("py", body))
+      continue
+    pos = 0
+    for m in re.finditer(r"^[^\n]*<<'EOF'\n(.*?)\nEOF\n", body, re.M | re.S):
+      out += [("cmd", c) for c in _shell_lines(body[pos : m.start()])]
+      out.append(("py", m.group(1)))
+      pos = m.end()
+    out += [("cmd", c) for c in _shell_lines(body[pos:])]
+  return out
+
+
+@pytest.mark.slow
+def test_readme_newcomer_path_runs_as_written(tmp_path):
+  """A fresh folder holding only the clone's configs/ and launchers/ (the package comes from
+  PYTHONPATH, as `.venv`'s editable install gives it): each step of the README's newcomer path
+  runs with ``.venv/bin/python`` meaning this interpreter, in order, and must exit 0 and leave
+  what the next step reads."""
+  pytest.importorskip("torch")
+  for name in ("configs", "launchers"):
+    os.symlink(os.path.join(REPO, name), tmp_path / name)
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  steps = newcomer_steps()
+  assert [k for k, _ in steps].count("py") == 2 and len(steps) >= 6, steps
+  ran = []
+  for kind, text in steps:
+    if kind == "py":
+      proc = subprocess.run(
+        [sys.executable, "-"], input=text, cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=600,
+      )  # fmt: skip
+      assert proc.returncode == 0, f"snippet failed:\n{text}\n{proc.stderr[-3000:]}"
+      ran.append("py")
+      continue
+    args = _strip_wrappers(shlex.split(text))
+    if args[:2] == ["bash", "scripts/setup.sh"]:
+      assert os.path.isfile(os.path.join(REPO, "scripts", "setup.sh"))
+      continue  # the test command ran it before pytest (scripts/test.sh)
+    config = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), "")
+    if config in COVERED:
+      covering = open(os.path.join(REPO, COVERED[config]), encoding="utf-8").read()
+      assert config in covering, f"{COVERED[config]} no longer runs {config}"
+      continue
+    assert args[0] in PYTHONS, text
+    proc = subprocess.run(
+      [sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+      timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{text}\n{proc.stderr[-4000:]}"
+    ran.append(args[2])
+    for flag, must in (("--workdir=", "metrics.jsonl"), ("--out_dir=", "config.json")):
+      d = next((a.split("=", 1)[1] for a in args if a.startswith(flag)), None)
+      if d and args[2] in ("launchers.train", "launchers.export_hf"):
+        assert os.path.isfile(tmp_path / d / must), f"{text}: no {d}/{must}"
+    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
+    if out:
+      report = json.load(open(tmp_path / out))
+      assert report["metrics"]["num_problems"] >= 1
+  assert ran == ["py", "launchers.train", "launchers.eval", "launchers.export_hf", "py"], ran
