@@ -65,8 +65,20 @@ setup(
       "pyarrow>=15",
       "datasets>=3",
       "wandb>=0.19.10",
+      # the docs site's strict build (tests/test_docs.py)
+      "mkdocs>=1.6",
+      "mkdocs-material>=9.5",
+      "mkdocstrings[python]>=1.0",
+      "mkdocstrings-python>=2.0",
     ],
     "ray": ["ray>=2.50"],
+    # the docs site: mkdocs.yml over docs/, API pages from the docstrings (mkdocs build --strict)
+    "docs": [
+      "mkdocs>=1.6",
+      "mkdocs-material>=9.5",
+      "mkdocstrings[python]>=1.0",
+      "mkdocstrings-python>=2.0",
+    ],
     # data.format parquet / hf_dataset (rstar_jax.data.formats)
     "data": ["pyarrow>=15", "datasets>=3"],
     # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))

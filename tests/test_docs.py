@@ -252,8 +252,9 @@ def parse_launcher(cmd: str, cwd: str = REPO):
 
 def check_command(cmd: str) -> None:
   args = _strip_wrappers(shlex.split(cmd))
-  if any(a.endswith("...") for a in args):
-    return  # an elided example ("launchers.train ..."), not a command to run
+  placeholder = len(args) > 2 and re.fullmatch(r"launchers\.[A-Z]+", args[2])
+  if placeholder or any(a.endswith("...") for a in args):
+    return  # an elided example ("launchers.train ...", "launchers.X"), not a command to run
   if args[0] in PYTHONS:
     if args[1] == "-m":
       parse_launcher(cmd)
