@@ -106,6 +106,37 @@ def test_relative_links_point_at_files_and_headings(doc):
   assert not bad, f"{_rel(doc)}: broken links:\n  " + "\n  ".join(bad)
 
 
+PATH_SPAN = re.compile(
+  r"^(?:rstar_jax|configs|launchers|scripts|benchmarks|tests|docs|third_party)/[\w./*-]*$"
+)
+
+
+def code_paths(text: str) -> list[str]:
+  """Repository paths named in code spans (``rstar_jax/models/lora.py``, ``benchmarks/results/``,
+  ``tests/x.py::test_y``); a glob (``plan_14b_lora_*.json``) must match something."""
+  _, prose = split_fences(text)
+  out = []
+  for span in re.findall(r"(?<!`)`([^`\s]+)`(?!`)", prose):
+    path = span.split("::", 1)[0].rstrip(".,;:")
+    if PATH_SPAN.match(path):
+      out.append(path)
+  return out
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=_rel)
+def test_paths_in_code_spans_exist(doc):
+  """A module, script or result file the prose names in backticks is still there (a moved
+  module leaves its old path in the docs otherwise)."""
+  bad = sorted(
+    {
+      p
+      for p in code_paths(open(doc, encoding="utf-8").read())
+      if not glob.glob(os.path.join(REPO, p))
+    }
+  )
+  assert not bad, f"{_rel(doc)}: paths named that do not exist: {bad}"
+
+
 # -------------------------------------------------------------------------------- commands
 COMMAND_START = re.compile(
   r"^(?:[A-Z_]+=\S*\s+)*(?:(?:\.venv/bin/)?python3?\s+(?:-m\s+launchers\.|benchmarks/|scripts/)"
