@@ -31,6 +31,19 @@ _ISOLATION = flags.DEFINE_enum(
 _QUEUE_TIMEOUT = flags.DEFINE_float("queue_timeout_s", None, "Max wait for a free worker.")
 _MAX_REQUEST = flags.DEFINE_integer("max_request_bytes", 64 << 20, "Largest request body.")
 _MAX_RESPONSE = flags.DEFINE_integer("max_response_bytes", 256 << 20, "Largest response body.")
+_MAX_SESSIONS = flags.DEFINE_integer(
+  "max_sessions", None, "Live sessions at most (default and ceiling: what descriptors/uids allow)."
+)
+_PER_TOKEN = flags.DEFINE_integer(
+  "max_sessions_per_token", None, "Sessions per token (default: max_sessions / tokens)."
+)
+_MAX_CONN = flags.DEFINE_integer("max_connections", 1024, "Open connections at most.")
+_MAX_UNAUTH = flags.DEFINE_integer(
+  "max_unauthenticated_connections", 256, "Connections at most not yet past the token check."
+)
+_HEADER_TIMEOUT = flags.DEFINE_float(
+  "header_timeout_s", 10.0, "Seconds a new connection has to present a valid token."
+)
 
 
 def main(argv):
@@ -45,6 +58,7 @@ def main(argv):
       max_output_bytes=_OUTPUT.value,
       max_procs=_PROCS.value,
       isolation=_ISOLATION.value,
+      max_sessions=_MAX_SESSIONS.value,
     )
     serve = serve_forever(
       config,
@@ -54,6 +68,10 @@ def main(argv):
       token_file=_TOKEN_FILE.value,
       max_request_bytes=_MAX_REQUEST.value,
       max_response_bytes=_MAX_RESPONSE.value,
+      max_sessions_per_token=_PER_TOKEN.value,
+      max_connections=_MAX_CONN.value,
+      max_unauthenticated_connections=_MAX_UNAUTH.value,
+      header_timeout_s=_HEADER_TIMEOUT.value,
     )
     asyncio.run(serve)
   except ValueError as e:  # a bad flag or a missing token: one line, no traceback

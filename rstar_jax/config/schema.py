@@ -516,7 +516,9 @@ class ToolConfig(_Section):
     "Code pool: 'local' (in-process CodePool), 'http' (the code service) or 'ray'.",
   )
   urls: tuple[str, ...] = field(
-    (), STR_TUPLE, "backend 'http': service URLs; JAX process i uses urls[i % len(urls)]."
+    (),
+    STR_TUPLE,
+    "backend 'http': service URLs (tool nodes); each JAX process uses them all, starting at urls[i % len(urls)]: stateless calls go to the nodes that are up, a session stays on its node (session_lost when that node fails).",
   )
   ray_address: str = field(
     "auto", IS_STR, "backend 'ray': ray.init address when Ray is not initialised yet."

@@ -57,8 +57,9 @@ def tool_pool(tool: ToolConfig):
   """The (not yet started) code pool named by ``tool.backend``, for this JAX process:
 
   * "local": a `CodePool` in this process (one per JAX process; default);
-  * "http":  a `CodePoolClient` of the service (`launchers.code_pool_server`) at
-    ``tool.urls[i % len(tool.urls)]`` for process i;
+  * "http":  a `CodePoolClient` over every service (`launchers.code_pool_server`) of
+    ``tool.urls``, process i starting at ``tool.urls[i % len(tool.urls)]`` (a failed node's
+    stateless calls go to the others; its sessions come back `session_lost`);
   * "ray":   a `RayCodePool` (one pool actor per Ray node), connecting with
     ``ray.init(address=tool.ray_address)`` when Ray is not initialised yet.
   """
@@ -78,7 +79,8 @@ def tool_pool(tool: ToolConfig):
       )
     # The service's shared secret comes from this process's $RSTAR_CODE_POOL_TOKEN_FILE or
     # $RSTAR_CODE_POOL_TOKEN (rstar_jax/tools/README.md); a bad token file fails here, at build.
-    return CodePoolClient(urls[jax.process_index() % len(urls)], token=client_token())
+    first = jax.process_index() % len(urls)
+    return CodePoolClient(urls[first:] + urls[:first], token=client_token())
   if backend == "ray":
     # Ray is an optional extra (setup.py "ray"): imported only when this backend is chosen.
     import ray

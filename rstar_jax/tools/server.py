@@ -2,19 +2,31 @@
 
 Endpoints (JSON; with a token configured every endpoint needs `Authorization: Bearer <token>`,
 else 401):
-  GET  /health         -> {"ok", "isolation_level", "num_workers", "stats"}
+  GET  /health         -> {"ok", "isolation_level", "num_workers", "service_id",
+                           "max_sessions", "stats"}: the caller's tenant's figures only
   POST /execute_batch  {"requests": [{"code", "stdin"? | "stdin_b64"?, "timeout_s"?,
-                        "session_id"?}, ...], "queue_timeout_s"?: float}
-                       -> {"results": [{"status", "stdout", "stderr", "duration_s", "exit_code"}]}
-                       An item that waited longer than queue_timeout_s for a worker comes back
-                       with status "queue_timeout" (the client retries it); an item that is
-                       itself invalid with status "invalid_request" (stderr names the field),
-                       the others still run. A body that is not such an object is a 400, one
-                       over `max_request_bytes` a 413.
+                        "session_id"?, "service_id"?}, ...], "queue_timeout_s"?: float}
+                       -> {"results": [{"status", "stdout", "stderr", "duration_s", "exit_code"}],
+                           "service_id"}
+                       An item that waited longer than queue_timeout_s for a worker (or a new
+                       session while all of its token's sessions are mid-call) comes back with
+                       status "queue_timeout" (the client retries it); an item that is itself
+                       invalid with status "invalid_request" (stderr names the field), the
+                       others still run; a session item naming another `service_id` (the session
+                       was opened on an earlier run of this service) with "session_lost", not run.
+                       A body that is not such an object is a 400, one over `max_request_bytes`
+                       a 413.
   POST /close_session  {"session_id"} -> {"closed": bool}
 Session ids live in the namespace of the caller's token: the pool sees a hash of (token
-namespace, id), so one token cannot reach another token's sessions. Each output field comes
-back at most `max_output_bytes` (+4 KiB) long once JSON-encoded, the whole response at most
+namespace, id), so one token cannot reach another token's sessions. Each token (tenant) holds at
+most `max_sessions_per_token` sessions; a new one past that closes the tenant's own least
+recently used idle session (its next call says so), never another tenant's. The total
+(`PoolConfig.max_sessions`) follows from the descriptors (RLIMIT_NOFILE, soft raised to hard at
+start) and sandbox uids the service has: a larger configured cap is lowered with a logged line.
+A connection must present a valid token within `header_timeout_s` of opening, and at most
+`max_unauthenticated_connections` (of `max_connections`) may be waiting to: past that a new
+connection is closed at once, so idle sockets cannot exhaust the descriptors. Each output field
+comes back at most `max_output_bytes` (+4 KiB) long once JSON-encoded, the whole response at most
 `max_response_bytes`; a cut field says so and an "ok" result becomes "output_limit".
 There is deliberately no endpoint that unpickles functions: run_function stays in-process/Ray.
 """
@@ -24,10 +36,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import hashlib
 import json
 import logging
+import resource
+import secrets
 from typing import Any
 
 from aiohttp import web
@@ -55,6 +70,12 @@ INVALID = "invalid_request"
 _FIELD_SLACK = 4096  # room for the truncation note on top of the pool's own output cap
 _OFF_LOOP_BYTES = 256 << 10  # bodies / responses above this are (de)serialised in a thread
 _NAMESPACE = web.RequestKey("namespace", str)
+# Descriptors one idle session holds: 4 memfds in the service, 7 in its template (measured: 144
+# idle sessions exhausted a template's 1,024 descriptors); 8 leaves a margin.
+FDS_PER_SESSION = 8
+FD_RESERVE = 128  # the service's own: listening socket, template pipes, libraries, ...
+FDS_PER_WORKER = 8  # one running call's memfds and pipes
+MAX_SERVICE_ID_CHARS = 64
 
 
 class BadRequest(ValueError):
@@ -144,7 +165,20 @@ def parse_item(i: int, item: Any) -> dict:
   sid = item.get("session_id")
   if sid is not None:
     check_session_id(f"requests[{i}].session_id", sid)
-  return {"code": code, "stdin": stdin, "timeout_s": timeout, "session_id": sid}
+  service_id = item.get("service_id")
+  if service_id is not None and (
+    not isinstance(service_id, str) or not 0 < len(service_id) <= MAX_SERVICE_ID_CHARS
+  ):
+    raise ValueError(
+      f"requests[{i}].service_id must be a string of <= {MAX_SERVICE_ID_CHARS} chars"
+    )
+  return {
+    "code": code,
+    "stdin": stdin,
+    "timeout_s": timeout,
+    "session_id": sid,
+    "service_id": service_id,
+  }
 
 
 def check_session_id(name: str, sid: Any) -> str:
@@ -201,7 +235,9 @@ def _fit(text: str, budget: int) -> tuple[str, bool]:
   return text[:end] + note, True
 
 
-def encode_results(results: list[dict], field_bytes: int, total_bytes: int) -> bytes:
+def encode_results(
+  results: list[dict], field_bytes: int, total_bytes: int, service_id: str | None = None
+) -> bytes:
   """The response body: each output field cut to `field_bytes` of JSON, items past
   `total_bytes` in all replaced by an output_limit result that says why."""
   out, used = [], 0
@@ -223,7 +259,111 @@ def encode_results(results: list[dict], field_bytes: int, total_bytes: int) -> b
       size = len(json.dumps(r)) + 2
     used += size
     out.append(r)
-  return json.dumps({"results": out}, ensure_ascii=False).encode("utf-8", "surrogatepass")
+  body: dict = {"results": out}
+  if service_id is not None:
+    body["service_id"] = service_id
+  return json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def raise_nofile_limit() -> int:
+  """Raises this process's soft RLIMIT_NOFILE to its hard limit (the templates the pool starts
+  inherit it) and returns the soft limit now in force."""
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+  if soft == resource.RLIM_INFINITY or soft >= want:
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+  try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return want
+  except (ValueError, OSError):
+    return soft
+
+
+def session_capacity(config: PoolConfig, nofile: int, max_connections: int) -> tuple[int, str]:
+  """(sessions the service can hold, what bounds it): the descriptors left once the service's
+  own, its running calls' and its connections' are set aside, and one template's share of
+  sandbox uids (idle sessions may all sit on one template)."""
+  fds = nofile - FD_RESERVE - FDS_PER_WORKER * config.num_workers - max_connections
+  fd_cap = fds // FDS_PER_SESSION
+  uid_cap = max(1, config.uids_per_template - config.num_workers - 1)
+  if fd_cap < uid_cap:
+    return fd_cap, (
+      f"RLIMIT_NOFILE={nofile} descriptors ({FDS_PER_SESSION} per session after "
+      f"{nofile - max(fds, 0)} for the service, its workers and max_connections={max_connections})"
+    )
+  return uid_cap, f"{config.uids_per_template} sandbox uids per template less the workers'"
+
+
+class _Tenant:
+  """One token's sessions (least recently used first, each [calls in flight]), the ids the
+  service closed with why (the next call says so), and its figures."""
+
+  def __init__(self):
+    self.sessions: collections.OrderedDict[str, list] = collections.OrderedDict()
+    self.notes: collections.OrderedDict[str, str] = collections.OrderedDict()
+    self.stats = {
+      "calls": 0,
+      "sessions_opened": 0,
+      "sessions_evicted": 0,
+      "sessions_lost": 0,
+      "queue_timeouts": 0,
+      "internal_errors": 0,
+    }
+
+
+class _ConnectionGuard:
+  """Counts the server's connections; a connection not yet authenticated is closed after
+  `header_timeout_s`, and one past the caps is closed as soon as it opens."""
+
+  def __init__(self, max_connections: int, max_unauthenticated: int, header_timeout_s: float):
+    self.max_connections = max_connections
+    self.max_unauthenticated = max_unauthenticated
+    self.header_timeout_s = header_timeout_s
+    self.open: dict[Any, asyncio.Transport] = {}
+    self.waiting: dict[Any, asyncio.TimerHandle] = {}  # not yet authenticated
+    self.stats = {"connections_refused": 0, "header_timeouts": 0}
+
+  def install(self, server: web.Server) -> None:
+    # aiohttp's Server hears of every connection from its RequestHandler; wrapping its two hooks
+    # on this instance is the least intrusive place (test_server_tenants catches a change).
+    made, lost = server.connection_made, server.connection_lost
+
+    def on_made(handler, transport):
+      made(handler, transport)
+      self.opened(handler, transport)
+
+    def on_lost(handler, exc=None):
+      self.closed(handler)
+      lost(handler, exc)
+
+    server.connection_made, server.connection_lost = on_made, on_lost
+
+  def opened(self, handler, transport) -> None:
+    if len(self.open) >= self.max_connections or len(self.waiting) >= self.max_unauthenticated:
+      self.stats["connections_refused"] += 1
+      transport.abort()  # RST now: the descriptor is freed, nothing is read
+      return
+    self.open[handler] = transport
+    loop = asyncio.get_running_loop()
+    self.waiting[handler] = loop.call_later(self.header_timeout_s, self._expire, handler)
+
+  def _expire(self, handler) -> None:
+    self.waiting.pop(handler, None)
+    transport = self.open.pop(handler, None)
+    if transport is not None:
+      self.stats["header_timeouts"] += 1
+      transport.abort()
+
+  def authenticated(self, handler) -> None:
+    timer = self.waiting.pop(handler, None)
+    if timer is not None:
+      timer.cancel()
+
+  def closed(self, handler) -> None:
+    self.open.pop(handler, None)
+    timer = self.waiting.pop(handler, None)
+    if timer is not None:
+      timer.cancel()
 
 
 class CodePoolServer:
@@ -231,6 +371,8 @@ class CodePoolServer:
 
   `token` / `token_file` (default: $RSTAR_CODE_POOL_TOKEN_FILE, then $RSTAR_CODE_POOL_TOKEN)
   turn on authentication; it is required when `host` is not loopback (ValueError otherwise).
+  Constructing it raises this process's soft RLIMIT_NOFILE to the hard limit and fixes the
+  session caps from what is then available (see the module doc).
   """
 
   def __init__(
@@ -245,6 +387,10 @@ class CodePoolServer:
     token_file: str | None = None,
     max_request_bytes: int = 64 << 20,
     max_response_bytes: int = 256 << 20,
+    max_sessions_per_token: int | None = None,
+    max_connections: int = 1024,
+    max_unauthenticated_connections: int = 256,
+    header_timeout_s: float = 10.0,
   ):
     self.tokens = TokenSet(read_tokens(token, token_file))
     if not self.tokens and not is_loopback(host):
@@ -257,15 +403,70 @@ class CodePoolServer:
         "max_batch, max_request_bytes and max_response_bytes must be >= 1, got "
         f"{max_batch}, {max_request_bytes}, {max_response_bytes}"
       )
+    if not 1 <= max_unauthenticated_connections <= max_connections:
+      raise ValueError(
+        "need 1 <= max_unauthenticated_connections <= max_connections, got "
+        f"{max_unauthenticated_connections} and {max_connections}"
+      )
+    header_timeout_s = check_seconds("header_timeout_s", header_timeout_s, MAX_QUEUE_TIMEOUT_S)
+    nofile = raise_nofile_limit()
+    if max_connections > nofile // 4:
+      # A quarter of the descriptors for connections, the rest for sessions and the service.
+      log.warning(
+        "max_connections=%d lowered to %d: RLIMIT_NOFILE=%d", max_connections, nofile // 4, nofile
+      )
+      max_connections = max(1, nofile // 4)
+      max_unauthenticated_connections = min(max_unauthenticated_connections, max_connections)
+    config = self._fit_sessions(config, nofile, max_connections)
+    self.max_sessions_per_token = self._per_token(config.max_sessions, max_sessions_per_token)
     self.pool = CodePool(config=config)
     self.host, self.port = host, port
     self.queue_timeout_s = queue_timeout_s
     self.max_batch = max_batch
     self.max_request_bytes = max_request_bytes
     self.max_response_bytes = max_response_bytes
-    # Each item is one object of <= 5 keys (~16 values); the rest is slack for the envelope.
+    # Each item is one object of <= 6 keys (~16 values); the rest is slack for the envelope.
     self.max_json_values = 16 * max_batch + 1024
+    # Names this run of the service: a session opened on an earlier run is lost, and says so.
+    self.service_id = secrets.token_hex(8)
+    self.connections = _ConnectionGuard(
+      max_connections, max_unauthenticated_connections, header_timeout_s
+    )
+    self._tenants: dict[str, _Tenant] = {}
     self._runner: web.AppRunner | None = None
+
+  @staticmethod
+  def _fit_sessions(config: PoolConfig, nofile: int, max_connections: int) -> PoolConfig:
+    cap, why = session_capacity(config, nofile, max_connections)
+    if cap < 1:
+      raise ValueError(
+        f"no room for a single session: {why}; raise the descriptor limit (ulimit -n) or lower "
+        "num_workers / max_connections"
+      )
+    wanted = config.max_sessions
+    if wanted is not None and wanted > cap:
+      log.warning("max_sessions=%d lowered to %d: bounded by %s", wanted, cap, why)
+    return dataclasses.replace(config, max_sessions=min(wanted or cap, cap))
+
+  def _per_token(self, total: int, per_token: int | None) -> int:
+    tenants = max(1, len(self.tokens))
+    share = total // tenants
+    if share < 1:
+      raise ValueError(f"{tenants} tokens cannot each hold a session within max_sessions={total}")
+    if per_token is None:
+      return share
+    if per_token < 1:
+      raise ValueError(f"max_sessions_per_token must be >= 1, got {per_token}")
+    if per_token > share:
+      # Past its share one tenant could fill the pool, whose own LRU then closes another's.
+      log.warning(
+        "max_sessions_per_token=%d lowered to %d (max_sessions=%d over %d tokens)",
+        per_token,
+        share,
+        total,
+        tenants,
+      )
+    return min(per_token, share)
 
   def app(self) -> web.Application:
     app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._auth])
@@ -276,17 +477,22 @@ class CodePoolServer:
 
   async def start(self) -> CodePoolServer:
     await self.pool.start()
-    self._runner = web.AppRunner(self.app(), access_log=None)
+    # Idle keep-alive connections close after 75 s (aiohttp's default is an hour); clients
+    # (aiohttp's connector: 15 s) drop theirs first, so a request never races the close.
+    self._runner = web.AppRunner(self.app(), access_log=None, keepalive_timeout=75.0)
     await self._runner.setup()
+    self.connections.install(self._runner.server)
     site = web.TCPSite(self._runner, self.host, self.port)
     await site.start()
     self.port = site._server.sockets[0].getsockname()[1]
     log.warning(
-      "code pool server on http://%s:%d (isolation %s, %s)",
+      "code pool server on http://%s:%d (isolation %s, %s; at most %d sessions, %d per token)",
       self.host,
       self.port,
       self.pool.isolation_level,
       "token required" if self.tokens else "no token: loopback only",
+      self.pool.config.max_sessions,
+      self.max_sessions_per_token,
     )
     return self
 
@@ -316,8 +522,15 @@ class CodePoolServer:
           status=401,
           headers={"WWW-Authenticate": "Bearer"},
         )
+    self.connections.authenticated(request.protocol)
     request[_NAMESPACE] = ns
     return await handler(request)
+
+  def _tenant(self, ns: str) -> _Tenant:
+    t = self._tenants.get(ns)
+    if t is None:
+      t = self._tenants[ns] = _Tenant()
+    return t
 
   async def _body(self, request: web.Request) -> Any:
     try:
@@ -332,21 +545,54 @@ class CodePoolServer:
 
   async def _respond(self, results: list[dict]) -> web.Response:
     field = self.pool.config.max_output_bytes + _FIELD_SLACK
-    args = (results, field, self.max_response_bytes)
+    args = (results, field, self.max_response_bytes, self.service_id)
     if sum(len(r["stdout"]) + len(r["stderr"]) for r in results) <= _OFF_LOOP_BYTES:
       body = encode_results(*args)
     else:
       body = await asyncio.get_running_loop().run_in_executor(None, encode_results, *args)
     return web.Response(body=body, content_type="application/json", charset="utf-8")
 
+  # -- sessions per tenant
+  async def _admit(self, tenant: _Tenant, ns: str, sid: str) -> list | None:
+    """Counts a call on session `sid` of `tenant` in; a new session past the tenant's cap
+    first closes the tenant's least recently used idle one. None: every one is mid-call."""
+    entry = tenant.sessions.get(sid)
+    if entry is not None:
+      entry[0] += 1
+      tenant.sessions.move_to_end(sid)
+      return entry
+    entry = tenant.sessions[sid] = [1]  # reserved before any await
+    victims = []
+    while len(tenant.sessions) > self.max_sessions_per_token:
+      victim = next((s for s, e in tenant.sessions.items() if e[0] == 0), None)
+      if victim is None:
+        del tenant.sessions[sid]
+        return None
+      del tenant.sessions[victim]
+      victims.append(victim)
+      tenant.notes[victim] = (
+        f"evicted by the code pool service (this token holds at most "
+        f"{self.max_sessions_per_token} sessions; it was the least recently used)"
+      )
+      while len(tenant.notes) > 65536:
+        tenant.notes.popitem(last=False)
+      tenant.stats["sessions_evicted"] += 1
+    tenant.stats["sessions_opened"] += 1
+    for victim in victims:  # closed before the new one starts: descriptors are freed first
+      await self.pool.close_session(pool_session_id(ns, victim))
+    return entry
+
   # -- endpoints
   async def health(self, request: web.Request) -> web.Response:
+    tenant = self._tenant(request[_NAMESPACE])
     return web.json_response(
       {
         "ok": True,
         "isolation_level": self.pool.isolation_level,
         "num_workers": self.pool.config.num_workers,
-        "stats": self.pool.stats,
+        "service_id": self.service_id,
+        "max_sessions": self.max_sessions_per_token,
+        "stats": dict(tenant.stats, sessions=len(tenant.sessions)),
       }
     )
 
@@ -369,6 +615,21 @@ class CodePoolServer:
     except BadRequest as e:
       return web.json_response({"error": str(e)}, status=e.status)
     ns = request[_NAMESPACE]
+    tenant = self._tenant(ns)
+
+    async def run(i, p, sid):
+      try:
+        r = await self.pool._execute(p["code"], p["stdin"], p["timeout_s"], sid, qt)
+      except QueueTimeout as e:
+        tenant.stats["queue_timeouts"] += 1
+        return _item_result("queue_timeout", str(e))
+      except (ValueError, TypeError, OverflowError, UnicodeError) as e:
+        return _item_result(INVALID, f"requests[{i}]: {e}\n")
+      except Exception as e:  # an infrastructure fault: this item only
+        log.exception("code pool failed on a request item")
+        tenant.stats["internal_errors"] += 1
+        return _item_result("internal_error", f"code pool service error: {type(e).__name__}\n")
+      return dataclasses.asdict(r)
 
     async def one(i, it):
       # Every failure stays in its own item: a batch never loses a co-batched session result.
@@ -376,17 +637,35 @@ class CodePoolServer:
         p = parse_item(i, it)
       except ValueError as e:
         return _item_result(INVALID, f"{e}\n")
-      sid = None if p["session_id"] is None else pool_session_id(ns, p["session_id"])
+      tenant.stats["calls"] += 1
+      user_sid = p["session_id"]
+      if user_sid is None:
+        return await run(i, p, None)
+      if p["service_id"] is not None and p["service_id"] != self.service_id:
+        tenant.stats["sessions_lost"] += 1
+        return _item_result(
+          "session_lost",
+          "the code pool service restarted since this session's last call: its state is lost "
+          "(the call was not run)\n",
+        )
+      entry = await self._admit(tenant, ns, user_sid)
+      if entry is None:
+        tenant.stats["queue_timeouts"] += 1
+        return _item_result(
+          "queue_timeout",
+          f"all {self.max_sessions_per_token} sessions of this token are mid-call; none can "
+          "be closed for a new one",
+        )
       try:
-        r = await self.pool._execute(p["code"], p["stdin"], p["timeout_s"], sid, qt)
-      except QueueTimeout as e:
-        return _item_result("queue_timeout", str(e))
-      except (ValueError, TypeError, OverflowError, UnicodeError) as e:
-        return _item_result(INVALID, f"requests[{i}]: {e}\n")
-      except Exception as e:  # an infrastructure fault: this item only
-        log.exception("code pool failed on requests[%d]", i)
-        return _item_result("internal_error", f"code pool service error: {e!r}\n")
-      return dataclasses.asdict(r)
+        r = await run(i, p, pool_session_id(ns, user_sid))
+      finally:
+        entry[0] -= 1
+        if user_sid in tenant.sessions:
+          tenant.sessions.move_to_end(user_sid)  # least recently *used*, ends included
+      if r["status"] not in (INVALID, "queue_timeout") and user_sid in tenant.notes:
+        note = tenant.notes.pop(user_sid)
+        r["stdout"] = f"[session {note}: previous state is lost]\n" + r["stdout"]
+      return r
 
     results = await asyncio.gather(*(one(i, it) for i, it in enumerate(items)))
     return await self._respond(list(results))
@@ -399,7 +678,11 @@ class CodePoolServer:
       sid = check_session_id("session_id", body["session_id"])
     except ValueError as e:
       return web.json_response({"error": str(e)}, status=getattr(e, "status", 400))
-    closed = await self.pool.close_session(pool_session_id(request[_NAMESPACE], sid))
+    ns = request[_NAMESPACE]
+    tenant = self._tenant(ns)
+    tenant.sessions.pop(sid, None)
+    tenant.notes.pop(sid, None)
+    closed = await self.pool.close_session(pool_session_id(ns, sid))
     return web.json_response({"closed": closed})
 
 

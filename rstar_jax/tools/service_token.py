@@ -3,7 +3,9 @@
 A token comes from, in order: an explicit value, an explicit file, the file named by
 `RSTAR_CODE_POOL_TOKEN_FILE`, or `RSTAR_CODE_POOL_TOKEN`. A token file holds one token per line
 (blank lines and `#` comments skipped); the server accepts every token listed and gives each its
-own session namespace, a client needs exactly one.
+own session namespace, a client needs exactly one. A token file that group or others may read
+(mode & 0o077), or a token holding a control character, is refused with one line that never
+quotes the token.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import hmac
 import ipaddress
 import os
+import stat
 from collections.abc import Mapping
 
 TOKEN_ENV = "RSTAR_CODE_POOL_TOKEN"
@@ -21,10 +24,12 @@ MAX_TOKEN_FILE_BYTES = 1 << 20
 
 
 def _check(token: str, where: str) -> str:
-  if len(token) < MIN_TOKEN_CHARS or any(c.isspace() for c in token) or not token.isascii():
+  bad = next((i for i, c in enumerate(token) if not 0x21 <= ord(c) <= 0x7E), None)
+  if len(token) < MIN_TOKEN_CHARS or bad is not None:
+    what = f"character {bad} is {ord(token[bad]):#04x}" if bad is not None else "too short"
     raise ValueError(
       f"token from {where} must be >= {MIN_TOKEN_CHARS} printable ASCII characters with no "
-      f"spaces, got {len(token)} characters"
+      f"spaces or control characters, got {len(token)} characters ({what})"
     )
   return token
 
@@ -32,6 +37,12 @@ def _check(token: str, where: str) -> str:
 def _read_file(path: str) -> list[str]:
   try:
     with open(path, "rb") as f:
+      mode = os.fstat(f.fileno()).st_mode
+      if mode & 0o077:
+        raise ValueError(
+          f"token file {path!r} is readable or writable by group/others (mode "
+          f"{stat.S_IMODE(mode):04o}): expected 0600 or stricter (chmod 600 {path})"
+        )
       raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
   except OSError as e:
     raise ValueError(f"token file {path!r} cannot be read: {e.strerror or e}") from None
@@ -41,8 +52,14 @@ def _read_file(path: str) -> list[str]:
     text = raw.decode("ascii")
   except UnicodeDecodeError:
     raise ValueError(f"token file {path!r} is not ASCII text") from None
-  lines = [ln.strip() for ln in text.splitlines()]
-  tokens = [_check(ln, f"file {path!r}") for ln in lines if ln and not ln.startswith("#")]
+  # Lines end at \n only (\r\n tolerated): splitlines() would also split at \x0b, \x1c, ...,
+  # and hide a control character inside a token.
+  lines = [ln.removesuffix("\r").strip(" \t") for ln in text.split("\n")]
+  tokens = [
+    _check(ln, f"file {path!r} line {n}")
+    for n, ln in enumerate(lines, 1)
+    if ln and not ln.startswith("#")
+  ]
   if not tokens:
     raise ValueError(f"token file {path!r} holds no token")
   return tokens
@@ -103,6 +120,9 @@ class TokenSet:
 
   def __bool__(self) -> bool:
     return bool(self._digests)
+
+  def __len__(self) -> int:
+    return len(self._digests)
 
   def namespace(self, presented: str | bytes | None) -> str | None:
     """The session namespace of `presented`, or None when it matches no token. Every token is

@@ -217,3 +217,15 @@ def test_with_real_code_pool(tokenizer):
   assert "stdout: 42" in t.tool_calls[0].output_text and t.tool_calls[0].duration_s > 0
   assert "NameError" in t.tool_calls[1].output_text
   assert "stdout: 42" in t.response_text and t.finish_reason == "stop"
+
+
+def test_session_lost_reaches_the_policy_as_a_tool_error(tokenizer):
+  """A tool node that died with the trajectory's session (issue 41): the policy reads a tool
+  failure saying its variables are gone, and the trajectory goes on (not re-rolled as a lost
+  worker, which "internal_error" would be)."""
+  eng = ScriptedEngine(tokenizer, _turns(call_text("print(x)"), FINAL))
+  t = _run(eng, tokenizer, FakePool(status="session_lost"), RolloutSettings(response_budget=600))
+  assert [c.status for c in t.tool_calls] == ["error"]
+  text = t.tool_calls[0].output_text
+  assert "Tool call failure" in text and "session lost" in text
+  assert t.finish_reason == "stop" and t.num_turns == 2

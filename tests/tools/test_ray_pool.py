@@ -1,5 +1,6 @@
 """RayCodePool on a local ray.init(): same interface, one pool actor per node."""
 
+import asyncio
 import os
 
 import pytest
@@ -14,6 +15,7 @@ def triple(x):
   return 3 * x
 
 
+@pytest.mark.slow  # ~30 s: ray.init, two actor starts (the second replaces a killed one)
 def test_ray_pool_interface(runner):
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
   try:
@@ -35,9 +37,21 @@ def test_ray_pool_interface(runner):
         v = await pool.run_function(triple, 14)
         with pytest.raises(FunctionRunError) as e:
           await pool.run_function(triple, None)
-        return level, a, b, many, s, closed, t, v, e.value.status
+        # Issue 41: the actor is killed (as a node's process would be) mid-call. Its stateless
+        # call is re-sent to a replacement; its session comes back session_lost, once.
+        await pool.execute("q = 5", session_id="held")
+        dead = pool.actors[0]
+        slow = asyncio.ensure_future(pool.execute("import time; time.sleep(1.5); print('done')"))
+        await asyncio.sleep(0.3)
+        ray.kill(dead, no_restart=True)
+        done = await slow
+        lost = await pool.execute("print(q)", session_id="held")
+        fresh = await pool.execute("print(q)", session_id="held")
+        replaced = len(pool.actors) == 1 and pool.actors[0] is not dead
+        chaos = (done, lost, fresh, replaced, dict(pool.stats))
+        return level, a, b, many, s, closed, t, v, e.value.status, chaos
 
-    level, a, b, many, s, closed, t, v, fstatus = runner.run(go(), timeout=240)
+    level, a, b, many, s, closed, t, v, fstatus, chaos = runner.run(go(), timeout=240)
   finally:
     ray.shutdown()
   assert level in ("namespaces", "pidns", "uid", "rlimits")
@@ -47,3 +61,9 @@ def test_ray_pool_interface(runner):
   assert s.stdout == "10\n" and closed is True
   assert t.status == "timeout"
   assert v == 42 and fstatus == "error"
+  done, lost, fresh, replaced, stats = chaos
+  assert (done.status, done.stdout) == ("ok", "done\n")
+  assert lost.status == "session_lost" and "not re-run" in lost.stderr
+  assert fresh.status == "error" and "NameError" in fresh.stderr
+  assert fresh.stdout.startswith("[session lost earlier")
+  assert replaced and stats["actors_replaced"] == 1 and stats["resent"] >= 1

@@ -179,7 +179,7 @@ def test_session_call_is_never_resent_after_a_5xx(runner):
   (sess, plain), items, stats = runner.run(go())
   assert [it["code"] for it in items].count("x += 1") == 1
   assert [it["code"] for it in items].count("print(1)") == 4
-  assert sess.status == "internal_error" and "not re-sent" in sess.stderr
+  assert sess.status == "session_lost" and "not re-sent" in sess.stderr
   assert plain.status == "internal_error" and "unreachable after 4 tries" in plain.stderr
   assert stats["retries"] == 3
 
@@ -374,6 +374,7 @@ def test_launcher_serves_health(tmp_path):
   """The launcher wires --token_file: without the token a request is a 401, with it served."""
   token = "launcher-test-token-0123456789"
   (tmp_path / "tok").write_text(token + "\n")
+  (tmp_path / "tok").chmod(0o600)
   port = free_port()
   env = {k: v for k, v in os.environ.items() if not k.startswith("RSTAR_CODE_POOL_TOKEN")}
   env["PYTHONPATH"] = ROOT

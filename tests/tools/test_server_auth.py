@@ -35,6 +35,7 @@ def no_token_env(monkeypatch):
 def token_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("tok") / "pool.token"
   path.write_text(f"# two clients\n{TOKEN_A}\n\n{TOKEN_B}\n")
+  path.chmod(0o600)
   return str(path)
 
 
@@ -81,6 +82,7 @@ def test_refuses_to_serve_off_loopback_without_a_token(monkeypatch, host):
 def test_token_sources_and_errors(tmp_path):
   f = tmp_path / "t"
   f.write_text(f"{TOKEN_A}\n# comment\n{TOKEN_B}\n")
+  f.chmod(0o600)
   assert read_tokens(environ={}) == []
   assert read_tokens(token=TOKEN_A, token_file=str(f), environ={}) == [TOKEN_A]
   assert read_tokens(token_file=str(f), environ={}) == [TOKEN_A, TOKEN_B]
@@ -96,9 +98,11 @@ def test_token_sources_and_errors(tmp_path):
   with pytest.raises(ValueError, match="cannot be read"):
     read_tokens(token_file=str(tmp_path / "missing"), environ={})
   (tmp_path / "empty").write_text("# nothing\n\n")
+  (tmp_path / "empty").chmod(0o600)
   with pytest.raises(ValueError, match="holds no token"):
     read_tokens(token_file=str(tmp_path / "empty"), environ={})
   (tmp_path / "utf").write_text("caf\u00e9" * 8)
+  (tmp_path / "utf").chmod(0o600)
   with pytest.raises(ValueError, match="not ASCII"):
     read_tokens(token_file=str(tmp_path / "utf"), environ={})
 
