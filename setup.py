@@ -60,6 +60,8 @@ setup(
       "reasoning-gym==0.1.25",
       "ray>=2.50",
       "ruff>=0.6",
+      # the import layers in the style gate (pyproject.toml [tool.importlinter])
+      "import-linter>=2.17",
       "peft==0.21.2",
       # the optional extras below, so their tests run in CI
       "pyarrow>=15",

@@ -61,6 +61,7 @@ _OUT = flags.DEFINE_string("out", None, "Write the plan here as JSON.")
 
 def main(argv):
   del argv
+  # Imported here: --help must not wait for jax, and jax must start after XLA_FLAGS is set.
   from rstar_jax.config import from_config_dict
   from rstar_jax.planning import plan as plan_lib
 

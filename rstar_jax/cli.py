@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 
-from rstar_jax.config import from_config_dict, schema
+from rstar_jax.config import eval_protocols, from_config_dict, schema
 from rstar_jax.errors import UserError
-from rstar_jax.pipelines import eval_protocols
+from rstar_jax.planning.kv_cache import kv_cache_bytes
 
 USAGE_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130  # the shell's code for SIGINT
@@ -374,23 +374,6 @@ def check_mesh(run, num_devices: int) -> None:
       f"this run has {n}; e.g. --config.mesh.fsdp=-1 --config.mesh.tensor=1 "
       f"--config.mesh.data=1 (or --config.mesh.num_devices=1)"
     )
-
-
-def kv_cache_bytes(run, model_config) -> tuple[int, int]:
-  """(bytes, max_len) of the embedded JaxSampler's KV cache for ``run``: ``rollout.max_batch``
-  slots x ``max_len`` positions (``rollout.max_len``, else the next power of two >= the longest
-  prompt + response budget of the stages and the eval, as the sampler sizes it) x K and V x
-  layers x KV heads x head_dim in the model's compute dtype."""
-
-  r = run.rollout
-  budgets = [r.response_budget, eval_protocols.resolve_with_notes(run.eval)[0].response_budget]
-  budgets += [st.response_budget for st in run.stages]
-  need = r.max_prompt_tokens + max(budgets)
-  max_len = r.max_len or max(64, 1 << (need - 1).bit_length())
-  c = model_config
-  itemsize = 2 if c.dtype in ("bfloat16", "float16") else 4
-  per_pos = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * itemsize
-  return r.max_batch * max_len * per_pos, max_len
 
 
 def device_memory_bytes() -> int | None:

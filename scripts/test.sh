@@ -4,11 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 export PYTHONDONTWRITEBYTECODE=1
-# Style gate first (seconds): ruff format --check + ruff check, settings in pyproject.toml.
-RUFF=.venv/bin/ruff bash scripts/format_check.sh
+# Style gate first (seconds): ruff format --check + ruff check + lint-imports (the layers),
+# settings in pyproject.toml.
+RUFF=.venv/bin/ruff LINT_IMPORTS=.venv/bin/lint-imports bash scripts/format_check.sh
 # Where the code tool's strongest sandbox is possible (root + bubblewrap), a threat test that
 # skips at the namespaces level fails the run instead of passing silently.
 if [ "$(id -u)" = "0" ] && command -v bwrap >/dev/null 2>&1; then
   export RSTAR_REQUIRE_NAMESPACES="${RSTAR_REQUIRE_NAMESPACES:-1}"
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
+# --durations: the slowest tests are listed at the end of every run, so a slow newcomer shows.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 tests "$@"

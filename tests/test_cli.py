@@ -298,11 +298,12 @@ def test_kv_cache_that_cannot_fit_is_one_line_before_allocation(tmp_path):
   """Before: eval.protocol='released' on a CPU asked the sampler for 71 GB and died in XLA."""
   from configs import rstar2_tiny_cpu
   from rstar_jax.config import from_config_dict
+  from rstar_jax.planning.kv_cache import kv_cache_bytes
 
   cfg = rstar2_tiny_cpu.get_config("rl")
   run = from_config_dict(cfg, check_inputs=False)
   mc = run.model.qwen3_config()
-  need, max_len = cli.kv_cache_bytes(run, mc)
+  need, max_len = kv_cache_bytes(run, mc)
   per_pos = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * 4
   assert need == run.rollout.max_batch * max_len * per_pos and max_len & (max_len - 1) == 0
   cli.check_kv_cache(run, mc, need)  # exactly fits

@@ -1,81 +1,25 @@
-"""Field checks and the error type of the typed run configuration (`rstar_jax.config.schema`).
-
-A check knows what it expects ("an int >= 1") and, for numbers and lists, how to normalise a
-value a recipe or the command line gives (int -> float, list -> tuple), so a frozen dataclass
-can hold exactly one representation. Every problem is reported as one line
-``config.<section>.<field>: expected <what>, got <value>``.
-"""
+"""The config layer's field checks: the shared vocabulary (`rstar_jax.config_fields`, which the
+learner's `OptimConfig` is written in too) plus `registered`, which looks names up in the
+`rstar_jax.rl` registry and so cannot sit in the bottom layer with the rest."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import math
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
-
-from rstar_jax.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-  """One or more config values are wrong; ``problems`` lists every (dotted path, message).
-  A `UserError`: launchers (`rstar_jax.cli.run`) print it as one line, without a traceback."""
-
-  def __init__(self, problems: Sequence[tuple[str, str]]):
-    self.problems = list(problems)
-    lines = [f"config.{path}: {msg}" for path, msg in self.problems]
-    super().__init__(lines[0] if len(lines) == 1 else "invalid config:\n  " + "\n  ".join(lines))
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-  """``expected`` text, the predicate, and an optional normaliser applied before it."""
-
-  expected: str
-  ok: Callable[[Any], bool]
-  coerce: Callable[[Any], Any] | None = None
-
-
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _to_float(v):
-  return float(v) if _is_int(v) else v
-
-
-def int_range(lo: int | None = None, hi: int | None = None) -> Check:
-  bounds = [f">= {lo}" if lo is not None else "", f"<= {hi}" if hi is not None else ""]
-  text = " and ".join(b for b in bounds if b)
-  return Check(
-    "an int" + (" " + text if text else ""),
-    lambda v: _is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi),
-  )
-
-
-def num_range(
-  lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
-) -> Check:
-  parts = []
-  if lo is not None:
-    parts.append(f"{'>' if lo_open else '>='} {lo}")
-  if hi is not None:
-    parts.append(f"{'<' if hi_open else '<='} {hi}")
-
-  def ok(v):
-    if not isinstance(v, float) or not math.isfinite(v):
-      return False
-    if lo is not None and (v <= lo if lo_open else v < lo):
-      return False
-    return not (hi is not None and (v >= hi if hi_open else v > hi))
-
-  text = "a number " + " and ".join(parts) if parts else "a finite number"
-  return Check(text, ok, _to_float)
-
-
-def one_of(choices: Iterable[Any]) -> Check:
-  choices = tuple(choices)
-  return Check(f"one of {list(choices)}", lambda v: v in choices)
+# Re-exported: the one import the schema and the converter read their vocabulary from.
+from rstar_jax.config_fields import (  # noqa: F401
+  IS_BOOL,
+  IS_STR,
+  STR_TUPLE,
+  Check,
+  ConfigError,
+  Section,
+  did_you_mean,
+  field,
+  int_range,
+  num_range,
+  one_of,
+  run_checks,
+  section,
+)
 
 
 def registered(kind: str) -> Check:
@@ -94,41 +38,3 @@ def registered(kind: str) -> Check:
     return isinstance(v, str) and v in registry.names(kind)
 
   return Check(_Names(), ok)  # type: ignore[arg-type]
-
-
-IS_BOOL = Check("a bool", lambda v: isinstance(v, bool))
-IS_STR = Check("a string", lambda v: isinstance(v, str))
-STR_TUPLE = Check(
-  "a list of strings",
-  lambda v: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
-  lambda v: tuple(v) if isinstance(v, list) else v,
-)
-
-
-def field(default: Any, check: Check | None, doc: str):
-  """A dataclass field with its check and its one-line documentation (``metadata['doc']``)."""
-  meta = {"check": check, "doc": doc}
-  if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
-    return dataclasses.field(default_factory=lambda: default, metadata=meta)
-  return dataclasses.field(default=default, metadata=meta)
-
-
-def run_checks(obj, section: str) -> list[tuple[str, str]]:
-  """Normalises and checks every field of ``obj`` that has a check; returns the problems."""
-  problems = []
-  for f in dataclasses.fields(obj):
-    check = f.metadata.get("check")
-    if check is None:
-      continue
-    v = getattr(obj, f.name)
-    if check.coerce is not None:
-      v = check.coerce(v)
-      object.__setattr__(obj, f.name, v)
-    if not check.ok(v):
-      problems.append((f"{section}.{f.name}", f"expected {check.expected}, got {v!r}"))
-  return problems
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-  close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-  return f"; did you mean {close[0]!r}?" if close else f" (known: {sorted(known)})"

@@ -20,7 +20,7 @@ from typing import Any
 
 from rstar_jax.config import schema
 from rstar_jax.config.checks import ConfigError, did_you_mean
-from rstar_jax.config.imports import ImportsError, import_user_modules
+from rstar_jax.user_modules import ImportsError, import_user_modules
 
 Problems = list[tuple[str, str]]
 
@@ -139,7 +139,7 @@ def module_names(value: Any) -> tuple[str, ...]:
 
 def import_modules(names: Any) -> tuple[str, ...]:
   """Imports each module of ``names`` through the one import path of user modules
-  (`config.imports.import_user_modules`, also what ``reward.imports`` uses); returns the names.
+  (`rstar_jax.user_modules.import_user_modules`, also what ``reward.imports`` uses); returns the names.
   A module that fails is one `ConfigError` line."""
   names = module_names(names)
   try:

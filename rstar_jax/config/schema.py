@@ -26,14 +26,20 @@ from rstar_jax.config.checks import (
   STR_TUPLE,
   Check,
   ConfigError,
+  Section,
   field,
   int_range,
   num_range,
   one_of,
   registered,
-  run_checks,
+  section,
 )
-from rstar_jax.config.imports import import_user_modules
+
+# Defined where the learner reads it (`rstar_jax.learner.optim`); a section of the run config
+# like the others (``config.optim``, ``config.sft_optim``).
+from rstar_jax.learner.optim_config import OptimConfig
+from rstar_jax.rewards import registry as reward_registry
+from rstar_jax.user_modules import import_user_modules
 
 MODES = ("rl", "sft", "eval")
 DTYPES = ("float32", "bfloat16")
@@ -50,24 +56,10 @@ LOSS_AGG_CANONICAL = {
 }
 
 
-class _Section:
-  """Runs the field checks, then ``_cross`` (only when every field is well-typed)."""
-
-  SECTION: ClassVar[str] = ""
-
-  def __post_init__(self):
-    problems = run_checks(self, self.SECTION)
-    if not problems:
-      problems = self._cross()
-    if problems:
-      raise ConfigError(problems)
-
-  def _cross(self) -> list[tuple[str, str]]:
-    return []
-
-
-def _section(cls):
-  return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+# The section base and decorator live in the bottom layer (`rstar_jax.config_fields`) so the
+# learner's `OptimConfig` is written in the same vocabulary.
+_Section = Section
+_section = section
 
 
 @_section
@@ -224,49 +216,6 @@ class MeshConfig(_Section):
   @property
   def axes(self) -> dict[str, int]:
     return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
-
-
-@_section
-class OptimConfig(_Section):
-  """AdamW with warm-up then a constant or cosine schedule (rStar2-Agent RL: lr 1e-6 constant after 20 warm-up steps, weight decay 0.01, grad clip 1.0). The one optimizer config: `rstar_jax.learner.optim` builds the optax chain from it."""
-
-  SECTION: ClassVar[str] = "optim"
-  lr: float = field(1e-6, num_range(0, lo_open=True), "Peak learning rate (rStar2-Agent RL: 1e-6).")
-  warmup_steps: int = field(20, int_range(0), "Linear warm-up steps (rStar2-Agent RL: 20).")
-  schedule: str = field(
-    "constant", one_of(("constant", "cosine")), "'constant' or 'cosine' (decays over total_steps)."
-  )
-  total_steps: int = field(
-    0, int_range(0), "Schedule length for 'cosine' (0 = set by the loop, e.g. SFT)."
-  )
-  final_lr_ratio: float = field(
-    0.0, num_range(0, 1), "'cosine': the end value as a fraction of the peak lr."
-  )
-  b1: float = field(0.9, num_range(0, 1, hi_open=True), "Adam beta1.")
-  b2: float = field(0.999, num_range(0, 1, hi_open=True), "Adam beta2.")
-  eps: float = field(1e-8, num_range(0, lo_open=True), "Adam epsilon.")
-  weight_decay: float = field(0.01, num_range(0), "Decoupled weight decay (rStar2-Agent: 0.01).")
-  grad_clip: float = field(
-    1.0, num_range(0), "Global-norm gradient clip (0 = off; rStar2-Agent: 1.0)."
-  )
-
-  def _cross(self):
-    if self.schedule == "cosine" and 0 < self.total_steps <= self.warmup_steps:
-      return [
-        (
-          "optim.total_steps",
-          f"expected > warmup_steps ({self.warmup_steps}) for a cosine schedule, "
-          f"got {self.total_steps}",
-        )
-      ]
-    return []
-
-  def learner_config(self, total_steps: int | None = None) -> OptimConfig:
-    """This config with the schedule length the loop decided (``total_steps``; None keeps
-    the field)."""
-    if total_steps is None:
-      return self
-    return dataclasses.replace(self, total_steps=int(total_steps))
 
 
 @_section
@@ -599,7 +548,7 @@ class EvalConfig(_Section):
   protocol: str = field(
     "",
     one_of(("", "released", "paper_avg_at_k")),
-    "Named protocol filling k / sampling / turns / budget where they are left at their defaults ('' = the fields above; `pipelines.eval_protocols`; each replaced field is logged): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
+    "Named protocol filling k / sampling / turns / budget where they are left at their defaults ('' = the fields above; `config.eval_protocols`; each replaced field is logged): 'released' (n=16 greedy, 5 turns, 30,720 tokens) or 'paper_avg_at_k'.",
   )
   protocol_strict: bool = field(
     False,
@@ -704,15 +653,13 @@ class RewardConfig(_Section):
   )
 
   def _cross(self):
-    from rstar_jax.rewards import registry  # cycle: rewards.registry imports config.imports
-
     try:
       import_user_modules(self.imports, field="reward.imports")
     except ImportError as e:
       return [("reward.imports", str(e).split(": ", 1)[1])]
     out = []
     for kind, value in (("reward", self.name), ("verifier", self.verifier)):
-      known = registry.names(kind)
+      known = reward_registry.names(kind)
       if value not in known:
         fld = "name" if kind == "reward" else "verifier"
         out.append(

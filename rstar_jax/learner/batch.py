@@ -277,13 +277,3 @@ def length_bucket(longest: int, minimum: int = 64) -> int:
   step per bucket instead of one per length)."""
   t = max(int(longest), minimum, 2)
   return 1 << (t - 1).bit_length()
-
-
-def pad_id_of(tokenizer) -> int:
-  """The id padding columns hold: the tokenizer's pad id, else its EOS id, else 0 (padding is
-  masked out everywhere, so only its range matters)."""
-  for attr in ("pad_token_id", "eos_token_id"):
-    v = getattr(tokenizer, attr, None)
-    if isinstance(v, int):
-      return v
-  return 0

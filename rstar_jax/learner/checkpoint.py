@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 
 from rstar_jax.distributed.export import save_hf_multihost
 from rstar_jax.errors import UserError
+from rstar_jax.learner import lora_training
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora
 
@@ -33,7 +34,7 @@ class CheckpointMismatchError(UserError, ValueError):
 
 def _arrays(state: TrainState) -> dict[str, Any]:
   return {
-    "params": lora.saved_params(state.params),  # LoRA: the adapters only
+    "params": lora_training.saved_params(state.params),  # LoRA: the adapters only
     "opt_state": state.opt_state,
     "step": state.step,
     "rng": state.rng,
@@ -96,7 +97,7 @@ class Checkpointer:
         f"Checkpointer.save: metadata['step']={meta['step']} differs from state.step={step}"
       )
     meta["step"] = step
-    meta.update(lora.checkpoint_meta(state.params))  # LoRA: settings + pointer to the base
+    meta.update(lora_training.checkpoint_meta(state.params))  # LoRA: settings + pointer to the base
     try:
       json.dumps(meta)
     except TypeError as e:
@@ -129,7 +130,7 @@ class Checkpointer:
       )
     # LoRA vs full params, or another base: named before orbax reports a tree mismatch.
     meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    problem = lora.check_checkpoint_meta(target.params, meta or {})
+    problem = lora_training.check_checkpoint_meta(target.params, meta or {})
     if problem:
       raise CheckpointMismatchError(f"checkpoint {self.directory} step {step}: {problem}")
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _arrays(target))
@@ -151,7 +152,7 @@ class Checkpointer:
       ) from e
     arrays = out["state"]
     state = target.replace(
-      params=lora.restored_params(target.params, arrays["params"]),
+      params=lora_training.restored_params(target.params, arrays["params"]),
       opt_state=arrays["opt_state"],
       step=arrays["step"],
       rng=arrays["rng"],

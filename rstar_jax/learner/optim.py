@@ -18,10 +18,8 @@ import jax.numpy as jnp
 import optax
 
 # The one optimizer config, with the user-facing field names (``lr``, ``grad_clip``: 0 = off,
-# ``total_steps``: 0 = unset); re-exported here as the learner's type.
-from rstar_jax.config.schema import OptimConfig
-
-SCHEDULES = ("constant", "cosine")
+# ``total_steps``: 0 = unset); re-exported here (``optim.OptimConfig``).
+from rstar_jax.learner.optim_config import SCHEDULES, OptimConfig  # noqa: F401
 
 
 def _check_schedule(config: OptimConfig) -> None:

@@ -57,7 +57,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rstar_jax.distributed import hostdata
 from rstar_jax.learner import batch as batch_lib
-from rstar_jax.learner import optim
+from rstar_jax.learner import lora_training, optim
 from rstar_jax.learner.batch import BEHAVIOUR_KEY, OLD_KEY, SAMPLER_KEY
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
@@ -254,7 +254,7 @@ def _accumulate(loss_fn, params, batch: Batch, num_micro: int, micro_sharding):
   Gradients are accumulated in float32 (bf16 sums over many micro-batches lose mass) and cast
   back to each param's dtype so the optimizer state keeps its dtypes.
   """
-  split = lora.split_trainable(params)
+  split = lora_training.split_trainable(params)
   if split is not None:  # LoRA: differentiate the adapters only; the frozen base gets zeros
     trainable, rebuild, full_grads = split
     g, sums = _accumulate(
@@ -653,3 +653,27 @@ def make_jitted_steps(
     )
 
   return make_jitted_steps_for(apply_fn, params_sh, abstract, tx, mesh, rules=rules, config=config)
+
+
+def make_lora_jitted_steps(
+  model_config,
+  cfg: lora.LoraConfig,
+  mesh: jax.sharding.Mesh,
+  rules: str | Rules = "train",
+  *,
+  tx: optax.GradientTransformation,
+  config: StepConfig = StepConfig(),
+  param_dtype="float32",
+) -> JittedSteps:
+  """`make_jitted_steps` for a `lora.LoraParams` policy (``tx`` from
+  `lora_training.optimizer`): the same jitted sft / rl / log-prob steps, base and adapters
+  sharded by the logical-axis rules."""
+  return make_jitted_steps_for(
+    lora_training.apply_fn_for(model_config),
+    lora_training.param_shardings(model_config, cfg, mesh, rules),
+    lora.abstract_params(model_config, cfg, param_dtype),
+    tx,
+    mesh,
+    rules=rules,
+    config=config,
+  )

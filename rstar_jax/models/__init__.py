@@ -1,1 +1,2 @@
-"""Policy models: the Qwen3 / Qwen2 decoder (``qwen3``), its KV cache and HF checkpoint I/O."""
+"""Policy models: the Qwen3 / Qwen2 decoder (``qwen3``), its KV cache, the LoRA adapters
+(``lora``) and the HF checkpoint / PEFT I/O."""

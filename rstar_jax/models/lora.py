@@ -18,14 +18,16 @@ For a target kernel W [in, out] the layer computes ``x @ W + (x @ a) @ b * alpha
 base). `merge` gives the plain tree with ``W + (alpha / r) a @ b`` (what the samplers, SGLang
 pushes and HF exports get); `unmerge` takes the delta off again.
 
-The learner (``steps._accumulate``) differentiates only ``lora`` (`split_trainable`), the
-optimizer (`optimizer`) keeps moments for the adapters only, and checkpoints hold only the
-adapters plus the base's name (`saved_params` / `restored_params`). Adapters are laid out by the
+This module is the model side only (shapes, init, merge, the unmerged branch ``qwen3._dense``
+evaluates); what training does with the adapters lives in the learner
+(`rstar_jax.learner.lora_training`: only ``lora`` is differentiated, the optimizer keeps
+moments for the adapters only, checkpoints hold only the adapters plus the base's name) and the
+PEFT export beside the HF I/O (`rstar_jax.models.peft_export`). Adapters are laid out by the
 same logical-axis rules as the kernels they adapt: ``a`` shares the kernel's input axis, ``b``
-its output axis, the rank axis is replicated.
+its output axis, the rank axis is replicated (`adapter_shardings`).
 
 Dropout (``dropout > 0``): PEFT applies it to the branch's input. The learner step passes no
-RNG to the model, so `apply_fn` derives the mask from the micro-batch's token ids and the
+RNG to the model, so `inject` derives the mask from the micro-batch's token ids and the
 optimizer-independent ``seed``: a pure function of the batch (the old-log-prob recompute and
 the update of one batch see the same mask; samplers use the merged weights, no dropout).
 """
@@ -33,16 +35,12 @@ the update of one batch see the same mask; samplers use the merged weights, no d
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from rstar_jax.models.qwen3_config import Qwen3Config, param_logical_axes, param_shapes
 from rstar_jax.sharding.rules import logical_to_shardings
@@ -178,20 +176,15 @@ def make_params(base, model_config: Qwen3Config, cfg: LoraConfig, key: jax.Array
   return LoraParams(base=base, lora=init_adapters(model_config, cfg, key), config=cfg)
 
 
-def param_shardings(model_config: Qwen3Config, cfg: LoraConfig, mesh, layout="train"):
-  """`LoraParams` of NamedShardings: base as ``qwen3.param_shardings``, adapters by the same
-  logical-axis rules."""
-  from rstar_jax.models import qwen3  # cycle: qwen3 imports lora
-
+def adapter_shardings(model_config: Qwen3Config, cfg: LoraConfig, mesh, layout="train"):
+  """NamedShardings of the adapters (``a`` [L, in, r], ``b`` [L, r, out]) by the logical-axis
+  rules of ``layout``: the same rules as the kernels they adapt (`adapter_logical_axes`)."""
   shapes = jax.tree.map(
     lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
     adapter_shapes(model_config, cfg),
     is_leaf=lambda x: isinstance(x, tuple),
   )
-  lora_sh = logical_to_shardings(adapter_logical_axes(model_config, cfg), mesh, layout, shapes)
-  return LoraParams(
-    base=qwen3.param_shardings(model_config, mesh, layout), lora=lora_sh, config=cfg
-  )
+  return logical_to_shardings(adapter_logical_axes(model_config, cfg), mesh, layout, shapes)
 
 
 def abstract_params(model_config: Qwen3Config, cfg: LoraConfig, param_dtype="float32"):
@@ -320,165 +313,10 @@ def branch(x: jax.Array, p: dict[str, Any]) -> jax.Array:
   return (x @ p["lora_a"].astype(x.dtype)) @ p["lora_b"].astype(x.dtype)
 
 
-def apply_fn_for(model_config: Qwen3Config):
-  """The learner's ``apply_fn`` for `LoraParams` (base + unmerged low-rank branches)."""
-  from rstar_jax.models import qwen3  # cycle: qwen3 imports lora
-
-  def apply_fn(params, input_ids, attention_mask, segment_ids=None, positions=None):
-    return qwen3.forward(
-      inject(params, input_ids),
-      model_config,
-      input_ids,
-      positions=positions,
-      attention_mask=attention_mask,
-      segment_ids=segment_ids,
-    )
-
-  return apply_fn
-
-
-# ----------------------------------------------------------------------------- learner hooks
-
-
-def split_trainable(params):
-  """(trainable, rebuild, zeros_frozen): the adapters of a `LoraParams`, a function putting
-  new adapters back, and a function giving the full-structure gradient from the adapters'
-  (zeros for the frozen base); None for plain params (everything trains)."""
-  if not is_lora(params):
-    return None
-
-  def rebuild(lora):
-    return params.replace(lora=lora)
-
-  def full_grads(g):
-    return params.replace(base=jax.tree.map(jnp.zeros_like, params.base), lora=g)
-
-  return params.lora, rebuild, full_grads
-
-
-def optimizer(tx: optax.GradientTransformation, params) -> optax.GradientTransformation:
-  """``tx`` over the adapters only; the base gets zero updates and no optimizer state.
-
-  ``params``: a `LoraParams` (arrays or ShapeDtypeStructs) giving the structure; the labels
-  are a fixed tree (optax's ``tree_map_params`` inits with a placeholder, not the params).
-  """
-  labels = params.replace(
-    base=jax.tree.map(lambda _: "frozen", params.base),
-    lora=jax.tree.map(lambda _: "adapter", params.lora),
-  )
-  return optax.multi_transform({"adapter": tx, "frozen": optax.set_to_zero()}, labels)
-
-
-def saved_params(params):
-  """What a checkpoint stores of ``params``: the adapters only for a `LoraParams`."""
-  return {"lora": params.lora} if is_lora(params) else params
-
-
-def restored_params(target, saved):
-  """``target`` with the checkpoint's params put in (adapters into a `LoraParams`)."""
-  return target.replace(lora=saved["lora"]) if is_lora(target) else saved
-
-
-def checkpoint_meta(params) -> dict[str, Any]:
-  """The adapters' settings and base pointer (JSON), empty for plain params."""
-  if not is_lora(params):
-    return {}
-  c = params.config
-  return {"lora": {"base": c.base, "rank": c.rank, "alpha": c.alpha, "targets": list(c.targets)}}
-
-
-def check_checkpoint_meta(target, meta: dict[str, Any]) -> str | None:
-  """A one-line problem when a checkpoint's LoRA record does not fit ``target``, else None."""
-  want, got = checkpoint_meta(target).get("lora"), meta.get("lora")
-  if want is None and got is None:
-    return None
-  if want is None or got is None:
-    kind = "LoRA adapters" if got is not None else "full params"
-    return f"the checkpoint holds {kind}, this run is {'LoRA' if want else 'full fine-tuning'}"
-  for k in ("base", "rank", "alpha", "targets"):
-    if want[k] != got[k]:
-      return f"checkpoint LoRA {k} is {got[k]!r}, this run's is {want[k]!r}"
-  return None
-
-
-# ----------------------------------------------------------------------------- PEFT export
-
-
-def peft_tensors(params: LoraParams) -> dict[str, np.ndarray]:
-  """HF PEFT tensor names -> host arrays: ``lora_A.weight`` [r, in] = a.T, ``lora_B.weight``
-  [out, r] = b.T per layer (PEFT computes ``lora_B(lora_A(x)) * alpha / r``)."""
-  out = {}
-  for g, adapters in params.lora["layers"].items():
-    for name, ab in adapters.items():
-      a, b = np.asarray(jax.device_get(ab["a"])), np.asarray(jax.device_get(ab["b"]))
-      for i in range(a.shape[0]):
-        prefix = f"base_model.model.model.layers.{i}.{g}.{name}"
-        out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(a[i].T)
-        out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(b[i].T)
-  return out
-
-
-def save_peft(out_dir: str | os.PathLike, params: LoraParams, base_model: str = "") -> None:
-  """Writes ``adapter_config.json`` + ``adapter_model.safetensors`` (PEFT's LoRA format,
-  loadable with ``peft.PeftModel.from_pretrained(hf_model, out_dir)``)."""
-  from safetensors.numpy import save_file
-
-  if not is_lora(params):
-    raise ValueError("save_peft: the params are not LoRA params (model.lora_rank is 0)")
-  c = params.config
-  os.makedirs(out_dir, exist_ok=True)
-  tensors = peft_tensors(params)
-  if c.dtype == "bfloat16":  # safetensors.numpy stores ml_dtypes bf16 as BF16
-    tensors = {k: v.astype(jnp.bfloat16) for k, v in tensors.items()}
-  save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"))
-  cfg = {
-    "peft_type": "LORA",
-    "task_type": "CAUSAL_LM",
-    "base_model_name_or_path": base_model or c.base,
-    "r": c.rank,
-    "lora_alpha": c.alpha,
-    "lora_dropout": c.dropout,
-    "target_modules": sorted(c.targets),
-    "bias": "none",
-    "fan_in_fan_out": False,
-    "inference_mode": True,
-    "use_rslora": False,
-    "init_lora_weights": True,
-    "modules_to_save": None,
-  }
-  with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
-    json.dump(cfg, f, indent=1)
-
-
 def adapter_param_count(model_config: Qwen3Config, cfg: LoraConfig) -> int:
   return sum(
     math.prod(s)
     for s in jax.tree.leaves(
       adapter_shapes(model_config, cfg), is_leaf=lambda x: isinstance(x, tuple)
     )
-  )
-
-
-def make_jitted_steps(
-  model_config: Qwen3Config,
-  cfg: LoraConfig,
-  mesh,
-  rules="train",
-  *,
-  tx: optax.GradientTransformation,
-  config=None,
-  param_dtype="float32",
-):
-  """`steps.make_jitted_steps` for a `LoraParams` policy (``tx`` from `optimizer`): the same
-  jitted sft / rl / log-prob steps, base and adapters sharded by the logical-axis rules."""
-  from rstar_jax.learner import steps  # cycle: learner.steps imports lora
-
-  return steps.make_jitted_steps_for(
-    apply_fn_for(model_config),
-    param_shardings(model_config, cfg, mesh, rules),
-    abstract_params(model_config, cfg, param_dtype),
-    tx,
-    mesh,
-    rules=rules,
-    config=config if config is not None else steps.StepConfig(),
   )

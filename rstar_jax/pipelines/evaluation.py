@@ -11,21 +11,22 @@ truncation rate, and per-problem solve counts.
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from rstar_jax.config import RunConfig
+from rstar_jax.config import RunConfig, eval_protocols
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata, primary
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.models import lora
-from rstar_jax.pipelines import data_sources, eval_protocols, rl_metrics, wiring
+from rstar_jax.pipelines import data_sources, rl_metrics, wiring
 from rstar_jax.pipelines.metrics_log import Progress
 from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.agent_runner import AgentRunner
@@ -123,6 +124,18 @@ async def evaluate(
   return report
 
 
+def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:
+  """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
+  k = int(report["metrics"]["k"])
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
+    for i, row in enumerate(report["per_problem"]):
+      n = int(row["num_correct"])
+      w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])
+
+
 def write_report(report: dict, path: str | os.PathLike) -> None:
   if not primary.is_primary():  # [multi-process] one writer
     return
@@ -195,6 +208,6 @@ def run_eval(
   report["protocol"] = run.eval.protocol
   write_report(report, out_path)
   csv_path = run.eval.csv_path or os.path.splitext(out_path)[0] + "_per_problem.csv"
-  eval_protocols.write_csv(report, csv_path)
+  write_csv(report, csv_path)
   report["csv_path"] = csv_path
   return report

@@ -22,9 +22,8 @@ from typing import Any
 from rstar_jax.config import RunConfig
 from rstar_jax.distributed.primary import is_primary
 from rstar_jax.errors import UserError
-from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.models import lora
+from rstar_jax.models import lora, peft_export
 from rstar_jax.models.qwen3_hf_io import SAVE_DTYPES
 from rstar_jax.pipelines import data_sources, wiring
 from rstar_jax.tokenization import chat_format
@@ -83,7 +82,7 @@ def generation_config(run: RunConfig, tokenizer) -> dict[str, Any]:
   stop = chat_format.stop_token_ids(tokenizer, run.model.hf_dir)
   out = {**base, "eos_token_id": list(stop)}
   if not isinstance(out.get("pad_token_id"), int):
-    out["pad_token_id"] = pad_id_of(tokenizer)
+    out["pad_token_id"] = chat_format.pad_id_of(tokenizer)
   return out
 
 
@@ -122,7 +121,7 @@ def export_checkpoint(
     learner.state, meta = ck.restore(learner.state, step)
   if adapters_only:
     if is_primary():
-      lora.save_peft(out_dir, learner.state.params)
+      peft_export.save_peft(out_dir, learner.state.params)
     return int(meta["step"])
   export_hf(out_dir, learner.model_config, learner.state.params, dtype=dtype)
   tok_path = tokenizer_path or run.tokenizer_dir()

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rstar_jax.config import RunConfig, StageConfig
+from rstar_jax.config import RunConfig, StageConfig, eval_protocols
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata
@@ -40,7 +40,6 @@ from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
 from rstar_jax.pipelines import (
   data_sources,
-  eval_protocols,
   loop_state,
   metrics_log,
   rl_metrics,

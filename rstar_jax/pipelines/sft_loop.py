@@ -32,7 +32,7 @@ from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.distributed.primary import is_primary
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
-from rstar_jax.learner.batch import length_bucket, pad_id_of
+from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
 from rstar_jax.pipelines import data_sources, hf_export, metrics_log, wiring
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
@@ -179,7 +179,7 @@ def run_sft(
   data_sources.check_vocab(tokenizer, learner.model_config)
   js = learner.jitted
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
-  pad_id = pad_id_of(tokenizer)
+  pad_id = chat_format.pad_id_of(tokenizer)
 
   ckpt = Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints)
   it = EpochIterator(list(range(len(seqs))), seed=run.train.seed, shuffle=s.shuffle)

@@ -24,15 +24,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rstar_jax.config import RunConfig, StageConfig, ToolConfig
+from rstar_jax.config import RunConfig, StageConfig, ToolConfig, eval_protocols
 from rstar_jax.data import filters as data_filters
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import fleet
 from rstar_jax.errors import UserError
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
-from rstar_jax.pipelines import data_sources, eval_protocols
+from rstar_jax.pipelines import data_sources
 from rstar_jax.planning import fit, plan
 from rstar_jax.rewards import registry as reward_registry
 from rstar_jax.rollout.agent_loop import RolloutSettings
@@ -174,8 +174,8 @@ def build_learner(
     abstract_params = None
   else:  # LoRA (rstar_jax/models/lora.py): frozen base + trainable adapters
     abstract_params = lora.abstract_params(model_config, lora_cfg, run.model.param_dtype)
-    tx = lora.optimizer(tx, abstract_params)
-    js = lora.make_jitted_steps(
+    tx = lora_training.optimizer(tx, abstract_params)
+    js = steps.make_lora_jitted_steps(
       model_config,
       lora_cfg,
       mesh,

@@ -1,1 +1,2 @@
-"""Ahead-of-time scale planning (memory / FLOPs of the learner steps on a fake mesh)."""
+"""Ahead-of-time scale planning (memory / FLOPs of the learner steps on a fake mesh; the sampler's
+KV cache, `kv_cache`)."""

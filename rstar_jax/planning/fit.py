@@ -11,7 +11,7 @@ that shape (an RL batch whose longest trajectory hits the response budget, or an
 bytes alone (no compile) are compared with the budget, so a hopeless config fails at once.
 
 With ``rollout.engine='jax'`` an RL run's sampler shares the device: its KV cache
-(`cli.kv_cache_bytes`) and its copy of the params are added.
+(`kv_cache.kv_cache_bytes`) and its copy of the params are added.
 
 The budget: ``train.device_memory_gib`` when > 0; at 0 the free memory the device reports
 (``bytes_limit - bytes_in_use``, lowest over the local devices of the mesh); a CPU reports
@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from rstar_jax.errors import UserError
-from rstar_jax.planning import plan
+from rstar_jax.planning import kv_cache, plan
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ def gib(n: float) -> str:
 def _sampler_bytes(run, model_config, abstract_state, js) -> tuple[int, str]:
   if run.mode != "rl" or run.rollout.engine != "jax":
     return 0, ""
-  from rstar_jax import cli
-
-  kv, max_len = cli.kv_cache_bytes(run, model_config)
+  kv, max_len = kv_cache.kv_cache_bytes(run, model_config)
   # The sampler holds plain (merged, with LoRA) weights; a LoRA state's params include the
   # base, so its base bytes stand for the merged copy.
   params = getattr(abstract_state.params, "base", abstract_state.params)

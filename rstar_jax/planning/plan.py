@@ -36,11 +36,12 @@ import jax
 import jax.numpy as jnp
 
 from rstar_jax.config import RunConfig, from_config_dict
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.batch import length_bucket  # the RL / SFT loops' padding rule
 from rstar_jax.learner.packing import PACKING_KEYS
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora, qwen3
+from rstar_jax.sharding.mesh import make_mesh
 
 GIB = 1024**3
 
@@ -300,8 +301,8 @@ def compile_step(
     abstract = abstract_state(model_config, tx, param_dtype)
   else:
     abstract_params = lora.abstract_params(model_config, lora_cfg, param_dtype)
-    tx = lora.optimizer(tx, abstract_params)
-    js = lora.make_jitted_steps(
+    tx = lora_training.optimizer(tx, abstract_params)
+    js = steps.make_lora_jitted_steps(
       model_config, lora_cfg, mesh, tx=tx, config=step_config, param_dtype=param_dtype
     )
     abstract = jax.eval_shape(lambda p: TrainState.create(p, tx, 0), abstract_params)
@@ -505,8 +506,6 @@ def plan_config(
   ``steps_to_plan``: "rl" (needs an RL-mode config; shapes of stage ``stage_index``) and/or
   "sft" (shapes from `sft_variant`).
   """
-  from rstar_jax.sharding.mesh import make_mesh
-
   if jax.device_count() < num_devices:
     raise ValueError(
       f"only {jax.device_count()} devices for num_devices={num_devices}; set "

@@ -40,8 +40,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rstar_jax.config.imports import import_user_modules
 from rstar_jax.rewards import math_reward
+from rstar_jax.user_modules import import_user_modules
 
 VERIFIER, REWARD = "verifier", "reward"
 _TABLES: dict[str, dict[str, Callable]] = {VERIFIER: {}, REWARD: {}}

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from rstar_jax.data.problems import Problem
-from rstar_jax.learner.batch import pad_id_of
 from rstar_jax.rewards import math_reward
 from rstar_jax.rollout import agent_loop
 from rstar_jax.rollout.agent_loop import RolloutSettings
@@ -79,7 +78,7 @@ class AgentRunner:
     self.verify_timeout_s = verify_timeout_s
     self.reward_fn = reward_fn  # reward registry hook (issue 32)
     self._prompt_cache: dict[str, list[int]] = {}
-    self.pad_id = pad_id_of(tokenizer)
+    self.pad_id = chat_lib.pad_id_of(tokenizer)
 
   def prompt_length(self, problem: Problem) -> int:
     """Tokens of ``problem``'s prompt as `prompt_ids` renders it (subclasses included);

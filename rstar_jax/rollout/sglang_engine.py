@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rstar_jax.errors import UserError
-from rstar_jax.models import lora
+from rstar_jax.models import lora, peft_export
 from rstar_jax.models import qwen3_hf_layout as layout
 from rstar_jax.rollout.scheduler import KVCapacityScheduler
 from rstar_jax.rollout.types import GenerateRequest, GenerateResult
@@ -567,7 +567,7 @@ class SGLangEngine:
     path = os.path.abspath(os.path.join(self.staging_dir, name))
     if os.path.exists(path):
       shutil.rmtree(path)
-    await asyncio.to_thread(lora.save_peft, path, params)
+    await asyncio.to_thread(peft_export.save_peft, path, params)
     nbytes = sum(e.stat().st_size for e in os.scandir(path))
     body = {"lora_name": name, "lora_path": path, "pinned": False}
     replies = await asyncio.gather(

@@ -327,6 +327,16 @@ def stop_token_id(tokenizer) -> int:
   return int(tid)
 
 
+def pad_id_of(tokenizer) -> int:
+  """The id padding columns hold: the tokenizer's pad id, else its EOS id, else 0 (padding is
+  masked out everywhere, so only its range matters)."""
+  for attr in ("pad_token_id", "eos_token_id"):
+    v = getattr(tokenizer, attr, None)
+    if isinstance(v, int):
+      return v
+  return 0
+
+
 GENERATION_CONFIG = "generation_config.json"
 
 

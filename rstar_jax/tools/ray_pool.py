@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rstar_jax.tools.code_pool import (
+  ISOLATION_LEVELS,
   BatchExecuteMixin,
   CodePool,
   ExecResult,
@@ -90,8 +91,6 @@ class RayCodePool(BatchExecuteMixin):
   @property
   def isolation_level(self) -> str | None:
     """The weakest level over the nodes (what the whole pool can promise)."""
-    from rstar_jax.tools.code_pool import ISOLATION_LEVELS
-
     levels = [i["isolation_level"] for i in self.node_info]
     return max(levels, key=ISOLATION_LEVELS.index) if levels else None
 

@@ -1,5 +1,6 @@
-"""LoRA (rstar_jax/models/lora.py): merge / unmerge, the learner step against the chain rule
-through the merged model, rank of the learned update, adapter-only optimizer state,
+"""LoRA (rstar_jax/models/lora.py; the training side in rstar_jax/learner/lora_training.py, the
+PEFT export in rstar_jax/models/peft_export.py): merge / unmerge, the learner step against the
+chain rule through the merged model, rank of the learned update, adapter-only optimizer state,
 checkpoints, the merged weights the sampler decodes with, and the PEFT export."""
 
 import asyncio
@@ -11,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from rstar_jax.learner import optim, steps
+from rstar_jax.learner import lora_training, optim, steps
 from rstar_jax.learner.checkpoint import Checkpointer, CheckpointMismatchError
 from rstar_jax.learner.train_state import TrainState
-from rstar_jax.models import lora, qwen3
+from rstar_jax.models import lora, peft_export, qwen3
 
 MC = qwen3.Qwen3Config(
   vocab_size=64,
@@ -77,7 +78,7 @@ def test_merge_unmerge_exact_in_float32_and_branch_equals_merged_forward():
   )
   assert float(jnp.abs(dq).max()) > 1e-3
   ids = _batch()["input_ids"]
-  unmerged_logits = lora.apply_fn_for(MC)(p, ids, jnp.ones_like(ids))
+  unmerged_logits = lora_training.apply_fn_for(MC)(p, ids, jnp.ones_like(ids))
   np.testing.assert_allclose(unmerged_logits, _fwd(merged, ids), atol=2e-5, rtol=1e-5)
 
 
@@ -88,11 +89,11 @@ def test_lora_step_equals_full_step_on_merged_model_with_base_gradient_masked():
   batch = _batch()
   oc = optim.OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=0.05)
   inner = optim.make_optimizer(oc)
-  tx = lora.optimizer(inner, p)
+  tx = lora_training.optimizer(inner, p)
   state = TrainState.create(p, tx, 0)
   sc = steps.StepConfig(optim=oc)
   new, metrics = jax.jit(
-    lambda s, b: steps.sft_step(s, b, apply_fn=lora.apply_fn_for(MC), config=sc)
+    lambda s, b: steps.sft_step(s, b, apply_fn=lora_training.apply_fn_for(MC), config=sc)
   )(state, batch)
 
   # Reference: the full model's gradient at the merged weights.
@@ -132,11 +133,11 @@ def test_lora_step_equals_full_step_on_merged_model_with_base_gradient_masked():
 def test_rank_r_updates_stay_rank_r_and_optimizer_holds_adapters_only():
   p0 = _params(nonzero_b=False)
   base0 = jax.tree.map(np.asarray, p0.base)
-  tx = lora.optimizer(optim.make_optimizer(optim.OptimConfig(lr=3e-2, warmup_steps=0)), p0)
+  tx = lora_training.optimizer(optim.make_optimizer(optim.OptimConfig(lr=3e-2, warmup_steps=0)), p0)
   state = TrainState.create(p0, tx, 0)
   moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
   assert sum(x.size for x in moments) == 2 * lora.adapter_param_count(MC, CFG)
-  step = jax.jit(lambda s, b: steps.sft_step(s, b, apply_fn=lora.apply_fn_for(MC)))
+  step = jax.jit(lambda s, b: steps.sft_step(s, b, apply_fn=lora_training.apply_fn_for(MC)))
   for i in range(3):
     state, m = step(state, _batch(seed=10 + i))
   merged = jax.tree.map(np.asarray, lora.merge(state.params))
@@ -156,7 +157,7 @@ def CFG_TARGETS(params):
 
 def test_checkpoint_holds_adapters_and_base_pointer(tmp_path):
   p = _params()
-  tx = lora.optimizer(optim.make_optimizer(optim.OptimConfig(warmup_steps=0)), p)
+  tx = lora_training.optimizer(optim.make_optimizer(optim.OptimConfig(warmup_steps=0)), p)
   state = TrainState.create(p, tx, 7)
   with Checkpointer(tmp_path / "ck", enable_async=False) as ck:
     ck.save(state, {"x": 1}, force=True)
@@ -175,7 +176,7 @@ def test_checkpoint_holds_adapters_and_base_pointer(tmp_path):
   for got, exp in zip(jax.tree.leaves(restored.params.lora), jax.tree.leaves(p.lora)):
     np.testing.assert_array_equal(got, exp)
   other = _params(cfg=dataclasses.replace(CFG, base="another-base"))
-  tx2 = lora.optimizer(optim.make_optimizer(optim.OptimConfig(warmup_steps=0)), other)
+  tx2 = lora_training.optimizer(optim.make_optimizer(optim.OptimConfig(warmup_steps=0)), other)
   with Checkpointer(tmp_path / "ck") as ck:
     with pytest.raises(CheckpointMismatchError, match="base is 'tiny'"):
       ck.restore(TrainState.create(other, tx2, 0))
@@ -230,10 +231,10 @@ def test_config_errors_are_one_line():
 def test_dropout_masks_the_branch_and_is_a_function_of_the_batch():
   p = _params(cfg=dataclasses.replace(CFG, dropout=0.5))
   ids = _batch()["input_ids"]
-  fn = jax.jit(lora.apply_fn_for(MC))
+  fn = jax.jit(lora_training.apply_fn_for(MC))
   a, b = fn(p, ids, jnp.ones_like(ids)), fn(p, ids, jnp.ones_like(ids))
   np.testing.assert_array_equal(a, b)  # same batch, same mask
-  no_drop = lora.apply_fn_for(MC)(p.replace(config=CFG), ids, jnp.ones_like(ids))
+  no_drop = lora_training.apply_fn_for(MC)(p.replace(config=CFG), ids, jnp.ones_like(ids))
   assert float(jnp.abs(a - no_drop).max()) > 1e-4
 
 
@@ -246,7 +247,7 @@ def test_peft_loads_the_adapters_export(tmp_path):
 
   p = _params()
   qwen3.save_hf(str(tmp_path / "base"), MC, p.base)
-  lora.save_peft(str(tmp_path / "adapters"), p, base_model=str(tmp_path / "base"))
+  peft_export.save_peft(str(tmp_path / "adapters"), p, base_model=str(tmp_path / "base"))
   model = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path / "base").eval()
   model = peft.PeftModel.from_pretrained(model, tmp_path / "adapters").eval()
   ids = np.asarray(_batch()["input_ids"])
@@ -261,9 +262,9 @@ def test_peft_loads_the_adapters_export(tmp_path):
 def test_bf16_base_stays_frozen_while_float32_adapters_train():
   base = qwen3.init_params(MC, jax.random.key(0), dtype=jnp.bfloat16)
   p = lora.make_params(base, MC, CFG, jax.random.key(1))
-  tx = lora.optimizer(optim.make_optimizer(optim.OptimConfig(lr=1e-2, warmup_steps=0)), p)
+  tx = lora_training.optimizer(optim.make_optimizer(optim.OptimConfig(lr=1e-2, warmup_steps=0)), p)
   state = TrainState.create(p, tx, 0)
-  step = jax.jit(lambda s, b: steps.sft_step(s, b, apply_fn=lora.apply_fn_for(MC)))
+  step = jax.jit(lambda s, b: steps.sft_step(s, b, apply_fn=lora_training.apply_fn_for(MC)))
   for i in range(2):
     state, _ = step(state, _batch(seed=20 + i))
   for got, exp in zip(jax.tree.leaves(state.params.base), jax.tree.leaves(base)):
@@ -319,7 +320,7 @@ def test_export_writes_merged_model_or_peft_adapters(tmp_path):
   assert (cfg["peft_type"], cfg["r"], cfg["lora_alpha"]) == ("LORA", 2, 6.0)
   assert cfg["base_model_name_or_path"] == str(tmp_path / "base")
   tensors = load_file(str(tmp_path / "ad" / "adapter_model.safetensors"))
-  want = lora.peft_tensors(params)
+  want = peft_export.peft_tensors(params)
   assert set(tensors) == set(want) and len(want) == 2 * 2 * 7
   for k, v in want.items():
     np.testing.assert_array_equal(tensors[k], v)

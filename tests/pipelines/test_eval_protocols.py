@@ -10,11 +10,11 @@ import pathlib
 import pytest
 
 from configs import rstar2_qwen3_14b
-from rstar_jax.config import ConfigError, from_config_dict
+from rstar_jax.config import ConfigError, eval_protocols, from_config_dict
 from rstar_jax.data.eval_sets import load_eval_problems
 from rstar_jax.data.jsonl import DataError
 from rstar_jax.data.problems import Problem
-from rstar_jax.pipelines import eval_protocols, evaluation
+from rstar_jax.pipelines import evaluation
 from rstar_jax.pipelines.wiring import eval_settings
 from rstar_jax.rollout.agent_loop import RolloutSettings
 from rstar_jax.rollout.types import Trajectory
@@ -108,7 +108,7 @@ def test_avg_and_pass_at_k_and_csv(tmp_path):
   m = rep["metrics"]
   assert m["avg_at_k"] == pytest.approx(5 / 12) and m["pass_at_k"] == pytest.approx(2 / 3)
   path = tmp_path / "per_problem.csv"
-  eval_protocols.write_csv(rep, path)
+  evaluation.write_csv(rep, path)
   rows = list(csv.DictReader(open(path, encoding="utf-8")))
   assert [(r["problem"], r["num_correct"], float(r["avg_at_k"]), r["pass_at_k"]) for r in rows] == [
     ("p0", "4", 1.0, "1"),

@@ -4,9 +4,8 @@
 import pytest
 
 from configs import aster_qwen3_4b, rstar2_qwen3_14b
-from rstar_jax.config import ConfigError, from_config_dict
+from rstar_jax.config import ConfigError, eval_protocols, from_config_dict
 from rstar_jax.config.schema import DataConfig, EvalConfig, RLConfig, RolloutConfig, ToolConfig
-from rstar_jax.pipelines import eval_protocols
 
 
 def test_rstar2_released_values():

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 from configs import rstar2_tiny_cpu
-from rstar_jax import cli
 from rstar_jax.config import from_config_dict
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.models import qwen3
 from rstar_jax.pipelines import wiring
-from rstar_jax.planning import fit, plan
+from rstar_jax.planning import fit, kv_cache, plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -103,7 +102,7 @@ def test_batch_that_cannot_fit_is_one_line_before_allocation(mode, no_allocation
     assert run.rollout.engine == "jax"
     mc = run.model.qwen3_config()
     params = plan.param_count(mc) * jax.numpy.dtype(run.model.param_dtype).itemsize
-    assert f["sampler_bytes"] == cli.kv_cache_bytes(run, mc)[0] + params
+    assert f["sampler_bytes"] == kv_cache.kv_cache_bytes(run, mc)[0] + params
     assert f["estimate_bytes"] == f["step_peak_bytes"] + f["sampler_bytes"]
   else:
     assert f["sampler_bytes"] == 0 and f["estimate_bytes"] == f["step_peak_bytes"]

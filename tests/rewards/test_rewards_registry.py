@@ -13,9 +13,9 @@ import pytest
 
 from configs import rstar2_tiny_cpu
 from rstar_jax.config import ConfigError, from_config_dict
-from rstar_jax.config.imports import ImportsError, import_user_modules, module_names
 from rstar_jax.pipelines import wiring
 from rstar_jax.rewards import math_reward, registry
+from rstar_jax.user_modules import ImportsError, import_user_modules, module_names
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 

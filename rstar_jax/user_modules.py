@@ -1,5 +1,6 @@
 """Imports the user's own modules named by a config, so the functions they register (rewards,
-verifiers, losses) exist before a registry is read.
+verifiers, losses) exist before a registry is read: the config's ``imports`` / ``reward.imports``
+and the reward registry itself (`rstar_jax.rewards.registry`), hence in the bottom layer.
 
     import_user_modules("my_rewards, lab.verifiers")   # or ["my_rewards", "lab.verifiers"]
 

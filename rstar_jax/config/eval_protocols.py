@@ -1,4 +1,4 @@
-"""Named evaluation protocols and the per-problem CSV.
+"""Named evaluation protocols: the eval settings a protocol name stands for.
 
   released        the released rStar2-Agent AIME / MATH-500 scripts (microsoft/rStar
                   examples/aime_eval.sh): val_kwargs.n = 16, verl's validation sampling left at
@@ -7,8 +7,10 @@
   paper_avg_at_k  the rStar2-Agent paper's avg@k: k = 16 samples at temperature 0.6, top-p 0.95,
                   up to 30 turns and 30,720 tokens; pass@1 averaged over the k samples.
 Both report avg@k (mean correctness over all k samples of all problems) and pass@k (share of
-problems solved at least once); `write_csv` writes one row per problem. Selected with
-``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
+problems solved at least once; `rstar_jax.pipelines.evaluation.write_csv` writes one row per
+problem). Selected with ``eval.protocol`` (`rstar_jax.config.EvalConfig`); `resolve` applies it.
+In the config layer (jax-free): the launchers resolve it before any work, and planning sizes
+the sampler's KV cache from the resolved response budget.
 
 A protocol fills only the fields left at their schema default: a value the recipe or the command
 line set (``--config.eval.k=2``) wins and is logged as kept, unless ``eval.protocol_strict`` is
@@ -19,14 +21,12 @@ the ones it was given.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import logging
-import os
-from collections.abc import Mapping
 from typing import Any
 
-from rstar_jax.config import ConfigError, EvalConfig
+from rstar_jax.config.checks import ConfigError
+from rstar_jax.config.schema import EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,3 @@ def resolve_with_notes(eval_cfg: EvalConfig) -> tuple[EvalConfig, list[str]]:
     replace[key] = want
     notes.append(f"eval.{key}: {have!r} -> {want!r} (eval.protocol={name!r})")
   return (dataclasses.replace(eval_cfg, **replace) if replace else eval_cfg), notes
-
-
-def write_csv(report: Mapping[str, Any], path: str | os.PathLike) -> None:
-  """One row per problem: index, problem, answer, k, num_correct, avg_at_k, pass_at_k."""
-  k = int(report["metrics"]["k"])
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w", encoding="utf-8", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["index", "problem", "answer", "k", "num_correct", "avg_at_k", "pass_at_k"])
-    for i, row in enumerate(report["per_problem"]):
-      n = int(row["num_correct"])
-      w.writerow([i, row["problem"], row["answer"], k, n, n / k, int(n > 0)])
