@@ -13,7 +13,10 @@ Fast checks over README.md, docs/*.md and the module READMEs:
   * docs/configuration.md is what scripts/gen_config_docs.py renders from the schema;
   * the docs site builds with ``mkdocs build --strict``.
 
-Slow: the README's newcomer path run as written, in order, from a fresh folder.
+  * no two runs of the walked examples share a workdir.
+
+Slow: every example of the README and of docs/newcomer.md run as written, in order, from a
+fresh folder (issue 43).
 """
 
 from __future__ import annotations
@@ -417,79 +420,183 @@ def test_docs_site_builds_strict_and_offline(tmp_path):
   assert "roc_downsample" in api and "policy_loss" in api  # rendered from the docstrings
 
 
-# ------------------------------------------------------------------ slow: the newcomer walk
-NEWCOMER = "## Newcomer path"
-# Commands another test already runs as the README writes them (not rerun here): the command's
+# ------------------------------------------------------- the examples, walked as written
+# The docs whose examples a newcomer runs in order from a fresh clone (issue 43): every fenced
+# bash / python block of them is a step of the walk unless an HTML comment right above it says
+# ``<!-- walk: skip (why) -->``.
+WALKED = ("README.md", "docs/newcomer.md")
+SKIP_MARK = re.compile(r"<!--\s*walk:\s*skip\s*\(([^)]+)\)\s*-->")
+# A python block whose first line names a file ("# my_verifiers.py, next to where you launch")
+# is that file, written into the folder, not a script to run.
+FILE_HEADER = re.compile(r"\A#\s*([\w.-]+\.py)\b")
+HEREDOC = re.compile(r"^[^\n]*<<'EOF'\n(.*?)\nEOF\n", re.M | re.S)
+# Commands another test already runs as the docs write them (not rerun here): the command's
 # --config value must still appear in that test, so the pairing cannot silently go stale.
 COVERED = {
   "configs/demo.py:smoke": "tests/pipelines/test_demo.py",
 }
 
 
-def newcomer_steps() -> list[tuple[str, str]]:
-  """("cmd", shell command) and ("py", Python source) of the README's newcomer path, in order."""
-  text = open(README, encoding="utf-8").read()
-  start = text.index(NEWCOMER)
-  end = text.find("\n## ", start + len(NEWCOMER))
-  section = text[start : end if end >= 0 else len(text)]
-  out = []
-  for lang, body in re.findall(r"```(bash|python)\n(.*?)```", section, re.S):
+@dataclasses.dataclass(frozen=True)
+class Step:
+  kind: str  # "cmd", "py" (run as a script), "file" (written), "skip" (a marked block)
+  text: str  # the command, the Python source, or the skip reason
+  name: str = ""  # the file of a "file" step
+
+
+def walk_steps(doc: str) -> list[Step]:
+  """The steps of ``doc`` (a path relative to the repository) in the order it shows them."""
+  text = open(os.path.join(REPO, doc), encoding="utf-8").read()
+  out, prev = [], 0
+  for m in FENCE.finditer(text):
+    lang, body, gap = m.group(2).lower(), m.group(3), text[prev : m.start()]
+    prev = m.end()
+    if lang not in ("bash", "sh", "shell", "python"):
+      continue
+    skip = SKIP_MARK.search(gap[gap.rfind("\n\n") :])  # in the paragraph right above
+    if skip:
+      out.append(Step("skip", skip.group(1), body))
+      continue
     if lang == "python":
-      out.append(("py", body))
+      header = FILE_HEADER.match(body)
+      out.append(Step("file", body, header.group(1)) if header else Step("py", body))
       continue
     pos = 0
-    for m in re.finditer(r"^[^\n]*<<'EOF'\n(.*?)\nEOF\n", body, re.M | re.S):
-      out += [("cmd", c) for c in _shell_lines(body[pos : m.start()])]
-      out.append(("py", m.group(1)))
-      pos = m.end()
-    out += [("cmd", c) for c in _shell_lines(body[pos:])]
+    for h in HEREDOC.finditer(body):
+      out += [Step("cmd", c) for c in _shell_lines(body[pos : h.start()])]
+      out.append(Step("py", h.group(1)))
+      pos = h.end()
+    out += [Step("cmd", c) for c in _shell_lines(body[pos:])]
   return out
 
 
+def _flag(args: list[str], name: str) -> str | None:
+  return next((a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")), None)
+
+
+def classify(cmd: str) -> str:
+  """ "run", or why the walk does not run ``cmd``; an unknown program fails the walk."""
+  args = _strip_wrappers(shlex.split(cmd))
+  if args[:2] == ["bash", "scripts/setup.sh"]:
+    return "set-up: scripts/test.sh ran it before pytest"
+  if args[:2] == ["bash", "scripts/test.sh"]:
+    return "the test command itself"
+  config = _flag(args, "config") or ""
+  if config in COVERED:
+    covering = open(os.path.join(REPO, COVERED[config]), encoding="utf-8").read()
+    assert config in covering, f"{COVERED[config]} no longer runs {config}"
+    return f"run by {COVERED[config]}"
+  assert args[0] in PYTHONS, (
+    f"{cmd}: the walk runs python commands only; mark its block <!-- walk: skip (why) -->"
+  )
+  return "run"
+
+
+def _run_dirs(steps: list[Step]) -> list[tuple[str, str]]:
+  """(flag, folder) of each run the walk starts: --workdir and --out_dir of the commands it
+  runs, and the folder a Python step saves a model to."""
+  out = []
+  for step in steps:
+    if step.kind == "cmd" and classify(step.text) == "run":
+      args = _strip_wrappers(shlex.split(step.text))
+      out += [(f, os.path.normpath(v)) for f in ("workdir", "out_dir") if (v := _flag(args, f))]
+  return out
+
+
+def test_walked_examples_each_run_in_their_own_folder():
+  """No two runs of the README and the newcomer page share a workdir (issue 43 row 7: the
+  parquet example reused the SFT -> RL chain's ``runs/rl`` and stopped with "phases rl hold
+  results of a different run"), and every block is walked or skipped with a reason."""
+  steps = [s for doc in WALKED for s in walk_steps(doc)]
+  dirs = [d for _, d in _run_dirs(steps)]
+  shared = sorted({d for d in dirs if dirs.count(d) > 1})
+  assert not shared, f"examples share a run folder (give each its own): {shared}"
+  workdirs = [d for f, d in _run_dirs(steps) if f == "workdir"]
+  assert len(workdirs) >= 6, workdirs
+  assert all(s.text.strip() for s in steps if s.kind == "skip")
+  kinds = [s.kind for s in steps]
+  assert kinds.count("file") >= 1 and kinds.count("py") >= 4 and kinds.count("skip") >= 2, kinds
+  # The checker catches the row-7 mistake: two examples with the same --workdir.
+  twice = [Step("cmd", "python -m launchers.train --workdir=runs/rl")] * 2
+  assert [d for _, d in _run_dirs(twice)] == ["runs/rl", "runs/rl"]
+
+
+def _resolved(value) -> str:
+  if isinstance(value, bool):
+    return str(value).lower()
+  if isinstance(value, list):
+    return ",".join(map(str, value))
+  return str(value)
+
+
+def _check_outputs(folder, args: list[str], cmd: str) -> None:
+  """What the next step reads is there, and the settings the command gave took effect."""
+  launcher = args[2].removeprefix("launchers.") if args[1] == "-m" else ""
+  workdir = _flag(args, "workdir")
+  if launcher in ("train", "sft") and workdir:
+    mode = "rl" if launcher == "train" else "sft"
+    metrics = "metrics.jsonl" if launcher == "train" else "sft_metrics.jsonl"
+    assert os.path.isfile(folder / workdir / metrics), f"{cmd}: no {workdir}/{metrics}"
+    resolved = json.load(open(folder / workdir / "resolved_config" / f"{mode}.json"))
+    for a in args:
+      m = re.match(r"--config\.([\w.]+)=(.*)", a)
+      if m and m.group(1) in resolved and m.group(1) != "model.hf_dir":
+        got = _resolved(resolved[m.group(1)])
+        assert got.lower() == m.group(2).lower(), f"{cmd}: {m.group(1)} ran as {got!r}"
+  if launcher == "export_hf":
+    out_dir = _flag(args, "out_dir")
+    assert os.path.isfile(folder / out_dir / "config.json"), f"{cmd}: no {out_dir}/config.json"
+  if launcher == "eval":
+    report = json.load(open(folder / _flag(args, "out")))
+    assert report["metrics"]["num_problems"] >= 1, f"{cmd}: {report}"
+
+
 @pytest.mark.slow
-def test_readme_newcomer_path_runs_as_written(tmp_path):
+@pytest.mark.parametrize("doc", WALKED)
+def test_doc_examples_run_as_written(doc, tmp_path):
   """A fresh folder holding only the clone's configs/ and launchers/ (the package comes from
-  PYTHONPATH, as `.venv`'s editable install gives it): each step of the README's newcomer path
-  runs with ``.venv/bin/python`` meaning this interpreter, in order, and must exit 0 and leave
-  what the next step reads."""
+  PYTHONPATH, as `.venv`'s editable install gives it): each example of ``doc`` runs in order,
+  ``python`` and ``.venv/bin/python`` meaning this interpreter, must exit 0 and leave what the
+  next step reads, and a run's ``--config.*`` settings must show in its resolved config. The
+  newcomer page's chain starts from nothing the README built (its own folder)."""
   pytest.importorskip("torch")
   for name in ("configs", "launchers"):
     os.symlink(os.path.join(REPO, name), tmp_path / name)
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-  steps = newcomer_steps()
-  assert [k for k, _ in steps].count("py") == 2 and len(steps) >= 6, steps
+  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu", WANDB_SILENT="true")
   ran = []
-  for kind, text in steps:
-    if kind == "py":
+  for step in walk_steps(doc):
+    if step.kind == "skip":
+      continue
+    if step.kind == "file":
+      (tmp_path / step.name).write_text(step.text)
+      ran.append(step.name)
+      continue
+    if step.kind == "py":
       proc = subprocess.run(
-        [sys.executable, "-"], input=text, cwd=tmp_path, env=env, capture_output=True,
+        [sys.executable, "-"], input=step.text, cwd=tmp_path, env=env, capture_output=True,
         text=True, timeout=600,
       )  # fmt: skip
-      assert proc.returncode == 0, f"snippet failed:\n{text}\n{proc.stderr[-3000:]}"
+      assert proc.returncode == 0, f"{doc}: snippet failed:\n{step.text}\n{proc.stderr[-3000:]}"
       ran.append("py")
       continue
-    args = _strip_wrappers(shlex.split(text))
-    if args[:2] == ["bash", "scripts/setup.sh"]:
-      assert os.path.isfile(os.path.join(REPO, "scripts", "setup.sh"))
-      continue  # the test command ran it before pytest (scripts/test.sh)
-    config = next((a.split("=", 1)[1] for a in args if a.startswith("--config=")), "")
-    if config in COVERED:
-      covering = open(os.path.join(REPO, COVERED[config]), encoding="utf-8").read()
-      assert config in covering, f"{COVERED[config]} no longer runs {config}"
+    if classify(step.text) != "run":
       continue
-    assert args[0] in PYTHONS, text
+    args = _strip_wrappers(shlex.split(step.text))
     proc = subprocess.run(
       [sys.executable, *args[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
       timeout=900,
     )  # fmt: skip
-    assert proc.returncode == 0, f"{text}\n{proc.stderr[-4000:]}"
-    ran.append(args[2])
-    for flag, must in (("--workdir=", "metrics.jsonl"), ("--out_dir=", "config.json")):
-      d = next((a.split("=", 1)[1] for a in args if a.startswith(flag)), None)
-      if d and args[2] in ("launchers.train", "launchers.export_hf"):
-        assert os.path.isfile(tmp_path / d / must), f"{text}: no {d}/{must}"
-    out = next((a.split("=", 1)[1] for a in args if a.startswith("--out=")), None)
-    if out:
-      report = json.load(open(tmp_path / out))
-      assert report["metrics"]["num_problems"] >= 1
-  assert ran == ["py", "launchers.train", "launchers.eval", "launchers.export_hf", "py"], ran
+    assert proc.returncode == 0, f"{doc}: {step.text}\n{proc.stderr[-4000:]}"
+    _check_outputs(tmp_path, args, step.text)
+    ran.append(args[2] if args[1] == "-m" else args[1])
+  expected = {
+    "README.md": [
+      "py", "launchers.train", "launchers.eval", "launchers.export_hf", "py",  # newcomer path
+      "py", "my_verifiers.py", "launchers.train", "py", "launchers.train",  # plug-ins
+      "launchers.train",  # logging
+    ],
+    "docs/newcomer.md": [
+      "launchers.sft", "launchers.train", "launchers.eval", "launchers.export_hf", "py",
+    ],
+  }  # fmt: skip
+  assert ran == expected[doc], ran
