@@ -31,6 +31,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 import unicodedata
 
 import pytest
@@ -595,7 +596,7 @@ def test_doc_examples_run_as_written(doc, tmp_path):
   for name in ("configs", "launchers"):
     os.symlink(os.path.join(REPO, name), tmp_path / name)
   env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu", WANDB_SILENT="true")
-  ran = []
+  ran, took = [], []
   for step in walk_steps(doc):
     if step.kind == "skip":
       continue
@@ -603,6 +604,7 @@ def test_doc_examples_run_as_written(doc, tmp_path):
       (tmp_path / step.name).write_text(step.text)
       ran.append(step.name)
       continue
+    start = time.monotonic()
     if step.kind == "py":
       proc = subprocess.run(
         [sys.executable, "-"], input=step.text, cwd=tmp_path, env=env, capture_output=True,
@@ -610,6 +612,7 @@ def test_doc_examples_run_as_written(doc, tmp_path):
       )  # fmt: skip
       assert proc.returncode == 0, f"{doc}: snippet failed:\n{step.text}\n{proc.stderr[-3000:]}"
       ran.append("py")
+      took.append(f"{time.monotonic() - start:6.1f} s  python snippet")
       continue
     if classify(step.text) != "run":
       continue
@@ -621,6 +624,8 @@ def test_doc_examples_run_as_written(doc, tmp_path):
     assert proc.returncode == 0, f"{doc}: {step.text}\n{proc.stderr[-4000:]}"
     _check_outputs(tmp_path, args, step.text)
     ran.append(args[2] if args[1] == "-m" else args[1])
+    took.append(f"{time.monotonic() - start:6.1f} s  {step.text[:90]}")
+  print(f"{doc}: the walk's steps (-s shows this)", *took, sep="\n  ")
   expected = {
     "README.md": [
       "py", "launchers.train", "launchers.eval", "launchers.export_hf", "py",  # newcomer path
