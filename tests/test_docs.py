@@ -577,6 +577,8 @@ def _check_outputs(folder, args: list[str], cmd: str) -> None:
       if m and m.group(1) in resolved and m.group(1) != "model.hf_dir":
         got = _resolved(resolved[m.group(1)])
         assert got.lower() == m.group(2).lower(), f"{cmd}: {m.group(1)} ran as {got!r}"
+    if resolved.get("log.wandb"):  # the walk sends nothing off this machine
+      assert resolved["log.wandb_mode"] == "offline", f"{cmd}: W&B would go online"
   if launcher == "export_hf":
     out_dir = _flag(args, "out_dir")
     assert os.path.isfile(folder / out_dir / "config.json"), f"{cmd}: no {out_dir}/config.json"
@@ -603,7 +605,14 @@ def test_doc_examples_run_as_written(doc, tmp_path):
   pytest.importorskip("torch")
   for name in ("configs", "launchers"):
     os.symlink(os.path.join(REPO, name), tmp_path / name)
-  env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="", JAX_PLATFORMS="cpu", WANDB_SILENT="true")
+  env = dict(
+    os.environ,
+    PYTHONPATH=REPO,
+    XLA_FLAGS="",
+    JAX_PLATFORMS="cpu",
+    WANDB_SILENT="true",
+    HF_HUB_OFFLINE="1",
+  )
   ran, took = [], []
   for step in walk_steps(doc):
     if step.kind == "skip":
