@@ -574,11 +574,17 @@ def _check_outputs(folder, args: list[str], cmd: str) -> None:
     resolved = json.load(open(folder / workdir / "resolved_config" / f"{mode}.json"))
     for a in args:
       m = re.match(r"--config\.([\w.]+)=(.*)", a)
-      if m and m.group(1) in resolved and m.group(1) != "model.hf_dir":
-        got = _resolved(resolved[m.group(1)])
-        assert got.lower() == m.group(2).lower(), f"{cmd}: {m.group(1)} ran as {got!r}"
-    if resolved.get("log.wandb"):  # the walk sends nothing off this machine
-      assert resolved["log.wandb_mode"] == "offline", f"{cmd}: W&B would go online"
+      if not m or m.group(1) == "model.hf_dir":  # resolved to the directory's own path
+        continue
+      key, value = m.groups()
+      if key.startswith("log."):  # logging settings do not change results: not recorded
+        continue
+      assert key in resolved, f"{cmd}: {key} is not in {workdir}/resolved_config/{mode}.json"
+      got = _resolved(resolved[key])
+      assert got.lower() == value.lower(), f"{cmd}: {key} ran as {got!r}"
+    if "--config.log.wandb=True" in args:  # offline: the walk sends nothing off this machine
+      runs = glob.glob(str(folder / workdir / "wandb" / "offline-run-*"))
+      assert runs, f"{cmd}: no offline W&B run under {workdir}/wandb"
   if launcher == "export_hf":
     out_dir = _flag(args, "out_dir")
     assert os.path.isfile(folder / out_dir / "config.json"), f"{cmd}: no {out_dir}/config.json"
