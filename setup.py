@@ -55,6 +55,9 @@ setup(
     "test": [
       "pytest>=8",
       "pytest-timeout>=2.3",
+      # scripts/test.sh runs the suite on 2 workers (--dist loadfile) when this is installed
+      # (3.8: --no-loadscope-reorder, which keeps the slow-first module order of tests/conftest.py)
+      "pytest-xdist>=3.8",
       "torch==2.13.0",
       "jinja2>=3.1",
       "reasoning-gym==0.1.25",
@@ -72,8 +75,12 @@ setup(
       "mkdocs-material>=9.5",
       "mkdocstrings[python]>=1.0",
       "mkdocstrings-python>=2.0",
+      # rollout.router_url: SGLang's router, started by tests/pipelines/test_sglang_router_rl.py
+      "sglang-router==0.3.2",
     ],
     "ray": ["ray>=2.50"],
+    # rollout.router_url (rstar_jax/rollout/README.md, "SGLang's router")
+    "router": ["sglang-router==0.3.2"],
     # the docs site: mkdocs.yml over docs/, API pages from the docstrings (mkdocs build --strict)
     "docs": [
       "mkdocs>=1.6",

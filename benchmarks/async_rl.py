@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import sys
@@ -44,6 +43,9 @@ from rstar_jax.rollout.agent_runner import AgentRunner  # noqa: E402
 from rstar_jax.rollout.types import GenerateResult  # noqa: E402
 from rstar_jax.tokenization import chat_format as cf  # noqa: E402
 from rstar_jax.tokenization.bpe import train_bpe_tokenizer  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 
 class SimEngine:
@@ -181,6 +183,7 @@ def main():
   )
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
   logging.disable(logging.WARNING)
   sim = Sim(gen_mean_s=0.08, gen_sigma=0.6, tool_mean_s=0.15, tool_sigma=1.0, max_calls=4)
   tok = train_bpe_tokenizer(
@@ -250,21 +253,19 @@ def main():
       f"{int(r['lag2']):9d} {int(r['dropped']):8d}"
     )
   if args.json:
-    print(
-      json.dumps(
-        {
-          "sync_steps_per_s": rows["sync"]["steps_per_s"],
-          "async_steps_per_s": rows["async"]["steps_per_s"],
-          "async2_steps_per_s": rows["async2"]["steps_per_s"],
-          "async_speedup": rows["async"]["steps_per_s"] / ref,
-          "async2_speedup": rows["async2"]["steps_per_s"] / ref,
-          "trained_trajectories": rows["sync"]["trained"],
-          "steps": args.steps,
-          "update_s": update_s[0],
-          "sync_rollout_s": rollout_s,
-          "dropped_stale_trajectories": {k: r["dropped"] for k, r in rows.items()},
-        }
-      )
+    emit(
+      {
+        "sync_steps_per_s": rows["sync"]["steps_per_s"],
+        "async_steps_per_s": rows["async"]["steps_per_s"],
+        "async2_steps_per_s": rows["async2"]["steps_per_s"],
+        "async_speedup": rows["async"]["steps_per_s"] / ref,
+        "async2_speedup": rows["async2"]["steps_per_s"] / ref,
+        "trained_trajectories": rows["sync"]["trained"],
+        "steps": args.steps,
+        "update_s": update_s[0],
+        "sync_rollout_s": rollout_s,
+        "dropped_stale_trajectories": {k: r["dropped"] for k, r in rows.items()},
+      }
     )
 
 

@@ -53,6 +53,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 # (claim, arm, configs/demo.py variant, rl.roc_mode); an arm's cold start = its variant.
@@ -415,11 +418,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
   args = parse_args(argv)
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
   out = run_claims(args)
   with open(out["table"], encoding="utf-8") as f:
     print(f.read(), flush=True)
   if args.json:
-    print(json.dumps(out, sort_keys=True))
+    emit(out, sort_keys=True)
 
 
 if __name__ == "__main__":

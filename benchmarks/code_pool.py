@@ -1,6 +1,7 @@
 """Benchmark of the sandboxed code pool against references measured in the same run.
 
-  python benchmarks/code_pool.py [--quick] [--json PATH] [--breakdown]
+  python benchmarks/code_pool.py [--quick] [--json] [--out PATH] [--breakdown] [--mechanisms]
+                                 [--cgroups auto/off]
 
 Rows: calls/s and p50/p99 latency at concurrency 1, 8, 64 for a trivial snippet and a snippet
 that imports sympy+numpy and solves a quadratic, through
@@ -18,6 +19,18 @@ warmed-up) modules, with no sandbox:
 per call in the host process, the template processes (their own work: reading the request,
 fork, reaping, the reply) and the call processes (sandbox set-up, the snippet, exit), next to the
 bare fork's parent (fork, wait) and child (snippet, exit), measured back to back.
+
+`--mechanisms` only measures what the issue-40 mechanisms that can be switched off cost a trivial
+call at concurrency 8: four pools side by side (everything on; `cgroups="off"`, no memory +
+pids cgroup per call; `seccomp=False`, no call filter at all, an upper bound for the rules
+issue 40 added to it; `template_userns="off"`, templates as the host's root), in alternating
+rounds, CPU ms per call (host + templates + calls, from
+the kernel's counters: steadier than throughput on a shared machine) and calls/s, lowest CPU of
+the rounds kept. The heartbeat cannot be switched off: it is one ping frame per template every
+2 s (`min(2, reply_grace_s / 4)`), whatever the call rate.
+
+`--json` prints exactly one JSON document on stdout (progress goes to stderr); `--out PATH`
+also writes it to PATH.
 
 The target figures (issue 27: trivial at concurrency 8 >= 80% of its bare-fork ceiling, sympy
 at concurrency 8 >= 20x `python -c`; the older trivial-vs-fork-limit figure is printed too) are measured in alternating rounds (references, pool, references, ...)
@@ -37,6 +50,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rstar_jax.tools.code_pool import CodePool  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 TRIVIAL = "print(sum(range(1000)))"
 SYMPY = (
@@ -170,14 +186,15 @@ def _bare_split(n, q, code):
   )
 
 
-async def breakdown(rounds=3, n=600):
+async def breakdown(rounds=3, n=600, cgroups="auto"):
   """Where a trivial call's CPU goes (pool at concurrency 8 vs the bare fork), best of rounds."""
   import resource
 
   ctx = mp.get_context("spawn")
   rows = {}
-  async with CodePool(num_workers=64) as pool:
+  async with CodePool(num_workers=64, cgroups=cgroups) as pool:
     print(f"isolation level: {pool.isolation_level}, templates: {len(pool._templates)}")
+    print(f"memory bound: {pool.memory_bound}")
     for _ in range(50):
       await pool.execute(TRIVIAL)
     pids = [p for t in pool._templates for p in _tree(t.proc.pid)]
@@ -222,6 +239,69 @@ async def breakdown(rounds=3, n=600):
     f"ratio is {bare_ms / pool_ms:.0%} (target >= 80%)"
   )
   return {"rows": rows, "pool_ms": pool_ms, "bare_ms": bare_ms}
+
+
+async def mechanisms(rounds=3, n=400):
+  """CPU ms and calls/s of a trivial call at concurrency 8 with each switchable mechanism off."""
+  import resource
+
+  variants = {
+    "all on": {},
+    "cgroups off": {"cgroups": "off"},
+    "seccomp off": {"seccomp": False},
+    "userns off": {"template_userns": "off"},
+  }
+  pools = {k: CodePool(num_workers=8, **kw) for k, kw in variants.items()}
+  best = {}
+  try:
+    for pool in pools.values():
+      await pool.start()
+    first = pools["all on"]
+    print(f"isolation level: {first.isolation_level}, templates: {len(first._templates)}")
+    print(f"memory bound: {first.memory_bound}")
+    for name, pool in pools.items():
+      assert name == "cgroups off" or pool._cg is not None or first._cg is None, name
+      for _ in range(50):
+        await pool.execute(TRIVIAL)
+    for i in range(rounds):
+      for name, pool in pools.items():
+        pids = [p for t in pool._templates for p in _tree(t.proc.pid)]
+
+        async def call(pool=pool):
+          r = await pool.execute(TRIVIAL, timeout_s=30)
+          assert r.status == "ok", r
+
+        h0, t0 = resource.getrusage(resource.RUSAGE_SELF), _proc_cpu(pids)
+        rate = (await drive(call, n, 8))[0]
+        h1, t1 = resource.getrusage(resource.RUSAGE_SELF), _proc_cpu(pids)
+        host = h1.ru_utime + h1.ru_stime - h0.ru_utime - h0.ru_stime
+        ms = (host + (t1[0] - t0[0]) + (t1[1] - t0[1])) / n * 1e3
+        old = best.get(name, {"cpu_ms": float("inf"), "calls_per_s": 0.0})
+        best[name] = {
+          "cpu_ms": min(old["cpu_ms"], ms),
+          "calls_per_s": max(old["calls_per_s"], rate),
+        }
+        print(f"  round {i + 1}/{rounds}: {name:11} {ms:.2f} CPU ms/call, {rate:.0f} calls/s")
+  finally:
+    for pool in pools.values():
+      await pool.close()
+  on = best["all on"]["cpu_ms"]
+  cost = {
+    "cgroup_per_call_cpu_ms": on - best["cgroups off"]["cpu_ms"],
+    "seccomp_filter_cpu_ms": on - best["seccomp off"]["cpu_ms"],
+    "template_userns_cpu_ms": on - best["userns off"]["cpu_ms"],
+    "heartbeat_frames_per_s_per_template": 0.5,
+  }
+  for name, b in best.items():
+    print(
+      f"{name:11} {b['cpu_ms']:.2f} CPU ms/call (lowest), {b['calls_per_s']:.0f} calls/s (best)"
+    )
+  print(
+    f"cost per trivial call: cgroup {cost['cgroup_per_call_cpu_ms']:+.2f} CPU ms, whole seccomp "
+    f"filter {cost['seccomp_filter_cpu_ms']:+.2f} CPU ms, template user namespace "
+    f"{cost['template_userns_cpu_ms']:+.2f} CPU ms (of {on:.2f})"
+  )
+  return {"mode": "mechanisms", "rounds": rounds, "calls_per_round": n, "best": best, "cost": cost}
 
 
 def fork_limit(seconds=3.0, code="", inner=False):
@@ -281,7 +361,7 @@ async def target_rounds(pool, rounds, scale):
   return best
 
 
-async def main(quick, json_path=None):
+async def main(quick, cgroups="auto"):
   scale = 0.3 if quick else 1.0
   counts = {  # (snippet, concurrency) -> calls for pool / python -c
     ("trivial", 1): (int(200 * scale), int(30 * scale)),
@@ -293,9 +373,10 @@ async def main(quick, json_path=None):
   }
   rows = []
   flimit = fork_limit()
-  async with CodePool(num_workers=64) as pool:
-    level = pool.isolation_level
+  async with CodePool(num_workers=64, cgroups=cgroups) as pool:
+    level, memory_bound = pool.isolation_level, pool.memory_bound
     print(f"isolation level: {level} ({pool.isolation_description})")
+    print(f"memory bound: {pool.memory_bound}")
     print(f"templates: {len(pool._templates)}, cores: {os.cpu_count()}")
     for _ in range(20):
       await pool.execute(TRIVIAL)
@@ -355,33 +436,54 @@ async def main(quick, json_path=None):
     f"the snippet alone (no fork, no sandbox counted) runs at "
     f"{targets['sympy_alone_vs_python_c']:.1f}x python -c"
   )
-  if json_path:
-    with open(json_path, "w") as f:
-      json.dump(
-        {
-          "isolation_level": level,
-          "fork_limit": flimit,
-          "best_of_rounds": best,
-          "targets": targets,
-          "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
-        },
-        f,
-        indent=1,
-      )
+  return {
+    "mode": "rows and targets",
+    "isolation_level": level,
+    "memory_bound": memory_bound,
+    "cgroups": cgroups,
+    "fork_limit": flimit,
+    "best_of_rounds": best,
+    "targets": targets,
+    "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
+  }
 
 
 if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="fewer calls per row")
-  ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+  ap.add_argument("--json", action="store_true", help="one JSON document on stdout (see above)")
+  ap.add_argument("--out", default=None, help="also write the JSON document to this file")
   ap.add_argument(
     "--breakdown", action="store_true", help="only the CPU split of a trivial call (see above)"
   )
+  ap.add_argument(
+    "--mechanisms", action="store_true", help="only the cost of each switchable mechanism"
+  )
+  ap.add_argument("--rounds", type=int, default=3, help="rounds of --mechanisms")
+  ap.add_argument(
+    "--cgroups",
+    default="auto",
+    choices=("auto", "off"),
+    help="the pool's memory + pids cgroup per call (PoolConfig.cgroups): its cost is the "
+    "difference between a run with and one without (or see --mechanisms)",
+  )
   args = ap.parse_args()
+  # --json: stdout carries the document only; progress (and child processes) go to stderr.
+  emit = json_stdout.reserve(args.json)
   if args.breakdown:
-    out = asyncio.run(breakdown())
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump(out, f, indent=1)
+    out = asyncio.run(breakdown(cgroups=args.cgroups))
+  elif args.mechanisms:
+    out = asyncio.run(mechanisms(rounds=args.rounds, n=150 if args.quick else 400))
   else:
-    asyncio.run(main(args.quick, args.json))
+    out = asyncio.run(main(args.quick, args.cgroups))
+  out = {
+    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "cores": os.cpu_count(),
+    "load_avg_1m_at_end": os.getloadavg()[0],
+    **out,
+  }
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(out, f, indent=1)
+  if args.json:
+    emit(out)

@@ -7,12 +7,16 @@ an IPC handle on GPU). Zero-copy means torch's tensor points at the JAX buffer
 (``data_ptr() == unsafe_buffer_pointer()``); GB/s is array bytes / hand-off seconds (a
 zero-copy hand-off costs microseconds, so this is large; a copying one runs near memory
 bandwidth). Reference in the same run: a device copy of the same array (``x + 0``).
-With --json the last line is one JSON object.
+With --json stdout holds one JSON object only (the table goes to stderr).
 """
 
 import argparse
-import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 
 def main():
@@ -22,6 +26,7 @@ def main():
   ap.add_argument("--dtype", default="bfloat16")
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
   import jax
   import jax.numpy as jnp
   import torch
@@ -62,7 +67,7 @@ def main():
     f"device copy {res['device_copy_gbps']:.1f} GB/s"
   )
   if args.json:
-    print(json.dumps(res))
+    emit(res)
 
 
 if __name__ == "__main__":

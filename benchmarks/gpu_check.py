@@ -36,6 +36,9 @@ import tempfile
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -435,12 +438,16 @@ def main(argv=None):
   ap.add_argument("--rows", type=int, default=8, help="learner batch rows")
   ap.add_argument("--seq", type=int, default=2048, help="learner row length")
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument(
+    "--json", action="store_true", help="also print the report on stdout (progress on stderr)"
+  )
   ap.add_argument("--section", default=None, help=argparse.SUPPRESS)  # child mode
   ap.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.section:  # child: run one section, print its JSON as the last line
     print("GPU_CHECK_RESULT " + json.dumps(run_section(args.section, args)), flush=True)
     return 0
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the report only
   out = args.out or os.path.join(os.environ.get("OUT", "."), "gpu_check.json")
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   budgets = SMOKE_BUDGET if args.smoke else BUDGET
@@ -508,6 +515,12 @@ def main(argv=None):
       flush=True,
     )
   print(f"[gpu_check] report: {out}")
+  if args.json:
+    emit(report, indent=2)
+  failed = [n for n, r in report["sections"].items() if not r.get("ok")]
+  if failed:
+    print(f"[gpu_check] FAILED sections: {', '.join(failed)} (details in {out})", flush=True)
+    return 1
   return 0
 
 

@@ -27,6 +27,9 @@ import numpy as np  # noqa: E402
 
 from rstar_jax.models import qwen3  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
+
 TINY = dict(
   vocab_size=512,
   hidden_size=128,
@@ -68,7 +71,9 @@ def main():
   ap.add_argument("--seq", type=int, default=128)
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--quick", action="store_true", help="3 steps, seq 64")
+  ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
   a = ap.parse_args()
+  emit = json_stdout.reserve(a.json)  # --json: stdout holds the JSON only
   if a.quick:
     a.steps, a.seq = 3, 64
   import torch
@@ -107,6 +112,25 @@ def main():
   print(f"{'impl':<26}{'compile/first s':>16}{'step ms':>10}{'tokens/s':>12}{'vs torch':>10}")
   for name, c, t, tps in rows:
     print(f"{name:<26}{c:>16.2f}{t * 1e3:>10.1f}{tps:>12,.0f}{tps / torch_tps:>9.2f}x")
+  if a.json:
+    emit(
+      {
+        "params": n_params,
+        "batch": a.batch,
+        "seq": a.seq,
+        "steps": a.steps,
+        "rows": [
+          {
+            "impl": name,
+            "compile_s": c,
+            "step_s": t,
+            "tokens_per_s": tps,
+            "vs_torch": tps / torch_tps,
+          }
+          for name, c, t, tps in rows
+        ],
+      }
+    )
 
 
 if __name__ == "__main__":

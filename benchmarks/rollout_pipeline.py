@@ -17,6 +17,8 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import os
+import sys
 import time
 
 from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop
@@ -24,6 +26,9 @@ from rstar_jax.rollout.types import GenerateRequest, GenerateResult, SamplingPar
 from rstar_jax.tokenization import chat_format as cf
 from rstar_jax.tokenization.bpe import train_bpe_tokenizer
 from rstar_jax.tools.code_pool import ExecResult
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 
 def _u(*key) -> float:
@@ -140,7 +145,9 @@ def main():
   ap.add_argument("--trajectories", type=int, default=64)
   ap.add_argument("--slots", type=int, default=32)
   ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
   args = ap.parse_args()
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
   tok = train_bpe_tokenizer(
     [cf.SYSTEM_PROMPT, cf.TOOLS_BLOCK, cf.USER_PREFIX, cf.format_tool_call("print(1+2)", "x")] * 4,
     512,
@@ -168,6 +175,16 @@ def main():
   print(f"{'loop':<20} {'wall s':>8} {'traj/s':>8} {'vs barrier':>10}")
   for name, wall, tps in rows:
     print(f"{name:<20} {wall:8.2f} {tps:8.2f} {tps / ref:9.2f}x")
+  if args.json:
+    emit(
+      {
+        "trajectories": args.trajectories,
+        "slots": args.slots,
+        "rows": [
+          {"loop": n, "wall_s": w, "traj_per_s": t, "vs_barrier": t / ref} for n, w, t in rows
+        ],
+      }
+    )
 
 
 if __name__ == "__main__":

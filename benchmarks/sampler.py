@@ -37,6 +37,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = {  # name: (vocab, hidden, intermediate, layers, q heads, kv heads, head_dim)
@@ -300,6 +303,7 @@ def main(argv=None):
   ap.add_argument("--code-root", default=None, help="import rstar_jax from this checkout")
   ap.add_argument("--json", nargs="?", const="-", default=None, help="write JSON (- = stdout)")
   args = ap.parse_args(argv)
+  emit = json_stdout.reserve(args.json == "-")  # --json / --json -: stdout holds the JSON only
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   _import_path(args.code_root)
@@ -383,12 +387,11 @@ def main(argv=None):
         + (f"  [{p['note']}]" if "note" in p else "")
       )
   if args.json:
-    text = json.dumps(report, indent=2)
     if args.json == "-":
-      print(text)
+      emit(report, indent=2)
     else:
       with open(args.json, "w") as f:
-        f.write(text)
+        f.write(json.dumps(report, indent=2))
   return report
 
 

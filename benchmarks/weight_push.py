@@ -21,12 +21,11 @@ embeddings) with 16 of its 28 layers = 1.12 B params, 2.24 GB in bf16. Rows (bes
     alone (one bit-pattern compare per leaf) inside that push.
 GB/s = parameter bytes / seconds. ``verified``: the stand-in's received tensors equal the
 learner's HF-layout bytes for every transport. Extrapolation to Qwen3-14B (14.77 B params x 2 B)
-is by bytes. With --json the last line is one JSON object.
+is by bytes. With --json stdout holds one JSON object only (the table goes to stderr).
 """
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import sys
@@ -45,6 +44,9 @@ from rstar_jax.models import qwen3_hf_layout as layout  # noqa: E402
 from rstar_jax.rollout.sglang_engine import SGLangEngine  # noqa: E402
 from rstar_jax.rollout.testing.mock_sglang import MockSGLangServer  # noqa: E402
 from rstar_jax.rollout.weight_transfer import disk, source  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
+import json_stdout  # noqa: E402
 
 QWEN3_1P7B_WIDTHS = dict(
   vocab_size=151936,
@@ -86,6 +88,7 @@ def main():
   ap.add_argument("--bucket-mb", type=int, default=256)
   ap.add_argument("--json", action="store_true")
   args = ap.parse_args()
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
 
   config = qwen3.Qwen3Config(**QWEN3_1P7B_WIDTHS, num_hidden_layers=args.layers, dtype="bfloat16")
   rng = np.random.default_rng(0)
@@ -211,7 +214,7 @@ def main():
     f"verified={all(verified)}"
   )
   if args.json:
-    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()}))
+    emit({k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()})
 
 
 if __name__ == "__main__":

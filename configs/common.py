@@ -180,7 +180,9 @@ def debug_overlay(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.path, c.eval.protocol = "", ""
   c.eval.k, c.eval.max_problems, c.eval.response_budget, c.eval.max_turns = 1, 2, 64, 2
   if c.get("sft") is not None:
-    c.sft.epochs, c.sft.batch_size, c.sft.max_seq_len = 1.0, 2, 512
+    # 2048: the chat template, tool block and system prompt of a recipe rendered with a small
+    # byte-level tokenizer take ~1,000-1,500 tokens (512 dropped every item).
+    c.sft.epochs, c.sft.batch_size, c.sft.max_seq_len = 1.0, 2, 2048
     c.sft.warmup_ratio = 0.0
   if c.stages:
     first = dict(c.stages[0])

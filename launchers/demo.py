@@ -9,12 +9,15 @@ Any config field can be overridden (--config.rl.group_size=4, ...). Rerunning wi
 config; otherwise it stops and names the changed fields (--discard_stale reruns those phases).
 """
 
+import logging
 import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli
+
+log = logging.getLogger(__name__)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -39,18 +42,24 @@ _DISCARD = flags.DEFINE_bool(
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import demo, launch
+  from rstar_jax.pipelines import demo, launch, workdir_lock
 
   launch.setup_logging()
   cli.check_workdir(_WORKDIR.value)
+  workdir_lock.acquire(_WORKDIR.value)  # one run per workdir (a second launch stops)
   cfg = _CONFIG.value
   if _ROC_MODE.value:
     cfg.rl.roc_mode = _ROC_MODE.value
   run = cli.typed_config(cfg, "rl", "launchers.demo")
   cli.check_model_dirs(run)
+  log.info("%s", launch.run_line(run, "launchers.demo"))
   cli.check_devices(run)
   demo.run_demo(run, _WORKDIR.value, discard_stale=_DISCARD.value)
 
 
 if __name__ == "__main__":
-  cli.run(main, required=["workdir"])
+  cli.run(
+    main,
+    on_interrupt=lambda: cli.demo_interrupted_line(_WORKDIR.value),
+    required=["workdir"],
+  )

@@ -6,12 +6,15 @@
       --checkpoint_dir=/tmp/rl/ckpt --out=/tmp/eval.json --workdir=/tmp/rl
 """
 
+import logging
 import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli
+
+log = logging.getLogger(__name__)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Run config file (mode eval).", lock_config=True
@@ -40,6 +43,10 @@ def main(argv):
   cli.check_dir(_WORKDIR.value, "--workdir")
   cli.check_workdir(os.path.dirname(os.path.abspath(_OUT.value)), "--out")
   cli.check_model_dirs(run)
+  log.info("%s", launch.run_line(run, "launchers.eval"))
+  mismatch = evaluation.recipe_mismatch_warning(run, _CKPT.value)
+  if mismatch:
+    log.warning("%s", mismatch)
   launch.maybe_initialize_distributed()
   cli.check_devices(run)
   report = evaluation.run_eval(run, _OUT.value, checkpoint_dir=_CKPT.value, workdir=_WORKDIR.value)

@@ -52,7 +52,7 @@ def main(argv):
   cli.check_dir(_CKPT.value, "--checkpoint_dir")
   cli.check_dir(_TOK.value, "--tokenizer_dir")
   cli.check_workdir(_OUT.value, "--out_dir")
-  cli.check_model_dirs(run)
+  cli.check_model_dirs(run, need_tokenizer=False)  # the tokenizer has its own fallbacks
   # The tokenizer: the flag, else the config's (model.tokenizer_dir / hf_dir), else the one a
   # from-scratch run saved next to its ckpt/. A model directory without one is not loadable.
   run_tok = os.path.join(os.path.dirname(os.path.abspath(_CKPT.value)), "tokenizer")

@@ -7,12 +7,18 @@
 Resumes from <workdir>/ckpt when present (same step, data position, stage), if the config is
 the one it ran with (<workdir>/resolved_config/; --discard_stale starts over). Ctrl-C ends
 with "interrupted at step N; rerun the same command to resume".
+--max_restarts=N restarts the learner process(es) after a crash, from the last checkpoint
+(rstar_jax/pipelines/README.md, "Restarts after a crash").
 """
+
+import logging
 
 from absl import flags
 from ml_collections import config_flags
 
 from rstar_jax import cli, run_record
+
+log = logging.getLogger(__name__)
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Run config file (mode rl).", lock_config=True
@@ -30,12 +36,14 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop after this many RL st
 def main(argv):
   del argv
   # Imported here: --help and --describe_config must not wait for jax (~4 s).
-  from rstar_jax.pipelines import launch, rl_loop
+  from rstar_jax.pipelines import launch, rl_loop, workdir_lock
 
   launch.setup_logging()
   run = cli.typed_config(_CONFIG.value, "rl", "launchers.train", check_paths=True)
   cli.check_workdir(_WORKDIR.value)
   cli.check_model_dirs(run)
+  log.info("%s", launch.run_line(run, "launchers.train"))
+  workdir_lock.acquire(_WORKDIR.value)  # one run per workdir (a second launch stops)
   # A resume must continue the same run: a changed config stops here (one line naming the
   # changed fields) instead of mixing two runs' checkpoints and metrics.
   run_record.record_or_check(
@@ -56,4 +64,6 @@ if __name__ == "__main__":
     main,
     on_interrupt=lambda: cli.rl_interrupted_line(_WORKDIR.value),
     required=["config", "workdir"],
+    workdir=lambda: _WORKDIR.value,
+    supervisable=True,  # --max_restarts=N (rstar_jax.pipelines.supervisor)
   )

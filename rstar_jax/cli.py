@@ -11,7 +11,8 @@
 
 `run` prints a `rstar_jax.errors.UserError` (a bad config value, a missing path, a stale run
 directory, an incompatible checkpoint) as one absl ``logging.error`` line and exits with status
-2; any other exception keeps its full traceback (it is a bug to report). Ctrl-C is one line
+2 (a `rstar_jax.errors.CheckpointedStop`, e.g. every rollout server gone, as one line and
+status 75); any other exception keeps its full traceback (it is a bug to report). Ctrl-C is one line
 too (``interrupted at step N; rerun the same command to resume`` when the launcher says how to
 find N) and exit status 130.
 
@@ -40,7 +41,7 @@ from collections.abc import Callable, Sequence
 from absl import app, flags, logging
 
 from rstar_jax.config import eval_protocols, from_config_dict, schema
-from rstar_jax.errors import UserError
+from rstar_jax.errors import CheckpointedStop, UserError, complete_steps, disk_full_reason
 from rstar_jax.planning.kv_cache import kv_cache_bytes
 
 USAGE_ERROR_EXIT = 2
@@ -51,6 +52,27 @@ _DESCRIBE = flags.DEFINE_bool(
   "describe_config",
   False,
   "Print every config field with its value (after --config.* overrides), default and doc; exit 0.",
+)
+
+
+_MAX_RESTARTS = flags.DEFINE_integer(
+  "max_restarts",
+  0,
+  "Supervise the run: when a learner process crashes (killed, out of memory, a JAX process "
+  "of a multi-process run lost), restart every process from the last checkpoint with the same "
+  "command, at most this many times (0 = no supervisor). <workdir>/supervisor.json records "
+  "each attempt. launchers.train / launchers.sft.",
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  "num_processes",
+  1,
+  "With the supervisor: run the learner as this many JAX processes on this machine "
+  "(RSTAR_* variables of rstar_jax.distributed.init; a crash of any restarts all).",
+)
+_DEVICES_PER_PROCESS = flags.DEFINE_integer(
+  "devices_per_process",
+  0,
+  "With --num_processes: host-platform devices per process (XLA_FLAGS; 0 = unchanged).",
 )
 
 
@@ -74,13 +96,90 @@ def run(
   main: Callable[[Sequence[str]], object],
   on_interrupt: Callable[[], str] | None = None,
   required: Sequence[str] = (),
+  workdir: Callable[[], str | None] | None = None,
+  supervisable: bool = False,
 ) -> None:
   """`absl.app.run(main)` with `UserError` reported as one line and exit status 2; so is a
   ``--config.x.y=v`` override naming a field the config does not have, and a flag of
   ``required`` left unset (checked after ``--describe_config``, which needs none of them;
   `flags.mark_flags_as_required` would refuse it). Ctrl-C prints ``on_interrupt()`` (default:
-  a generic line) and exits 130."""
-  app.run(wrap(main, on_interrupt), flags_parser=lambda argv: parse_flags(argv, required))
+  a generic line) and exits 130. A write that fails for lack of space (or quota) anywhere is
+  one line naming the file and the last good checkpoint under ``workdir()``/ckpt, exit 2.
+
+  ``supervisable``: the launcher accepts ``--max_restarts`` / ``--num_processes`` and then
+  becomes the supervisor of its own learner processes (`supervised`)."""
+  body = supervised(main, workdir) if supervisable else _refuse_supervisor_flags(main)
+  app.run(wrap(body, on_interrupt, workdir), flags_parser=lambda argv: parse_flags(argv, required))
+
+
+def _supervisor_flags_set() -> list[str]:
+  return [f"--{f.name}" for f in (_MAX_RESTARTS, _NUM_PROCESSES, _DEVICES_PER_PROCESS) if f.present]
+
+
+def _refuse_supervisor_flags(body: Callable[[Sequence[str]], object]):
+  def checked(argv):
+    bad = _supervisor_flags_set()
+    if bad:
+      raise UserError(
+        f"{', '.join(bad)}: only launchers.train and launchers.sft supervise their learner "
+        "processes"
+      )
+    return body(argv)
+
+  return checked
+
+
+def launcher_module() -> str | None:
+  """The module this process runs as (``python -m launchers.train`` -> "launchers.train")."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  return spec.name if spec is not None else None
+
+
+def supervised(
+  body: Callable[[Sequence[str]], object], workdir: Callable[[], str | None] | None
+) -> Callable[[Sequence[str]], object]:
+  """``body``, or with ``--max_restarts`` > 0 or ``--num_processes`` > 1 a
+  `rstar_jax.pipelines.supervisor.Supervisor` running ``body``'s launcher as learner processes
+  (they see ``RSTAR_SUPERVISED=1`` and run ``body``). The flags are checked, and the config
+  parsed (a bad override is one line before any process starts), here."""
+
+  def run_or_supervise(argv):
+    # Imported here: jax-free, but only a supervised launch needs it.
+    from rstar_jax.pipelines import supervisor
+
+    restarts, procs = _MAX_RESTARTS.value, _NUM_PROCESSES.value
+    if supervisor.is_supervised_child() or (restarts == 0 and procs == 1):
+      return body(argv)
+    problems = []
+    if restarts < 0:
+      problems.append(f"--max_restarts: expected >= 0, got {restarts}")
+    if procs < 1:
+      problems.append(f"--num_processes: expected >= 1, got {procs}")
+    if _DEVICES_PER_PROCESS.value < 0:
+      problems.append(f"--devices_per_process: expected >= 0, got {_DEVICES_PER_PROCESS.value}")
+    module = launcher_module()
+    if module is None:
+      problems.append("--max_restarts: run the launcher as a module (python -m launchers.train)")
+    wd = workdir() if workdir else None
+    if not wd:
+      problems.append(
+        "--max_restarts: the launcher needs --workdir (its ckpt/ is the resume point)"
+      )
+    if problems:
+      raise UserError("; ".join(problems))
+    check_workdir(wd)
+    sup = supervisor.Supervisor(
+      supervisor.child_argv(sys.argv, module),
+      wd,
+      max_restarts=restarts,
+      num_processes=procs,
+      devices_per_process=_DEVICES_PER_PROCESS.value,
+    )
+    sys.exit(sup.run())
+
+  run_or_supervise.__name__ = getattr(body, "__name__", "main")
+  run_or_supervise.__doc__ = body.__doc__
+  return run_or_supervise
 
 
 def parse_flags(argv: Sequence[str], required: Sequence[str] = ()):
@@ -271,16 +370,28 @@ def _fail(msg: str) -> None:
 
 
 def wrap(
-  main: Callable[[Sequence[str]], object], on_interrupt: Callable[[], str] | None = None
+  main: Callable[[Sequence[str]], object],
+  on_interrupt: Callable[[], str] | None = None,
+  workdir: Callable[[], str | None] | None = None,
 ) -> Callable[[Sequence[str]], object]:
-  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``, and Ctrl-C
-  into the line ``on_interrupt()`` and ``SystemExit(130)``."""
+  """``main`` with `UserError` turned into one error line and ``SystemExit(2)``, a full disk
+  into `disk_full_line` and ``SystemExit(2)``, and Ctrl-C into the line ``on_interrupt()``
+  and ``SystemExit(130)``."""
 
   def wrapped(argv):
     try:
       return main(argv)
     except UserError as e:
       logging.error("%s", " ".join(str(e).split()))
+      sys.exit(USAGE_ERROR_EXIT)
+    except CheckpointedStop as e:  # an outside failure; the loop checkpointed first
+      logging.error("%s", " ".join(str(e).split()))
+      sys.exit(e.exit_code)
+    except Exception as e:
+      reason = disk_full_reason(e)
+      if reason is None:
+        raise
+      logging.error("%s", disk_full_line(e, reason, workdir() if workdir else None))
       sys.exit(USAGE_ERROR_EXIT)
     except KeyboardInterrupt:
       try:
@@ -293,6 +404,22 @@ def wrap(
   wrapped.__name__ = getattr(main, "__name__", "main")
   wrapped.__doc__ = main.__doc__
   return wrapped
+
+
+def disk_full_line(err: BaseException, reason: str, workdir: str | None) -> str:
+  """``<file>: cannot write (no space left on device); the last good checkpoint is step N
+  (<workdir>/ckpt/N): free space, then rerun the same command to resume``."""
+  where = getattr(err, "filename", None) or workdir or "a file"
+  line = f"{where}: cannot write ({reason})"
+  if workdir:
+    ckpt = os.path.join(workdir, "ckpt")
+    steps = complete_steps(ckpt)
+    line += (
+      f"; the last good checkpoint is step {steps[-1]} ({os.path.join(ckpt, str(steps[-1]))})"
+      if steps
+      else f"; there is no complete checkpoint in {ckpt} yet"
+    )
+  return line + ": free space, then rerun the same command to resume"
 
 
 def last_logged_step(path: str) -> int:
@@ -321,6 +448,13 @@ def interrupted_line(workdir: str, metrics: str, checkpoint_step: int | None = N
   return line
 
 
+def sft_interrupted_line(workdir: str) -> str:
+  """`interrupted_line` of an SFT workdir: the checkpoint an interrupt writes is the resume
+  point (`sft_loop` records a step's state and metric row together, so they agree)."""
+  steps = complete_steps(os.path.join(workdir, "ckpt"))
+  return interrupted_line(workdir, "sft_metrics", steps[-1] if steps else 0)
+
+
 def rl_interrupted_line(workdir: str) -> str:
   """`interrupted_line` of an RL workdir (its checkpointed loop position is the resume point)."""
   ckpt_step = 0
@@ -330,6 +464,33 @@ def rl_interrupted_line(workdir: str) -> str:
   except (OSError, ValueError, KeyError, TypeError):
     pass
   return interrupted_line(workdir, "metrics", ckpt_step)
+
+
+# The demo's phases in order with the folder of the two that train (`pipelines.demo`).
+_DEMO_PHASES = ("data", "tokenizer", "sft", "eval_sft", "rl", "eval_rl", "report")
+
+
+def demo_interrupted_line(workdir: str) -> str:
+  """``interrupted in phase rl at step N; rerun the same command to resume`` for a
+  `launchers.demo` workdir: the phase after the last finished one (``demo_state.json``), and
+  for the training phases the step their checkpoint resumes from."""
+  try:
+    with open(os.path.join(workdir, "demo_state.json"), encoding="utf-8") as f:
+      done = json.load(f).get("last_phase") or ""
+  except (OSError, ValueError, AttributeError):
+    done = ""
+  if done == "rl (unfinished)":  # demo.rl_max_steps stopped the last run inside RL
+    phase = "rl"
+  else:
+    i = _DEMO_PHASES.index(done) + 1 if done in _DEMO_PHASES else 0
+    phase = _DEMO_PHASES[min(i, len(_DEMO_PHASES) - 1)]
+  if phase == "rl":
+    line = rl_interrupted_line(os.path.join(workdir, "rl"))
+  elif phase == "sft":
+    line = sft_interrupted_line(os.path.join(workdir, "sft"))
+  else:
+    return f"interrupted in phase {phase}; rerun the same command to resume"
+  return line.replace("interrupted at step", f"interrupted in phase {phase} at step", 1)
 
 
 def check_dir(path: str, field: str, *, must_exist: bool = True) -> None:
@@ -461,7 +622,29 @@ def typed_config(cfg, mode: str, launcher: str, **convert_kw):
   return run
 
 
-def check_model_dirs(run) -> None:
-  """The typed config's ``model.hf_dir`` / ``model.tokenizer_dir``, when set, are directories."""
-  check_dir(run.model.hf_dir, "config.model.hf_dir")
-  check_dir(run.model.tokenizer_dir, "config.model.tokenizer_dir")
+def check_model_dirs(run, need_tokenizer: bool = True) -> None:
+  """The typed config's ``model.hf_dir`` / ``model.tokenizer_dir``, when set, are directories,
+  and (``need_tokenizer``) the one the tokenizer comes from (``tokenizer_dir``, else
+  ``hf_dir``) holds one."""
+  m = run.model
+  check_dir(m.hf_dir, "config.model.hf_dir")
+  check_dir(m.tokenizer_dir, "config.model.tokenizer_dir")
+  field, path = (
+    ("config.model.tokenizer_dir", m.tokenizer_dir)
+    if m.tokenizer_dir
+    else ("config.model.hf_dir", m.hf_dir)
+  )
+  if (
+    need_tokenizer
+    and path
+    and not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+  ):
+    raise UserError(
+      f"{field}: {path!r} holds no tokenizer (expected tokenizer.json or "
+      "tokenizer_config.json); copy the model's tokenizer files there, or name a directory "
+      "that has them with --config.model.tokenizer_dir=DIR"
+    )
+
+
+# What `rstar_jax.tokenization.bpe.load_tokenizer` reads (not imported: it loads transformers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")

@@ -43,6 +43,7 @@ DEFAULT_IGNORE = (
   "log.*",
   "*checkpoint_every",
   "*keep_checkpoints",
+  "*async_checkpoints",
   "*workdir*",
   "*num_workers",
   "*eval_workers",

@@ -4,7 +4,8 @@ the final weights byte-identical (the RL phase's HF export).
   python scripts/compare_runs.py WORKDIR_A WORKDIR_B
 
 Timings are the keys `compare_metrics.is_timing` names plus the asynchronous source's idle
-fractions and learner wait (wall-clock shares). Exits 1 on any difference.
+fractions and learner wait (wall-clock shares); the supervisor's ``restarts`` count is left out
+too (the run's history). Exits 1 on any difference.
 
 ``--ignore KEY`` (repeatable) leaves a metric out and says so. Use it only for a key that two
 runs of the SAME code already disagree on: e.g. ``sampler_logprob_drift`` (the embedded
@@ -22,6 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_metrics  # noqa: E402
 
 WEIGHTS = ("rl/hf/model.safetensors",)
+
+
+# What a run went through rather than what it computed: ``restarts`` (the supervisor's count,
+# docs/metrics.md) is 0 in an undisturbed run and >0 in one whose learner was killed.
+RUN_HISTORY = ("restarts",)
 
 
 def is_wall_clock(key: str) -> bool:
@@ -42,7 +48,7 @@ def main():
   a, b = (compare_metrics.load(os.path.join(d, "rl", "metrics.jsonl")) for d in (args.a, args.b))
   for runs in (a, b):
     for row in runs.values():
-      for k in [k for k in row if is_wall_clock(k) or k in args.ignore]:
+      for k in [k for k in row if is_wall_clock(k) or k in RUN_HISTORY or k in args.ignore]:
         del row[k]
   bad = compare_metrics.compare(a, b, rtol=0.0, atol=0.0)
   keys = sum(len(r) for r in a.values())

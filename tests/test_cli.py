@@ -157,8 +157,8 @@ def test_resume_with_a_changed_config_stops(tmp_path, module, variant, phase):
   (w / "ckpt").mkdir()  # the old run's checkpoint
   proc = _launch(f"--workdir={w}", module=module, config=f"configs/rstar2_tiny_cpu.py{variant}")
   _one_line_error(
-    proc, 'config changed since they ran: rl.roc_mode "random" -> "paper"', "roc_mode"
-  )
+    proc, 'config changed since they ran: rl.roc_mode "random" -> "paper"', "rl.roc_mode"
+  )  # "rl.roc_mode": the start-up line names "roc_mode 'paper'" too
   assert "--discard_stale" in proc.stderr and os.listdir(w / "ckpt") == []
 
 

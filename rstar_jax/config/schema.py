@@ -370,7 +370,27 @@ class RolloutConfig(_Section):
   server_timeout_s: float = field(
     600.0,
     num_range(0, lo_open=True),
-    "engine 'sglang': seconds to wait for every server's /health at start (progress logged every few seconds; an unresolvable host fails at once).",
+    "engine 'sglang': seconds to wait for every server's /health at start (progress logged every few seconds; an unresolvable host fails at once), and the longest the run goes on with no server in rotation before it checkpoints and stops (exit status 75).",
+  )
+  health_interval_s: float = field(
+    5.0,
+    num_range(0, lo_open=True),
+    "engine 'sglang': seconds between /health probes of every server (and between the probes of a server a request just failed on).",
+  )
+  health_timeout_s: float = field(
+    20.0,
+    num_range(0, lo_open=True),
+    "engine 'sglang': a /health probe not answered within this many seconds fails (a hung server). SGLang's /health generates one token, so leave room for a loaded server.",
+  )
+  max_server_failures: int = field(
+    3,
+    int_range(1),
+    "engine 'sglang': failed /health probes in a row that take a server out of rotation (its turns in flight are generated again on another server; it rejoins after it gets the current weights). A server leaves within about max_server_failures x (health_interval_s + health_timeout_s).",
+  )
+  router_url: str = field(
+    "",
+    IS_STR,
+    "engine 'sglang': SGLang's router (sglang-router) in front of the workers; '' = route here. Generation goes through the router; weight pushes go to every healthy worker it lists (GET /workers). sglang_urls may then be empty.",
   )
   staging_dir: str = field(
     "/dev/shm/rstar_jax_weights", IS_STR, "Weight push target (tmpfs or shared FS)."
@@ -431,8 +451,13 @@ class RolloutConfig(_Section):
   )
 
   def _cross(self):
-    if self.engine == "sglang" and not self.sglang_urls:
-      return [("rollout.sglang_urls", "expected at least one URL for engine='sglang', got ()")]
+    if self.engine == "sglang" and not self.sglang_urls and not self.router_url:
+      return [
+        (
+          "rollout.sglang_urls",
+          "expected at least one URL (or rollout.router_url) for engine='sglang', got ()",
+        )
+      ]
     return []
 
 
@@ -504,6 +529,12 @@ class TrainConfig(_Section):
     10, int_range(0), "RL/SFT steps between checkpoints (0 = only at the end)."
   )
   keep_checkpoints: int = field(3, int_range(1), "Orbax checkpoints kept.")
+  async_checkpoints: bool = field(
+    True,
+    IS_BOOL,
+    "Write checkpoints in a background thread (orbax async): a step waits for the copy off "
+    "the device, not for the disk; the results are the same as with False (tested).",
+  )
   log_every: int = field(1, int_range(1), "Steps between metric records.")
   eval_every: int = field(
     0, int_range(0), "RL steps between held-out evaluations (0 = none in the loop)."

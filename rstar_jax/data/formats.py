@@ -16,7 +16,7 @@ pyarrow (parquet) and datasets are optional: ``pip install rstar_jax[data]``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rstar_jax.data.jsonl import DataError, iter_jsonl
@@ -120,17 +120,37 @@ def _where(kind: str) -> str:
   return "line" if kind == "jsonl" else "row"
 
 
+# The config field that maps each of our fields to the user's column.
+MAPPING_SETTING = {
+  "problem": "data.question_field",
+  "answer": "data.answer_field",
+  "messages": "data.messages_field",
+}
+
+
+def _missing_column(ours: str, columns: Sequence[str]) -> str:
+  """ "missing; columns present: [...]; name the column that holds the answer with
+  --config.data.answer_field=COLUMN": the user's own column names and the setting that maps
+  one of them to ``ours``."""
+  alias = " (or 'question')" if ours == "problem" else ""
+  return (
+    f"missing; columns present: {sorted(columns)}; name the column that holds the {ours}"
+    f"{alias} with --config.{MAPPING_SETTING[ours]}=COLUMN"
+  )
+
+
 def _mapped(
   path: str, row: int, rec: dict, mapping: Mapping[str, str], unit: str
 ) -> tuple[dict, dict[str, str]]:
   """``rec`` with the user's columns renamed to ours; also ours -> theirs for error messages."""
+  columns = list(rec)
   rec = dict(rec)
   back = {}
   for ours, theirs in mapping.items():
     if not theirs or theirs == ours:
       continue
     if theirs not in rec:
-      raise DataError(path, row, theirs, f"missing; keys present: {sorted(rec)}", unit=unit)
+      raise DataError(path, row, theirs, _missing_column(ours, columns), unit=unit)
     value = rec.pop(theirs)
     for alias in (ours, "question") if ours == "problem" else (ours,):
       rec.pop(alias, None)  # the mapped column wins over a same-named one
@@ -139,15 +159,20 @@ def _mapped(
   return rec, back
 
 
-def _located(e: DataError, back: Mapping[str, str], unit: str) -> DataError:
+def _located(
+  e: DataError, back: Mapping[str, str], unit: str, columns: Sequence[str] = ()
+) -> DataError:
   """``e`` with the source's unit (line / row) and our field name turned back into the
-  user's column name (``messages[2].role`` -> ``conversation[2].role``)."""
-  field = e.field
+  user's column name (``messages[2].role`` -> ``conversation[2].role``); a missing field of
+  ours is named with the user's ``columns`` and the mapping setting to use."""
+  field, message = e.field, e.message
   if field is not None:
     head = field.split(".", 1)[0].split("[", 1)[0]
     if head in back:
       field = back[head] + field[len(head) :]
-  return DataError(e.path, e.line, field, e.message, unit=unit)
+    elif field in MAPPING_SETTING and message.startswith("missing"):
+      message = _missing_column(field, columns)
+  return DataError(e.path, e.line, field, message, unit=unit)
 
 
 def load_problem_set(
@@ -174,11 +199,12 @@ def load_problem_set(
   mapping = {"problem": question_field, "answer": answer_field}
   out = []
   for row, rec in iter_records(path, kind, split=split):
+    columns = list(rec)
     rec, back = _mapped(path, row, rec, mapping, unit)
     try:
       p = problem_from_record(rec, path=path, lineno=row)
     except DataError as e:
-      raise _located(e, back, unit) from None
+      raise _located(e, back, unit, columns) from None
     if require_integer_answer and not is_integer_text(p.answer):
       raise DataError(
         path, row, back.get("answer", "answer"), f"expected an integer, got {p.answer!r}", unit=unit
@@ -196,9 +222,10 @@ def load_chat_set(
   unit = _where(kind)
   out = []
   for row, rec in iter_records(path, kind, split=split):
+    columns = list(rec)
     rec, back = _mapped(path, row, rec, {"messages": messages_field}, unit)
     try:
       out.append(example_from_record(rec, path=path, lineno=row))
     except DataError as e:
-      raise _located(e, back, unit) from None
+      raise _located(e, back, unit, columns) from None
   return out

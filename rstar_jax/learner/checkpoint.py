@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import Mapping
@@ -22,14 +24,38 @@ import jax
 import orbax.checkpoint as ocp
 
 from rstar_jax.distributed.export import save_hf_multihost
-from rstar_jax.errors import UserError
+from rstar_jax.errors import UserError, disk_full_reason, write_failed_line
 from rstar_jax.learner import lora_training
 from rstar_jax.learner.train_state import TrainState
 from rstar_jax.models import lora
 
+log = logging.getLogger(__name__)
+
 
 class CheckpointMismatchError(UserError, ValueError):
   """A checkpoint's arrays do not fit the state it is restored into."""
+
+
+class CheckpointWriteError(UserError, OSError):
+  """A checkpoint could not be written (disk full, quota, read-only): the message names the
+  directory, the step lost and the last complete checkpoint a rerun resumes from."""
+
+
+# orbax's advice in its shape-mismatch message (turn on padding / truncation through its own
+# API) is about orbax, and wrong for a resume: a padded or cut array is another model.
+_ORBAX_ADVICE = re.compile(r"\s*Truncating/padding is disabled\..*$|\s*To enable it, set .*$")
+
+
+def mismatch_detail(err: BaseException) -> str:
+  """orbax's restore error as one line, its API advice removed: "the checkpoint holds shape
+  (512, 32) where this run's model has (1024, 64)" for a shape mismatch."""
+  text = " ".join(str(err).split())
+  m = re.search(
+    r"Requested shape: (\([\d, ]*\)) is not compatible with the stored shape: (\([\d, ]*\))", text
+  )
+  if m:
+    return f"the checkpoint holds an array of shape {m.group(2)} where this run's has {m.group(1)}"
+  return _ORBAX_ADVICE.sub("", text)
 
 
 def _arrays(state: TrainState) -> dict[str, Any]:
@@ -73,13 +99,18 @@ class Checkpointer:
       save_interval_steps=save_interval_steps,
       create=True,
       enable_async_checkpointing=enable_async,
+      # A write cut off (disk full, a killed process) leaves `<step>.orbax-checkpoint-tmp*`;
+      # orbax never restores those, and this removes them when the next run opens the folder.
+      cleanup_tmp_directories=True,
     )
+    self._pending: int | None = None  # the step of the save in flight (async)
+    self._failed = False  # a write failure was raised once; close() then stays quiet
     self._mgr = ocp.CheckpointManager(self.directory, options=options)
     # An async save still running when the interpreter exits is cut off (orbax's event loop
     # is torn down under it: a half-written `<step>.orbax-checkpoint-tmp` folder and
     # "Event loop is closed" tracebacks). The finalizer waits for it and closes the manager,
     # at `close()`, when this object is collected, or at exit, whichever comes first.
-    self._finalizer = weakref.finalize(self, _close_manager, self._mgr)
+    self._finalizer = weakref.finalize(self, _close_manager, self._mgr, self.directory)
     self._finalizer.atexit = False
     _at_thread_shutdown(self._finalizer)
 
@@ -102,13 +133,30 @@ class Checkpointer:
       json.dumps(meta)
     except TypeError as e:
       raise TypeError(f"Checkpointer.save: metadata is not JSON-serialisable: {e}") from e
-    return self._mgr.save(
-      step,
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_arrays(state)), meta=ocp.args.JsonSave(meta)
-      ),
-      force=force,
-    )
+    # The previous async write's failure surfaces here: named as that step's.
+    self.wait_until_finished()
+    self._pending = step
+    try:
+      wrote = self._mgr.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(_arrays(state)), meta=ocp.args.JsonSave(meta)
+        ),
+        force=force,
+      )
+    except Exception as e:
+      self._raise_if_disk_full(e)
+      raise
+    if not wrote:
+      self._pending = None
+    return wrote
+
+  def _raise_if_disk_full(self, e: BaseException) -> None:
+    reason = disk_full_reason(e)
+    if reason is None:
+      return
+    step, self._pending, self._failed = self._pending, None, True
+    raise CheckpointWriteError(write_failed_line(self.directory, step, reason)) from e
 
   def restore(
     self, target: TrainState, step: int | None = None
@@ -144,7 +192,7 @@ class Checkpointer:
     except ValueError as e:
       # orbax's shape / tree-structure mismatch: the usual cause is resuming a workdir
       # with a config (model size, optimizer) other than the one that wrote it.
-      detail = " ".join(str(e).split())
+      detail = mismatch_detail(e)
       raise CheckpointMismatchError(
         f"checkpoint {self.directory} step {step} does not fit this run's model and "
         f"optimizer (written with another config? use that config or a new workdir): "
@@ -166,10 +214,20 @@ class Checkpointer:
     return sorted(self._mgr.all_steps())
 
   def wait_until_finished(self) -> None:
-    self._mgr.wait_until_finished()
+    """Waits for the async write in flight; a failed write is a `CheckpointWriteError` (disk
+    full, ...) naming the step and the last good checkpoint."""
+    try:
+      self._mgr.wait_until_finished()
+    except Exception as e:
+      self._raise_if_disk_full(e)
+      raise
+    self._pending = None
 
   def close(self) -> None:
-    """Waits for pending async saves, then releases the manager (idempotent)."""
+    """Waits for pending async saves, then releases the manager (idempotent). A write failure
+    not reported yet is raised (`CheckpointWriteError`); one already raised is not repeated."""
+    if not self._failed and self._finalizer.alive:
+      self.wait_until_finished()
     self._finalizer()
 
   def __enter__(self) -> Checkpointer:
@@ -197,9 +255,19 @@ def _at_thread_shutdown(fn) -> None:
   atexit.register(fn)
 
 
-def _close_manager(mgr: ocp.CheckpointManager) -> None:
-  mgr.wait_until_finished()
-  mgr.close()
+def _close_manager(mgr: ocp.CheckpointManager, directory: str) -> None:
+  try:
+    mgr.wait_until_finished()
+  except Exception as e:
+    # Only reached for a failure already raised (close) or at exit / collection, where
+    # raising helps no one: one line, not orbax's stack.
+    reason = disk_full_reason(e)
+    if reason is None:
+      log.error("checkpoint %s: the last write failed: %s", directory, " ".join(str(e).split()))
+  try:
+    mgr.close()
+  except Exception:  # the failed write's threads may already be gone
+    pass
 
 
 def export_hf(out_dir: str | os.PathLike, model_config, params, dtype: str | None = None) -> None:

@@ -358,9 +358,22 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   train, held = problems_for(cfg)
   _say(f"{len(train)} train / {len(held)} held-out problems")
 
+  last = {"phase": _read_json(state_path).get("last_phase") if prior else None}
+
   def mark(phase):
+    last["phase"] = phase
     _write_json(state_path, {"last_phase": phase, "elapsed_s": prior + time.monotonic() - t0})
 
+  try:
+    return _phases(cfg, workdir, train, held, mark, lambda: prior + time.monotonic() - t0, records)
+  except BaseException:
+    # Ctrl-C or a failure: this run's time counts too, so the summary's wall time is the
+    # sum over the runs that made it (before: only up to the last finished phase).
+    mark(last["phase"])
+    raise
+
+
+def _phases(cfg, workdir, train, held, mark, elapsed, records) -> dict:
   chats = phase_data(cfg, workdir, train)
   mark("data")
   tok = phase_tokenizer(cfg, workdir, chats, train)
@@ -378,7 +391,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
   mark("rl")
   phase_eval(cfg, workdir, "rl", rl_params, tok, held)
   mark("eval_rl")
-  wall = prior + time.monotonic() - t0
+  wall = elapsed()
   summary = build_summary(workdir, wall, cfg)
   summary["resolved_config"] = records["eval_rl"]  # run record: the config of every number
   _write_json(os.path.join(workdir, "summary.json"), summary)

@@ -211,3 +211,56 @@ def run_eval(
   write_csv(report, csv_path)
   report["csv_path"] = csv_path
   return report
+
+
+# The recipe each chat format belongs to, for the warning below.
+FORMAT_RECIPES = {
+  "rstar2": "rStar2-Agent (configs/rstar2_qwen3_14b.py, rstar2_tiny_cpu.py)",
+  "rstar2_released": "rStar2-Agent, released prompt layout",
+  "qwen3_thinking": "ASTER (configs/aster_qwen3_4b.py, aster_tiny_cpu.py)",
+  "qwen3": "Qwen3 hybrid template",
+}
+
+
+def trained_chat_format(model_dirs: Sequence[str]) -> tuple[str, str] | None:
+  """(chat format, record file) a run directory recorded for the model being evaluated:
+  ``<run>/resolved_config/*.json`` beside a checkpoint folder (``<run>/ckpt``) or an exported
+  model (``<run>/hf``); None when no record is found (a model from elsewhere)."""
+  for d in model_dirs:
+    if not d:
+      continue
+    rec_dir = os.path.join(os.path.dirname(os.path.abspath(d)), "resolved_config")
+    try:
+      names = sorted(os.listdir(rec_dir))
+    except OSError:
+      continue
+    for name in names:
+      path = os.path.join(rec_dir, name)
+      try:
+        with open(path, encoding="utf-8") as f:
+          fmt = json.load(f).get("rollout.chat_format")
+      except (OSError, ValueError, AttributeError):
+        continue
+      if fmt:
+        return fmt, path
+  return None
+
+
+def recipe_mismatch_warning(run: RunConfig, checkpoint_dir: str = "") -> str | None:
+  """A warning line when the model was trained (per its run record) with another chat format
+  than the eval config renders: it would be scored on prompts it never saw, silently. Names
+  both formats and their recipes, and the fix."""
+  found = trained_chat_format([checkpoint_dir, run.model.hf_dir])
+  if found is None:
+    return None
+  trained, record = found
+  fmt = run.rollout.chat_format
+  if trained == fmt:
+    return None
+  return (
+    f"launchers.eval: the model was trained with chat format {trained!r} "
+    f"({FORMAT_RECIPES.get(trained, 'another recipe')}; {record}) but this eval config renders "
+    f"{fmt!r} ({FORMAT_RECIPES.get(fmt, 'another recipe')}): its prompts and tool turns are "
+    f"not the ones it learned; evaluate with the trained recipe's :eval variant or pass "
+    f"--config.rollout.chat_format={trained}"
+  )

@@ -29,6 +29,7 @@ from typing import Any
 
 from rstar_jax.distributed.primary import is_primary
 from rstar_jax.errors import UserError
+from rstar_jax.pipelines.supervisor import restarts_from_env
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +172,17 @@ def samples_due(log_config, step: int) -> bool:
 
 
 def rollout_samples(
-  problems: Sequence[Any], groups: Sequence[Sequence[Any]], rewards: Any, n: int, max_chars: int
+  problems: Sequence[Any],
+  groups: Sequence[Sequence[Any]],
+  rewards: Any,
+  n: int,
+  max_chars: int,
+  tokenizer=None,
 ) -> list[dict[str, Any]]:
   """``n`` `sample_record`s of a step's rollouts (groups [P][N] of `Trajectory`, rewards
-  [P, N]), spread over the prompts: sample k is rollout k // P of prompt k % P."""
+  [P, N]), spread over the prompts: sample k is rollout k // P of prompt k % P. ``prompt`` is
+  what the policy saw (the trajectory's prompt ids decoded with ``tokenizer``: system prompt,
+  tool block, chat template); ``question`` the problem text it was rendered from."""
   p = len(groups)
   out = []
   for k in range(min(n, sum(len(g) for g in groups))):
@@ -186,13 +194,17 @@ def rollout_samples(
       {"turn": c.turn, "status": c.status, "code": c.code, "output": c.output_text}
       for c in t.tool_calls
     ]
+    prompt = problems[i].problem
+    if tokenizer is not None and getattr(t, "prompt_ids", None):
+      prompt = tokenizer.decode(list(t.prompt_ids), skip_special_tokens=False)
     out.append(
       sample_record(
-        problems[i].problem,
+        prompt,
         t.response_text,
         turns,
         float(rewards[i][j]),
         max_chars,
+        question=problems[i].problem,
         problem_index=i,
         sample_index=j,
         answer=problems[i].answer,
@@ -203,13 +215,14 @@ def rollout_samples(
 
 
 def log_rollout_samples(
-  writer: MetricsWriter, log_config, step: int, problems, groups, rewards
+  writer: MetricsWriter, log_config, step: int, problems, groups, rewards, tokenizer=None
 ) -> None:
   """The RL loop's one call per step: when ``log.samples_every`` makes step ``step`` due,
-  `rollout_samples` of the step's rollouts go to every sink of ``writer``."""
+  `rollout_samples` of the step's rollouts (prompts rendered with ``tokenizer``) go to every
+  sink of ``writer``."""
   if samples_due(log_config, step):
     n, cut = log_config.samples_per_step, log_config.sample_max_chars
-    writer.write_samples(step, rollout_samples(problems, groups, rewards, n, cut))
+    writer.write_samples(step, rollout_samples(problems, groups, rewards, n, cut, tokenizer))
 
 
 def _sample_markdown(s: Mapping[str, Any]) -> str:
@@ -224,7 +237,9 @@ def _sample_markdown(s: Mapping[str, Any]) -> str:
 
 
 class MetricsWriter:
-  """Writes ``{"step": s, **metrics}`` records to ``<dir>/<name>.jsonl``, TensorBoard and W&B.
+  """Writes ``{"step": s, **metrics}`` records to ``<dir>/<name>.jsonl``, TensorBoard and W&B;
+  under the supervisor (``--max_restarts``) each record also has ``restarts``, the learner
+  restarts before the process that wrote it.
 
   Args:
     directory: output folder (created).
@@ -267,6 +282,9 @@ class MetricsWriter:
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict:
     rec = {"step": int(step), **{k: _jsonable(v) for k, v in metrics.items()}}
+    restarts = restarts_from_env()
+    if restarts is not None:  # a supervised run (--max_restarts): the restarts so far
+      rec.setdefault("restarts", restarts)
     if self._file is None:
       return rec
     self._file.write(json.dumps(rec) + "\n")

@@ -19,6 +19,7 @@ position, stage and in-flight groups.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from rstar_jax.config import RunConfig, StageConfig, eval_protocols
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.problems import Problem
 from rstar_jax.distributed import hostdata
+from rstar_jax.errors import CheckpointedStop
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner import steps as steps_lib
@@ -105,7 +107,9 @@ class RLLoop:
     self.rows = -(-self.P * self.G // rm) * rm
     self.collapse = rl_metrics.CollapseMonitor(window=run.rl.collapse_window)
     self.ckpt = Checkpointer(
-      os.path.join(self.workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints
+      os.path.join(self.workdir, "ckpt"),
+      max_to_keep=run.train.keep_checkpoints,
+      enable_async=run.train.async_checkpoints,
     )
     self.pos = LoopPosition()
     self._last_saved_step = -1
@@ -140,11 +144,22 @@ class RLLoop:
     )
     return True
 
-  def save(self) -> bool:
-    """Checkpoints the state (when it changed) and always the loop position side file."""
-    self.pos.data_state = self.iterator.state_dict() if self.iterator else None
-    self.pos.collapse = self.collapse.state_dict()
-    self.pos.source_state = self.source.state_dict()  # same instant as data_state (no await)
+  def snapshot(self) -> tuple:
+    """What `save` would write now (state, position, data and source states), to write later
+    with `save(snapshot)`."""
+    pos = copy.deepcopy(self.pos)
+    pos.data_state = self.iterator.state_dict() if self.iterator else None
+    pos.collapse = self.collapse.state_dict()
+    pos.source_state = self.source.state_dict()  # same instant as data_state (no await)
+    return self.learner.state, pos
+
+  def save(self, snapshot: tuple | None = None) -> bool:
+    """Checkpoints the state (when it changed) and always the loop position side file;
+    ``snapshot`` (`snapshot`): an earlier instant instead of now."""
+    if snapshot is None:
+      snapshot = self.snapshot()
+    state, self.pos = snapshot
+    self.learner.state = state
     wrote, self._last_saved_step = loop_state.save(
       self.ckpt, self.learner.state, self.pos, self._last_saved_step
     )
@@ -171,7 +186,17 @@ class RLLoop:
         stage = self.stages[self.pos.stage_index]
         if not self.pos.stage_started:
           await self._start_stage(stage)
-        last = await self.step(stage)
+        before = self.snapshot()  # immutable arrays and copies: cheap
+        try:
+          last = await self.step(stage)
+        except CheckpointedStop:
+          # An outside failure (every rollout server gone): checkpoint the instant the step
+          # started from (state, data position, groups in flight), so a rerun redoes this
+          # step exactly, then stop.
+          self.save(before)
+          self.ckpt.wait_until_finished()
+          log.error("RL step %d stopped; checkpoint written", self.pos.rl_step + 1)
+          raise
         done += 1
         self.pos.advance(stage.steps)
         every = self.config.train.checkpoint_every
@@ -255,12 +280,21 @@ class RLLoop:
     ro = await self.rollout(stage)
     scores = await self.score(ro)
     metrics_log.log_rollout_samples(  # sample-rollout hook (issue 32)
-      self.writer, self.config.log, self.pos.rl_step + 1, ro.problems, ro.groups, scores.rewards
+      self.writer,
+      self.config.log,
+      self.pos.rl_step + 1,
+      ro.problems,
+      ro.groups,
+      scores.rewards,
+      tokenizer=self.runner.tokenizer,  # the rendered prompt, as the policy saw it
     )
     sel = self.select(ro, scores)
     self.record_outcomes(ro, scores)
     metrics = self.selection_metrics(ro, scores, sel)
     metrics.update(ro.metrics)
+    fleet = getattr(self.source.engine, "fleet_metrics", None)  # SGLang: servers, failovers
+    if fleet is not None:
+      metrics.update(fleet())
     t0 = time.monotonic()
     t_push = 0.0
     batch = self.build_batch(sel, metrics)

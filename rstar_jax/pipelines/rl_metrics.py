@@ -20,9 +20,18 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# Tool outcomes counted as errors (code pool statuses + the agent loop's JSON parse failure).
+# Tool outcomes counted as errors (code pool statuses, session_lost included, + the agent
+# loop's JSON parse failure).
 FAILURE_STATUSES = frozenset(
-  {"error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+  {
+    "error",
+    "timeout",
+    "memory_limit",
+    "output_limit",
+    "internal_error",
+    "session_lost",
+    "parse_error",
+  }
 )
 
 # Trajectory finish reasons that mean "ran out of response budget" (the paper's clip ratio).

@@ -30,11 +30,12 @@ from rstar_jax.config import RunConfig
 from rstar_jax.data.iterator import EpochIterator
 from rstar_jax.data.sft_data import ChatExample
 from rstar_jax.distributed.primary import is_primary
+from rstar_jax.errors import UserError
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer, export_hf
-from rstar_jax.pipelines import data_sources, hf_export, metrics_log, wiring
+from rstar_jax.pipelines import data_sources, hf_export, interrupts, metrics_log, wiring
 from rstar_jax.pipelines.metrics_log import MetricsWriter, Progress
 from rstar_jax.tokenization import chat_format
 
@@ -93,7 +94,7 @@ def encode_all(
   """Encodes every item (``render``: `encode_example`'s chat settings, e.g. `chat_settings`);
   items longer than ``max_seq_len`` or with no trained token are dropped (counted and logged,
   never truncated: a cut trajectory teaches a cut answer)."""
-  out, dropped = [], 0
+  out, too_long, untrained, longest = [], 0, 0, 0
   for i, ex in enumerate(examples):
     try:
       ids, mask = encode_example(ex, tokenizer, **render)
@@ -101,20 +102,47 @@ def encode_all(
       src = getattr(ex, "extra", {}) or {}
       where = f" ({src['source']})" if "source" in src else ""
       raise ValueError(f"SFT item {i}{where}: cannot render: {e}") from e
-    if len(ids) > max_seq_len or not any(mask[1:]):
-      dropped += 1
+    if len(ids) > max_seq_len:
+      too_long += 1
+      longest = max(longest, len(ids))
+      continue
+    if not any(mask[1:]):
+      untrained += 1
       continue
     out.append((ids, mask))
+  dropped = too_long + untrained
+  if not out:  # one line, the error's (the warning below would repeat it)
+    raise NoUsableItemsError(no_usable_items_line(len(examples), too_long, longest, max_seq_len))
   if dropped:
     log.warning(
-      "SFT: dropped %d of %d items (longer than max_seq_len=%d or no assistant token)",
+      "SFT: dropped %d of %d items (%d longer than sft.max_seq_len=%d, %d without an "
+      "assistant token)",
       dropped,
       len(examples),
+      too_long,
       max_seq_len,
+      untrained,
     )
-  if not out:
-    raise ValueError(f"SFT: no usable items among {len(examples)} (max_seq_len={max_seq_len})")
   return out, dropped
+
+
+class NoUsableItemsError(UserError, ValueError):
+  """Every SFT item was dropped: the message names the setting that dropped them."""
+
+
+def no_usable_items_line(n: int, too_long: int, longest: int, max_seq_len: int) -> str:
+  """The one line for an SFT set with no usable item: the setting to raise (and to what) when
+  length dropped them, else that no chat has an assistant turn to train on."""
+  line = f"SFT: no usable items among {n}"
+  if too_long:
+    fit = 1 << max(0, longest - 1).bit_length()
+    line += (
+      f": {too_long} longer than sft.max_seq_len={max_seq_len} tokens (the longest is "
+      f"{longest}); set --config.sft.max_seq_len={fit} or more"
+    )
+  if n - too_long:
+    line += f"{';' if too_long else ':'} {n - too_long} without an assistant token to train on"
+  return line
 
 
 def sft_total_steps(num_items: int, batch_size: int, epochs: float) -> int:
@@ -181,7 +209,11 @@ def run_sft(
   rows = -(-bs // learner.row_multiple) * learner.row_multiple
   pad_id = chat_format.pad_id_of(tokenizer)
 
-  ckpt = Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=run.train.keep_checkpoints)
+  ckpt = Checkpointer(
+    os.path.join(workdir, "ckpt"),
+    max_to_keep=run.train.keep_checkpoints,
+    enable_async=run.train.async_checkpoints,
+  )
   it = EpochIterator(list(range(len(seqs))), seed=run.train.seed, shuffle=s.shuffle)
   resumed_step = None
   if ckpt.latest_step() is not None:
@@ -215,13 +247,16 @@ def run_sft(
       if run.train.pack_rows:
         b, pack_metrics = packing.pack_for_step(b, row_multiple=learner.row_multiple, pad_id=pad_id)
       new_state, m = js.sft_step(learner.state, js.shard_batch(b))
-      committed = (new_state, it.state_dict())
-      learner.state = new_state
       m = {k: float(v) for k, v in jax.device_get(m).items()} | pack_metrics
-      step += 1
-      done_here += 1
       m.update(epoch=float(it.epoch), batch_len=pad_to, time_step_s=time.monotonic() - t0)
-      last = writer.write(step, m)
+      # The step's state, data position and metric row are recorded together: a Ctrl-C here
+      # waits, so the checkpoint an interrupt writes and the log end at the same step.
+      with interrupts.sigint_deferred():
+        last = writer.write(step + 1, m)
+        committed = (new_state, it.state_dict())
+        learner.state = new_state
+        step += 1
+        done_here += 1
       prog.update(step, extra=f"loss {m['loss']:.4f}")
       if (every and step % every == 0) or step == total:
         ckpt.save(learner.state, {"data": it.state_dict(), "phase": "sft"}, force=True)
@@ -233,7 +268,7 @@ def run_sft(
     if at != saved:  # a resumed run continues exactly here, not at the last periodic save
       ckpt.save(state, {"data": data, "phase": "sft"}, force=True)
       ckpt.wait_until_finished()
-    log.warning("SFT interrupted: checkpoint of step %d written", at)
+    log.info("SFT interrupted: checkpoint of step %d written", at)
     raise
   finally:
     writer.close()

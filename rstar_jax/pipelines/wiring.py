@@ -271,12 +271,17 @@ def build_engine(run: RunConfig, model_config, params, tokenizer, *, weight_vers
       weight_version=weight_version,
     )
   return SGLangEngine(
-    fleet.process_urls(list(r.sglang_urls)),
+    # With a router the workers are read from it (every process pushes to all of them).
+    [] if r.router_url else fleet.process_urls(list(r.sglang_urls)),
     staging_dir=fleet.process_staging_dir(r.staging_dir),
     weight_transport=r.weight_transport,
     weight_delta=r.weight_delta,
     colocated=r.colocated,
     server_timeout_s=r.server_timeout_s,
+    health_interval_s=r.health_interval_s,
+    health_timeout_s=r.health_timeout_s,
+    max_server_failures=r.max_server_failures,
+    router_url=r.router_url or None,
   )
 
 

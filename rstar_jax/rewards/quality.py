@@ -11,10 +11,19 @@ from collections.abc import Sequence
 
 MODES = ("paper", "released")
 OK_STATUS = "ok"
-# ExecResult.status values of the code pool, plus "parse_error" from the agent loop for a
-# <tool_call> whose JSON did not parse.
+# ExecResult.status values of the code pool (session_lost: the tool node holding the session
+# died), plus "parse_error" from the agent loop for a <tool_call> whose JSON did not parse.
 KNOWN_STATUSES = frozenset(
-  {"ok", "error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+  {
+    "ok",
+    "error",
+    "timeout",
+    "memory_limit",
+    "output_limit",
+    "internal_error",
+    "session_lost",
+    "parse_error",
+  }
 )
 NO_CALL_P_ERR = 0.5
 
@@ -35,7 +44,7 @@ def p_err(
   """Share of failed tool calls; 0.5 for a trajectory without tool calls.
 
   paper: a call fails when its status is anything but "ok" (error, timeout, memory_limit,
-      output_limit, internal_error, parse_error).
+      output_limit, internal_error, session_lost, parse_error).
   released: a call "fails" when the case-insensitive substring "error" occurs in its rendered
       <tool_response> text (so timeouts are missed and printed words "error" count), which
       needs ``tool_response_texts``.

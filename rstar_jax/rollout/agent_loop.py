@@ -151,12 +151,6 @@ class _Builder:
     self.versions += [last] * len(ids)
 
 
-SESSION_LOST_TEXT = (
-  "session lost: the sandbox holding this session's variables failed; earlier definitions and "
-  "imports are gone, re-run what you need\n"
-)
-
-
 async def _execute(
   pool, call: chat_format.ToolCall, cfg: RolloutSettings, session_id, render
 ) -> tuple[ToolCallRecord, bool]:
@@ -173,11 +167,10 @@ async def _execute(
       call.code,
       f"Error when executing tool: {type(e).__name__}: {e}",
     ), True
-  if res.status == "session_lost":
-    # The tool node (or Ray actor) holding this trajectory's session failed mid-trajectory: the
-    # policy is told, as a tool error, that its variables are gone. Not "internal_error", which
-    # would re-roll the whole trajectory as a lost worker.
-    res = dataclasses.replace(res, status="error", stderr=SESSION_LOST_TEXT + res.stderr)
+  # A "session_lost" result (the tool node or Ray actor holding this trajectory's session
+  # died) keeps its status: the renderer tells the policy, as a tool failure, that its variables
+  # are gone, and the step's metrics count it (tool_status_session_lost_frac, tool errors).
+  # Not "internal_error", which would re-roll the whole trajectory as a lost worker.
   if cfg.tool_truncation == "released":
     # The released loop cuts the tool's whole text after rendering, at its own rule.
     text = truncate_middle_released(render(res, _NO_LIMIT), cfg.max_tool_response_chars)

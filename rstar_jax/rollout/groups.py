@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rstar_jax.distributed import hostdata
+from rstar_jax.errors import CheckpointedStop
 from rstar_jax.rollout import interruptible
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ async def make_trajectory(
     try:
       traj = await runner.rollout(problem, seed=seed, settings=settings)
       err = None if not _lost_worker(traj) else "tool call ended with internal_error (worker lost)"
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, CheckpointedStop):  # the run stops: no retry
       raise
     except Exception as e:  # noqa: BLE001 - engine / agent failure: retry the same rollout
       traj, err = None, e

@@ -7,6 +7,11 @@ response` tokens; it is admitted to the server with the most free capacity where
 fits, waits (FIFO) when none has room, and keeps that server for all its turns (prefix-cache
 reuse). Capacity is `max_total_num_tokens` from /get_server_info times `utilization`; tokens
 the server reports in use beyond our own reservations (/get_load, other clients) are subtracted.
+
+Fleet failures (`SGLangEngine` health checks): `forget_server(url)` takes a server out of
+rotation and drops the leases held on it (their trajectories re-acquire on another server);
+`restore_server(url)` puts it back; `fail_waiters(error)` wakes every waiting trajectory with
+``error`` (every server gone for longer than ``rollout.server_timeout_s``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class _Server:
   reserved: int = 0  # sum of budgets of admitted trajectories
   external: int = 0  # tokens in use not explained by our reservations
   active: int = 0
+  up: bool = True  # in rotation (False: taken out by the engine's health checks)
 
 
 class KVCapacityScheduler:
@@ -59,6 +65,7 @@ class KVCapacityScheduler:
     self._cond = asyncio.Condition()
     self._waiting: collections.deque = collections.deque()
     self.max_waiting_seen = 0
+    self._error: BaseException | None = None
 
   def set_capacities(self, capacities: Mapping[str, int]) -> None:
     for u, c in capacities.items():
@@ -73,7 +80,32 @@ class KVCapacityScheduler:
     s.external = max(0, int(tokens_in_use) - s.reserved)
 
   def free(self) -> dict[str, int]:
-    return {u: s.capacity - s.reserved - s.external for u, s in self._servers.items()}
+    """Free tokens of each server in rotation."""
+    return {u: s.capacity - s.reserved - s.external for u, s in self._servers.items() if s.up}
+
+  async def forget_server(self, url: str) -> dict[str, int]:
+    """Takes ``url`` out of rotation and drops every lease on it; returns {tid: budget} of
+    the dropped leases (those trajectories re-acquire elsewhere with the same budget)."""
+    s = self._servers[url]
+    orphans = {tid: b for tid, (u, b) in self._lease.items() if u == url}
+    for tid in orphans:
+      del self._lease[tid]
+    s.up, s.reserved, s.active, s.external = False, 0, 0, 0
+    async with self._cond:
+      self._cond.notify_all()
+    return orphans
+
+  async def restore_server(self, url: str) -> None:
+    """Puts ``url`` back in rotation (after the engine brought it to the current weights)."""
+    self._servers[url].up = True
+    async with self._cond:
+      self._cond.notify_all()
+
+  async def fail_waiters(self, error: BaseException) -> None:
+    """Every trajectory waiting for capacity (and every later one) raises ``error``."""
+    self._error = error
+    async with self._cond:
+      self._cond.notify_all()
 
   def server_for(self, tid: str) -> str | None:
     lease = self._lease.get(tid)
@@ -97,6 +129,8 @@ class KVCapacityScheduler:
       self.max_waiting_seen = max(self.max_waiting_seen, len(self._waiting))
       try:
         while True:
+          if self._error is not None:
+            raise self._error
           if self._waiting[0] == tid:  # FIFO: no starvation of big budgets
             url = choose_server(
               self.free(), {u: s.active for u, s in self._servers.items()}, budget
@@ -120,8 +154,8 @@ class KVCapacityScheduler:
     url, budget = lease
     async with self._cond:
       s = self._servers[url]
-      s.reserved -= budget
-      s.active -= 1
+      s.reserved = max(0, s.reserved - budget)
+      s.active = max(0, s.active - 1)
       self._cond.notify_all()
 
   @contextlib.asynccontextmanager

@@ -138,7 +138,8 @@ class ToolCallRecord:
   """One executed (or failed-to-parse) tool call.
 
   status: an ExecResult status ("ok", "error", "timeout", "memory_limit", "output_limit",
-      "internal_error") or "parse_error" for a <tool_call> whose JSON did not parse.
+      "internal_error", "session_lost") or "parse_error" for a <tool_call> whose JSON did not
+      parse.
   duration_s: wall time of the call as the pool reports it (0 for parse errors).
   code: the code argument ("" for parse errors).
   output_text: the text placed inside <tool_response> for this call.

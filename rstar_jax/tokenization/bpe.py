@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from rstar_jax.errors import UserError
 from rstar_jax.tokenization.chat_format import chat_template
 
 SPECIAL_TOKENS = (
@@ -74,17 +75,26 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | No
   return fast
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+class TokenizerNotFoundError(UserError, FileNotFoundError):
+  """A model / tokenizer directory without tokenizer files."""
+
+
+def has_tokenizer(path: str) -> bool:
+  """Whether directory ``path`` holds tokenizer files transformers can load."""
+  return any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str):
   """`AutoTokenizer.from_pretrained(path)` offline, with a clear error for a bad directory."""
   from transformers import AutoTokenizer
 
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"load_tokenizer: {path!r} is not a directory")
-  if not any(
-    os.path.isfile(os.path.join(path, f))
-    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-  ):
-    raise FileNotFoundError(
+    raise TokenizerNotFoundError(f"load_tokenizer: {path!r} is not a directory")
+  if not has_tokenizer(path):
+    raise TokenizerNotFoundError(
       f"load_tokenizer: {path!r} holds no tokenizer.json / tokenizer_config.json"
     )
   tok = AutoTokenizer.from_pretrained(path, local_files_only=True)

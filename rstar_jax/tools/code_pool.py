@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import fcntl
 import itertools
+import json
 import logging
 import math
 import os
@@ -51,14 +52,22 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from rstar_jax.tools import wire
+from rstar_jax.tools import cgroups, wire
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "error", "timeout", "memory_limit", "output_limit", "internal_error")
-FAILURE_STATUSES = frozenset(
-  {"error", "timeout", "memory_limit", "output_limit", "internal_error", "parse_error"}
+# "session_lost": a session call whose tool node (or Ray actor) died with the session; never
+# re-run on a fresh session (client.py, ray_pool.py).
+STATUSES = (
+  "ok",
+  "error",
+  "timeout",
+  "memory_limit",
+  "output_limit",
+  "internal_error",
+  "session_lost",
 )
+FAILURE_STATUSES = frozenset(STATUSES[1:]) | {"parse_error"}
 ISOLATION_LEVELS = ("namespaces", "pidns", "uid", "rlimits")
 _TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_template.py")
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -176,6 +185,15 @@ class PoolConfig:
   # (namespace set-up and teardown; ~15% of a trivial call's cost, benchmarks/code_pool.py).
   allow_sockets: bool = False
   seccomp: bool = True  # install the call filter (see README); off only to debug
+  # A memory + pids cgroup per call (limit memory_limit_mb, max_procs): "auto" where a writable
+  # hierarchy has both controllers (else RLIMIT_AS only, logged and in `pool.memory_bound`),
+  # "required" (start-up fails without), "off".
+  cgroups: str = "auto"
+  # At the namespaces level, the template in a user namespace of its own (issue 40, class 5):
+  # its root is a free host uid of the pool's range, the sandbox uids are mapped 1:1, so an
+  # escape from a call into the template holds no host privilege. "auto": where the kernel
+  # allows it (else the host's root, logged); "required": start-up fails without; "off".
+  template_userns: str = "auto"
 
   def __post_init__(self):
     if self.num_workers < 1:
@@ -241,6 +259,11 @@ class PoolConfig:
         f"PoolConfig.scratch_mb + 2 x max_output_bytes must fit in half of memory_limit_mb "
         f"({self.memory_limit_mb // 2} MiB), got {carved} MiB"
       )
+    for name in ("cgroups", "template_userns"):
+      if getattr(self, name) not in ("auto", "required", "off"):
+        raise ValueError(
+          f"PoolConfig.{name} must be 'auto', 'required' or 'off', got {getattr(self, name)!r}"
+        )
     if self.uids_per_template < 8:
       raise ValueError(f"PoolConfig.uids_per_template must be >= 8, got {self.uids_per_template}")
 
@@ -269,6 +292,18 @@ def _is_root() -> bool:
   return os.geteuid() == 0
 
 
+# (interpreter, bound paths) -> "" when a template can run in its own user namespace, else why.
+_USERNS_PROBED: dict[tuple, str] = {}
+
+
+def _sandbox_python(cfg: PoolConfig) -> str:
+  """`cfg.python` with its directories resolved and its own name kept. Inside bubblewrap only
+  real paths are bound: a venv reached through a symlinked directory (a worktree's `.venv ->
+  /elsewhere/.venv`) would not exist there, and the level would silently fall to `pidns`; the
+  last component stays a link so the interpreter still finds its venv's `pyvenv.cfg`."""
+  return os.path.join(os.path.realpath(os.path.dirname(cfg.python)), os.path.basename(cfg.python))
+
+
 def _bwrap_binds(cfg: PoolConfig) -> list[str]:
   # Only what imports need: the Python install, the venv and this package (not the rest of the
   # project tree, which may hold checkpoints, logs or credentials). Add more via extra_ro_binds.
@@ -279,6 +314,7 @@ def _bwrap_binds(cfg: PoolConfig) -> list[str]:
       sys.prefix,
       os.path.join(_PROJECT_ROOT, "rstar_jax"),
       os.path.dirname(os.path.realpath(cfg.python)),
+      os.path.dirname(_sandbox_python(cfg)),
     )
   ]
   paths += list(cfg.extra_ro_binds)
@@ -382,7 +418,7 @@ def detect_isolation(cfg: PoolConfig) -> str:
       if (
         _is_root()
         and shutil.which("bwrap")
-        and _probe(_bwrap_argv(cfg) + ["--", cfg.python, "-I", "-c", _PIDNS_PROBE])
+        and _probe(_bwrap_argv(cfg) + ["--", _sandbox_python(cfg), "-I", "-c", _PIDNS_PROBE])
       ):
         return level
     elif level == "pidns":
@@ -433,6 +469,7 @@ def _check_reply(msg: Any, max_output: int) -> dict:
   return msg
 
 
+_POOL_SERIAL = itertools.count()  # tags this process's pools' cgroup directories
 _RESTART_NOTE = b"[session restarted: the sandbox was replaced and previous state is lost]\n"
 UID_SLOT_SIZE = 4096 * 4  # uids per pool
 _UID_FIRST = 10_000_000
@@ -568,6 +605,10 @@ class _Template:
     self.info: dict = {}
     self._write_lock = asyncio.Lock()
     self.fd_sock: socket.socket | None = None  # the call memfds go to the template over it
+    self.cg_dirs: dict[str, str] = {}  # this start's cgroup directories (one per controller)
+    self.last_seen = 0.0  # when the template last sent a frame (any reply or heartbeat)
+    self.heartbeat: asyncio.Task | None = None
+    self._cg_serial = 0
 
   @property
   def uid_range(self) -> tuple[int, int]:
@@ -621,17 +662,43 @@ class _Template:
       "fd_sock": -1,  # set at start
     }
 
+  @property
+  def userns_root(self) -> int:
+    """The host uid of this template's user-namespace root: in the spare block of the pool's
+    uid range, past every template's sandbox uids (the pool checks the block exists)."""
+    c = self.pool.config
+    return self.pool._uid_base + self.pool._n_templates * c.uids_per_template + self.index
+
+  def userns_argv(self, python_args: list[str]) -> list[str]:
+    """The launcher (host root, outside bubblewrap), then bubblewrap and the interpreter."""
+    c = self.pool.config
+    lo, hi = self.uid_range
+    ids = f"0 {self.userns_root} 1\n{lo} {lo} {hi - lo}\n"
+    spec = json.dumps({"uid_map": ids, "gid_map": ids, "expose": _bwrap_binds(c)})
+    inner = _bwrap_argv(c) + ["--", _sandbox_python(c), *python_args]
+    return [c.python, "-I", "-B", _TEMPLATE_PATH, "--userns-launch", spec, *inner]
+
   async def start(self) -> None:
     c = self.pool.config
     argv = [c.python, "-I", "-B", _TEMPLATE_PATH]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **_THREAD_ENV}
-    if self.pool.isolation_level == "namespaces":
-      argv = _bwrap_argv(c) + ["--"] + argv
+    if self.pool._userns:
+      argv = self.userns_argv(argv[1:])
+    elif self.pool.isolation_level == "namespaces":
+      argv = _bwrap_argv(c) + ["--", _sandbox_python(c)] + argv[1:]
     if self.fd_sock is not None:
       self.fd_sock.close()
     self.fd_sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self.fd_sock.setblocking(False)
+    cg_fds = {}
     try:
+      if self.pool._cg is not None:
+        self._cg_serial += 1
+        self.cg_dirs = self.pool._cg.template_dirs(
+          f"t{self.index}_{self._cg_serial}", self.userns_root if self.pool._userns else None
+        )
+        for ctl, d in self.cg_dirs.items():
+          cg_fds[ctl] = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
       self.proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE,
@@ -639,13 +706,17 @@ class _Template:
         env=env,
         start_new_session=True,
         close_fds=True,
-        pass_fds=(theirs.fileno(),),
+        pass_fds=(theirs.fileno(), *cg_fds.values()),
       )
     finally:
       theirs_fd = theirs.fileno()
       theirs.close()
+      for fd in cg_fds.values():
+        os.close(fd)
     cfg = self._template_cfg()
     cfg["fd_sock"] = theirs_fd  # bubblewrap keeps inherited descriptors at their numbers
+    if cg_fds:
+      cfg["cgroup"] = {"version": self.pool._cg.version, "fds": cg_fds}
     self.proc.stdin.write(wire.frame(cfg))
     await self.proc.stdin.drain()
     try:
@@ -667,6 +738,9 @@ class _Template:
       )
     self.generation += 1
     self.reader = asyncio.create_task(self._read_loop())
+    self.last_seen = time.monotonic()
+    if self.heartbeat is None or self.heartbeat.done():
+      self.heartbeat = asyncio.create_task(self._heartbeat())
     self.restarting = False
     self.ready.set()
     log.info(
@@ -687,6 +761,7 @@ class _Template:
     try:
       while True:
         msg = _check_reply(await self._read_frame(), self.pool.config.max_output_bytes)
+        self.last_seen = time.monotonic()
         fut = self.pending.pop(msg.pop("rid"), None)
         if fut is not None and not fut.done():
           fut.set_result(msg)
@@ -736,12 +811,20 @@ class _Template:
         pass
     if self.proc is not None:
       self._kill_leftovers()
-      self.pool._spawn(self._reap(self.proc))
+      self.pool._spawn(self._reap(self.proc, self.cg_dirs))
+      self.cg_dirs = {}
 
   def _kill_leftovers(self) -> None:
-    """Without bubblewrap nothing else ends the template's calls: kill its uids from here."""
+    """Without bubblewrap nothing else ends the template's calls: kill its uids from here;
+    and, at every level with cgroups, whatever is in its calls' cgroups."""
     if self.pool.isolation_level in ("pidns", "uid"):
       _kill_uid_range(*self.uid_range)
+    for d in self.cg_dirs.values():
+      for pid in cgroups.tree_pids(d):
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except OSError:
+          pass
 
   def send_nowait(self, req: dict) -> None:
     """Queues a request whose reply nobody awaits (safe inside a cancellation handler)."""
@@ -753,12 +836,23 @@ class _Template:
     except (ConnectionError, RuntimeError, AttributeError):
       pass
 
-  @staticmethod
-  async def _reap(proc) -> None:
+  async def _reap(self, proc, cg_dirs=None) -> None:
     try:
       await asyncio.wait_for(proc.wait(), 10)
     except (TimeoutError, ProcessLookupError):
       pass
+    for _ in range(100):  # the dead template's cgroups, once their last process is reaped
+      if not cg_dirs or self.pool._cg is None:
+        break
+      for d in cg_dirs.values():
+        for pid in cgroups.tree_pids(d):
+          try:
+            os.kill(pid, signal.SIGKILL)
+          except OSError:
+            pass
+      if all(cgroups.remove_tree(d) for d in cg_dirs.values()):
+        break
+      await asyncio.sleep(0.05)
 
   def _reply_waiting(self) -> bool:
     """Whether reply bytes already sit in the pipe or the reader's buffer (a stalled host
@@ -796,12 +890,34 @@ class _Template:
         return fut.result()
       raise
 
+  @property
+  def _heartbeat_s(self) -> float:
+    return min(2.0, self.pool.config.reply_grace_s / 4)
+
+  def _alive(self) -> bool:
+    """Whether the template answered within the grace (its heartbeat: independent of calls)."""
+    late = time.monotonic() - self.last_seen
+    return late <= self.pool.config.reply_grace_s + self._heartbeat_s or self._reply_waiting()
+
+  async def _heartbeat(self) -> None:
+    """Pings the template every few seconds whatever its calls do: a template is dead when it
+    stops answering these, never because one call's process outlived its deadline."""
+    while not self.pool._closing:
+      await asyncio.sleep(self._heartbeat_s)
+      if not self.ready.is_set() or self.restarting:
+        continue
+      if not self._alive():
+        self._on_death("the sandbox template stopped answering its heartbeat")
+        continue
+      self.send_nowait({"kind": "ping"})
+
   async def _settle(self, fut: asyncio.Future, rid: int, timeout, on_done) -> None:
     """A caller gave up on a call that still runs: keep its worker slot until it ends."""
     try:
       await self._await_reply(fut, timeout)
     except TimeoutError:
-      self._on_death("the sandbox template stopped answering")
+      if not self._alive():
+        self._on_death("the sandbox template stopped answering")
     except asyncio.CancelledError:
       pass
     finally:
@@ -852,7 +968,15 @@ class _Template:
     try:
       return await self._await_reply(fut, timeout)
     except TimeoutError:
-      # The template did not answer long after the call's own deadline: it is wedged.
+      if self._alive():
+        # The template answers its heartbeat: the call's process outlived its kill (held in
+        # the kernel). Only this call gives up; the template reclaims it when it ends, and
+        # no other call or session is touched.
+        return _internal(
+          "the call did not end within its timeout and the grace after its kill (its process "
+          "is held in the kernel); the sandbox is alive and reclaims it when it ends\n"
+        )
+      # Silent past the grace, heartbeat included: the template itself is wedged.
       self._on_death("the sandbox template stopped answering")
       return _internal("the sandbox template stopped answering\n", retryable=True)
     except asyncio.CancelledError:
@@ -866,6 +990,8 @@ class _Template:
 
   async def shutdown(self) -> None:
     self.ready.clear()
+    if self.heartbeat is not None:
+      self.heartbeat.cancel()
     if self.proc is None:
       return
     try:
@@ -940,6 +1066,11 @@ class CodePool(BatchExecuteMixin):
     self._max_sessions = config.max_sessions
     self._expiry: asyncio.Task | None = None
     self.stats = {"calls": 0, "queue_timeouts": 0, "sessions_evicted": 0}
+    self._cg: cgroups.PoolCgroups | None = None
+    self.memory_bound = "not started"  # what bounds a call's memory (see `_setup_cgroups`)
+    self.template_privilege = "not started"  # what an escape into a template holds
+    self._userns = False
+    self._n_templates = 0
 
   # -- lifecycle
   async def start(self) -> CodePool:
@@ -949,19 +1080,29 @@ class CodePool(BatchExecuteMixin):
     n = c.num_templates or max(1, min(c.num_workers, os.cpu_count() or 1))
     if (n + 1) * c.uids_per_template > UID_SLOT_SIZE:
       raise ValueError(f"{n} templates x {c.uids_per_template} uids exceed the pool's uid range")
+    # Before anything is claimed (uid range, scratch dir): a "required" refusal leaves nothing.
+    self._setup_cgroups()
     if c.uid_base is None and self.isolation_level != "rlimits":
       self._uid_base, self._uid_lock = claim_uid_range()
     if self._max_sessions is None:
       self._max_sessions = max(1, n * c.uids_per_template // 2)
+    self._n_templates = n
+    try:
+      await loop.run_in_executor(None, self._setup_userns)
+    except BaseException:
+      await self.close()  # gives back the cgroups and the uid range taken above
+      raise
     if self.isolation_level != "namespaces":
       self._tmpdir = tempfile.mkdtemp(prefix="code_pool_")
       os.chmod(self._tmpdir, 0o711)
     # INFO at the strongest level there is; WARNING only when this is a fallback.
     log.log(
       logging.INFO if self.isolation_level == ISOLATION_LEVELS[0] else logging.WARNING,
-      "CodePool isolation level: %s (%s)%s",
+      "CodePool isolation level: %s (%s; memory: %s; template: %s)%s",
       self.isolation_level,
       self.isolation_description,
+      self.memory_bound,
+      self.template_privilege,
       "" if self.isolation_level == ISOLATION_LEVELS[0] else " (a fallback: not the strongest)",
     )
     if c.allow_sockets and self.isolation_level not in ("namespaces", "pidns"):
@@ -989,6 +1130,75 @@ class CodePool(BatchExecuteMixin):
       d = d.replace("seccomp (no sockets)", "seccomp (sockets inside the call's own network)")
     return d
 
+  def _setup_userns(self) -> None:
+    """Whether templates start in a user namespace of their own (namespaces level only): a
+    probe runs the launcher, bubblewrap and a check inside (uid 0 there, a mapped sandbox uid
+    reachable, a PID namespace made). `template_privilege` says what an escape would hold."""
+    c = self.config
+    self._userns = False
+    if self.isolation_level != "namespaces" or c.template_userns == "off":
+      self.template_privilege = "the host's root" if _is_root() else "the host's uid"
+      if self.isolation_level == "namespaces":
+        self.template_privilege += " (template_userns off)"
+      return
+    probe = _Template(self, 0)
+    lo = probe.uid_range[0]
+    code = (
+      "import ctypes,os,sys;l=ctypes.CDLL(None,use_errno=True);"
+      "assert os.getuid()==0 and len(open('/proc/self/uid_map').read().split())==6;"
+      f"p=os.fork()\nif p==0:\n os.setgroups([]);os.setresgid({lo},{lo},{lo});"
+      f"os.setresuid({lo},{lo},{lo});os._exit(0)\n"
+      "assert os.waitpid(p,0)[1]==0 and l.unshare(0x20000000)==0"
+    )
+    argv = probe.userns_argv(["-I", "-c", code])
+    key = (c.python, tuple(_bwrap_binds(c)))
+    why = _USERNS_PROBED.get(key)
+    if why is None:  # once per process and install: what it checks is the kernel's, not the pool's
+      try:
+        r = subprocess.run(
+          argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, start_new_session=True
+        )
+        why = "" if r.returncode == 0 else r.stderr.decode(errors="replace").strip()[-300:]
+        why = why or ("" if r.returncode == 0 else f"exit status {r.returncode}")
+      except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+      _USERNS_PROBED[key] = why
+    if why:
+      if c.template_userns == "required":
+        raise RuntimeError(f"PoolConfig.template_userns='required' but the probe failed: {why}")
+      log.warning("CodePool: templates run as the host's root (no user namespace: %s)", why)
+      self.template_privilege = f"the host's root (no user namespace: {why.splitlines()[-1]})"
+      return
+    self._userns = True
+    self.template_privilege = (
+      f"root of its own user namespace = host uid {probe.userns_root}.. (one per template), "
+      "sandbox uids mapped 1:1"
+    )
+
+  def _setup_cgroups(self) -> None:
+    """The pool's cgroup directories, or why there are none (`memory_bound` says which)."""
+    c = self.config
+    if c.cgroups == "off":
+      self.memory_bound = "RLIMIT_AS only (cgroups off by config)"
+      return
+    version, dirs = cgroups.find()
+    why = dirs if not version else ""
+    if version:
+      try:
+        self._cg = cgroups.PoolCgroups(version, dirs, f"{next(_POOL_SERIAL)}")
+      except OSError as e:
+        why = f"cgroup v{version} not writable ({e.filename}: {e.strerror})"
+    if self._cg is None:
+      if c.cgroups == "required":
+        raise RuntimeError(f"PoolConfig.cgroups='required' but {why}")
+      self.memory_bound = f"RLIMIT_AS only, a lower level: {why}"
+      log.warning("CodePool: no memory + pids cgroup per call: %s", why)
+      return
+    self.memory_bound = (
+      f"cgroup v{version} per call (memory {c.memory_limit_mb} MiB incl. kernel memory, "
+      f"{c.max_procs} tasks) + RLIMIT_AS"
+    )
+
   def _scratch_dir(self, index: int) -> str:
     return os.path.join(self._tmpdir, f"t{index}")
 
@@ -1005,6 +1215,9 @@ class CodePool(BatchExecuteMixin):
       wire.rmtree(self._tmpdir)  # iterative: a call's 10,000-deep tree cannot make this raise
     for sid in list(self._session_io):
       self._drop_session_io(sid)
+    if self._cg is not None:
+      self._cg.close()
+      self._cg = None
     if self._uid_lock is not None:
       os.close(self._uid_lock)  # every process of the range is gone: give the range back
       self._uid_lock = None

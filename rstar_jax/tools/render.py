@@ -45,6 +45,10 @@ _REASONS = {
   "memory_limit": "memory_limit: execution exceeded the memory limit",
   "output_limit": "output_limit: output exceeded the size limit",
   "internal_error": "internal_error",
+  "session_lost": (
+    "session_lost: the sandbox holding this session's variables failed; earlier definitions and "
+    "imports are gone, re-run what you need"
+  ),
   "parse_error": "parse_error: the tool call is not valid JSON with a 'code' argument",
 }
 

@@ -86,7 +86,9 @@ def test_bad_records_name_file_row_and_the_users_column(tmp_path):
     str(e.value)
     == f"{parquet}: row 3: field 'solution': expected a string or integer, got null (None)"
   )
-  with pytest.raises(DataError, match=r"bad.parquet: row 1: field 'question_text': missing; keys"):
+  with pytest.raises(
+    DataError, match=r"bad.parquet: row 1: field 'question_text': missing; columns present"
+  ):
     formats.load_problem_set(parquet, question_field="question_text")
   # JSONL keeps line numbers (blank lines count), and the mapped column is named
   jsonl = tmp_path / "bad.jsonl"
@@ -139,3 +141,28 @@ def test_config_reads_a_parquet_set_and_a_datasets_dir(tmp_path):
   cfg.data.sft_path = hf_dir
   run = from_config_dict(cfg, check_paths=True)  # a directory is an existing source
   assert os.path.isdir(run.data.sft_path) and len(data_sources.sft_examples(run)) == 1
+
+
+def test_a_missing_mapping_names_the_users_columns_and_the_setting(tmp_path):
+  """Issue 43 row 10: a parquet file with columns prompt / solution, one mapping given. Before:
+  "field 'answer': missing; keys present: ['problem', 'solution']" (our renamed column)."""
+  parquet = write_parquet(tmp_path / "t.parquet", [{"prompt": "Compute 1 + 1.", "solution": "2"}])
+  with pytest.raises(DataError) as e:
+    formats.load_problem_set(parquet, question_field="prompt")
+  assert str(e.value) == (
+    f"{parquet}: row 1: field 'answer': missing; columns present: ['prompt', 'solution']; "
+    "name the column that holds the answer with --config.data.answer_field=COLUMN"
+  )
+  with pytest.raises(DataError) as e:
+    formats.load_problem_set(parquet)
+  assert str(e.value) == (
+    f"{parquet}: row 1: field 'problem': missing; columns present: ['prompt', 'solution']; "
+    "name the column that holds the problem (or 'question') with "
+    "--config.data.question_field=COLUMN"
+  )
+  with pytest.raises(DataError) as e:
+    formats.load_problem_set(parquet, question_field="prompt", answer_field="soluton")
+  assert str(e.value) == (
+    f"{parquet}: row 1: field 'soluton': missing; columns present: ['prompt', 'solution']; "
+    "name the column that holds the answer with --config.data.answer_field=COLUMN"
+  )

@@ -171,7 +171,7 @@ def test_restore_into_another_model_is_a_one_line_user_error(tmp_path):
   with Checkpointer(tmp_path) as ck:
     ck.save(TrainState.create({"w": jnp.ones((4, 4))}, tx, 0))
   for other, why in (
-    ({"w": jnp.ones((8, 4))}, "stored shape: (4, 4)"),
+    ({"w": jnp.ones((8, 4))}, "holds an array of shape (4, 4) where this run's has (8, 4)"),
     ({"w": jnp.ones((4, 4)), "b": jnp.ones(3)}, ".b:"),
   ):
     with Checkpointer(tmp_path) as ck, pytest.raises(CheckpointMismatchError) as e:

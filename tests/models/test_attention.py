@@ -52,22 +52,27 @@ def _inputs(kind, t=T):
   return jnp.asarray(seg > 0), jnp.asarray(seg)
 
 
+def _attention_loss(kind, name, bs, q, k, v):
+  """(sum of sin(output) over real queries, output): padding queries weigh zero."""
+  valid, seg = _inputs(kind)
+  o = attention.self_attention(q, k, v, valid, seg, implementation=name, block_size=bs or 512)
+  return jnp.sum(jnp.sin(o) * valid[..., None]), o
+
+
+@functools.cache
+def _xla_attention_grads(kind):
+  """The "xla" reference of a kind (gradients, output), computed once for the three cases."""
+  loss = functools.partial(_attention_loss, kind, "xla", None)
+  return jax.grad(loss, (0, 1, 2), has_aux=True)(*_qkv())
+
+
 @pytest.mark.parametrize("kind", ["ragged", "padded", "packed"])
 @pytest.mark.parametrize("impl,block", [("blockwise", 8), ("blockwise", 16), ("fused", None)])
 def test_attention_equals_xla_forward_and_grads(kind, impl, block):
-  q, k, v = _qkv()
-  valid, seg = _inputs(kind)
-  w = valid[..., None].astype(jnp.float32)  # weight 0 on padding queries
-
-  def loss(name, bs, q, k, v):
-    o = attention.self_attention(q, k, v, valid, seg, implementation=name, block_size=bs or 512)
-    return jnp.sum(jnp.sin(o) * w), o
-
-  want_grads, want = jax.grad(functools.partial(loss, "xla", None), (0, 1, 2), has_aux=True)(
-    q, k, v
-  )
-  fn = jax.grad(functools.partial(loss, impl, block), (0, 1, 2), has_aux=True)
-  got_grads, got = jax.jit(fn)(q, k, v)
+  w = _inputs(kind)[0][..., None].astype(jnp.float32)  # weight 0 on padding queries
+  want_grads, want = _xla_attention_grads(kind)
+  fn = jax.grad(functools.partial(_attention_loss, kind, impl, block), (0, 1, 2), has_aux=True)
+  got_grads, got = jax.jit(fn)(*_qkv())
   chex.assert_trees_all_close(got * w, want * w, atol=ATOL)
   chex.assert_trees_all_close(got_grads, want_grads, atol=GRAD_ATOL, rtol=GRAD_RTOL)
 
@@ -183,21 +188,28 @@ def _model_batch(kind, t=T):
   return ids, valid, jnp.asarray(seg), jnp.asarray(pos)
 
 
-@pytest.mark.parametrize("kind", ["ragged", "padded", "packed"])
-@pytest.mark.parametrize("impl", ["blockwise", "fused"])
-def test_model_forward_and_grads_equal_xla(kind, impl):
-  remat = kind != "ragged"  # remat under padded and packed rows, plain under ragged
+@functools.cache
+def _model_grads(cfg, kind):
+  """(param grads, logits) of a weighted log-softmax sum over the `kind` batch under `cfg`.
+  Cached: the "xla" reference of a kind is compiled once for the blockwise and fused cases."""
   ids, valid, seg, pos = _model_batch(kind)
   w = valid.astype(jnp.float32)[..., None]
 
-  def loss(cfg, params):
+  def loss(params):
     logits = qwen3.forward(params, cfg, ids, positions=pos, attention_mask=valid, segment_ids=seg)
     return jnp.sum(jax.nn.log_softmax(logits) * w * 0.01), logits
 
-  ref = CFG.replace(remat=remat)
-  got_cfg = ref.replace(attention=impl, attention_block_size=16)
-  g_want, l_want = jax.jit(jax.grad(loss, 1, has_aux=True), static_argnums=0)(ref, _params())
-  g_got, l_got = jax.jit(jax.grad(loss, 1, has_aux=True), static_argnums=0)(got_cfg, _params())
+  return jax.jit(jax.grad(loss, has_aux=True))(_params())
+
+
+@pytest.mark.parametrize("kind", ["ragged", "padded", "packed"])
+@pytest.mark.parametrize("impl", ["blockwise", "fused"])
+def test_model_forward_and_grads_equal_xla(kind, impl):
+  # remat under padded and packed rows, plain under ragged
+  ref = CFG.replace(remat=kind != "ragged")
+  w = _model_batch(kind)[1].astype(jnp.float32)[..., None]
+  g_want, l_want = _model_grads(ref, kind)
+  g_got, l_got = _model_grads(ref.replace(attention=impl, attention_block_size=16), kind)
   chex.assert_trees_all_close(l_got * w, l_want * w, atol=ATOL)
   chex.assert_trees_all_close(g_got, g_want, atol=GRAD_ATOL, rtol=GRAD_RTOL)
 
@@ -259,21 +271,26 @@ def _rl_batch(n=8, t=20, seed=0):
   }
 
 
+@functools.cache
+def _sharded_update(name):
+  """(params, metrics) after one sharded RL update with attention `name`, on the host. Cached:
+  the "xla" reference is compiled once for the blockwise and fused cases."""
+  mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  tx = optim.make_optimizer(OPT)
+  cfg = CFG.replace(attention=name, attention_block_size=8, remat=True)
+  js = steps.make_jitted_steps(
+    cfg, mesh, tx=tx, config=steps.StepConfig(num_micro_batches=2, optim=OPT)
+  )
+  state = js.shard_state(TrainState.create(jax.tree.map(jnp.copy, _params()), tx, 0))
+  state, metrics = js.rl_step(state, js.shard_batch(_rl_batch()))
+  return jax.device_get((state.params, metrics))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["blockwise", "fused"])
 def test_sharded_step_equals_xla(impl):
   """8 fake devices (data 2 x fsdp 2 x tensor 2), remat on, 2 micro-batches: one RL update
   with ``impl`` equals the same update with "xla" (params atol 5e-6 after one AdamW step)."""
-  mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-  out = {}
-  for name in ("xla", impl):
-    tx = optim.make_optimizer(OPT)
-    cfg = CFG.replace(attention=name, attention_block_size=8, remat=True)
-    js = steps.make_jitted_steps(
-      cfg, mesh, tx=tx, config=steps.StepConfig(num_micro_batches=2, optim=OPT)
-    )
-    state = js.shard_state(TrainState.create(jax.tree.map(jnp.copy, _params()), tx, 0))
-    state, metrics = js.rl_step(state, js.shard_batch(_rl_batch()))
-    out[name] = jax.device_get((state.params, metrics))
-  chex.assert_trees_all_close(out[impl][0], out["xla"][0], atol=5e-6, rtol=0)
-  chex.assert_trees_all_close(out[impl][1], out["xla"][1], rtol=1e-5, atol=1e-6)
+  got, want = _sharded_update(impl), _sharded_update("xla")
+  chex.assert_trees_all_close(got[0], want[0], atol=5e-6, rtol=0)
+  chex.assert_trees_all_close(got[1], want[1], rtol=1e-5, atol=1e-6)

@@ -145,7 +145,7 @@ def test_claims_smoke_json_and_plots(tmp_path):
   out = str(tmp_path / "claims")
   proc = _run_claims(f"--out={out}", "--smoke", "--json")
   assert proc.returncode == 0, f"claims failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  res = json.loads(proc.stdout)  # --json: stdout is the JSON alone (issue 43 row 6)
   assert res == json.load(open(os.path.join(out, "claims.json")))
   table = open(res["table"]).read()
   assert table.count("| seed") == 1 and len(table.splitlines()) == 2 + 4 * 2
@@ -191,7 +191,7 @@ def test_claims_smoke_json_and_plots(tmp_path):
     "--json",
   )
   assert proc.returncode == 0, f"sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-  res2 = json.loads(proc.stdout.strip().splitlines()[-1])
+  res2 = json.loads(proc.stdout)
   assert set(res2["arms"]) == {"dense", "sparse"} and res2["settings"]["max_turns"] == 2
   for arm in ("dense", "sparse"):
     with open(os.path.join(out2, arm, "seed0", "sft", "hf", "model.safetensors"), "rb") as f:

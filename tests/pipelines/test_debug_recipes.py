@@ -103,3 +103,65 @@ def test_debug_variant_runs_one_step_on_a_local_checkpoint(tmp_path, name):
   assert [r["step"] for r in rows] == [1]
   assert rows[0]["rollouts_generated"] == 2 * 2 * (2 if name == "rstar2_qwen3_14b" else 1)
   assert os.path.isdir(w / "ckpt") and any(n.isdigit() for n in os.listdir(w / "ckpt"))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_sft_debug_items_fit_the_readme_tiny_tokenizer(tmp_path, name):
+  """Issue 43 row 1: ``:sft_debug`` with the README's tiny Qwen3 (its small BPE tokenizer
+  renders the recipe's chat template, tool block and system prompt in ~1,900 tokens) kept no
+  item at max_seq_len=512. Every synthetic chat must fit the variant's own setting."""
+  from rstar_jax.pipelines import data_sources, sft_loop
+  from rstar_jax.tokenization.bpe import train_bpe_tokenizer
+
+  tok = train_bpe_tokenizer(["Compute 7 * 8. print(7 * 8) \\boxed{56}"] * 20, 400, str(tmp_path))
+  run = from_config_dict(RECIPES[name].get_config("sft_debug"), check_inputs=False)
+  examples = data_sources.sft_examples(run)
+  seqs, dropped = sft_loop.encode_all(
+    examples, tok, run.sft.max_seq_len, **sft_loop.chat_settings(run)
+  )
+  assert dropped == 0 and len(seqs) == len(examples) > 0
+
+
+def test_no_usable_sft_items_is_one_line_naming_the_setting(tmp_path, caplog):
+  from rstar_jax.pipelines import data_sources, sft_loop
+  from rstar_jax.tokenization.bpe import train_bpe_tokenizer
+
+  tok = train_bpe_tokenizer(["Compute 7 * 8. print(7 * 8) \\boxed{56}"] * 20, 400, str(tmp_path))
+  run = from_config_dict(rstar2_qwen3_14b.get_config("sft_debug"), check_inputs=False)
+  examples = data_sources.sft_examples(run)
+  with pytest.raises(UserError) as e, caplog.at_level("WARNING"):
+    sft_loop.encode_all(examples, tok, 512, **sft_loop.chat_settings(run))
+  # The error is the one line: no "dropped 4 of 4 items" warning before it.
+  assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == []
+  msg = str(e.value)
+  assert "\n" not in msg
+  assert msg.startswith(f"SFT: no usable items among {len(examples)}: {len(examples)} longer")
+  assert "sft.max_seq_len=512" in msg and "--config.sft.max_seq_len=2048 or more" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_sft_debug_variant_runs_on_the_readme_tiny_checkpoint(tmp_path, name):
+  """Issue 43 row 1, as the user ran it: ``launchers.sft --config=<recipe>:sft_debug``."""
+  pytest.importorskip("torch")
+  model = _tiny_qwen3_dir(tmp_path / "model")
+  w = tmp_path / "run"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "launchers.sft",
+      f"--config=configs/{name}.py:sft_debug",
+      f"--config.model.hf_dir={model}",
+      f"--workdir={w}",
+    ],
+    cwd=REPO,
+    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  rows = [json.loads(line) for line in open(w / "sft_metrics.jsonl")]
+  assert [r["step"] for r in rows] == [1, 2]
+  assert os.path.isfile(w / "hf" / "config.json")

@@ -82,7 +82,7 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
   assert [c.code for c in parsed] == [p.solution_code]
 
 
-def _launch(*args, timeout=300):
+def _launch(*args, timeout=600):  # a hang guard: with 2 test workers a run gets ~1 core
   env = dict(os.environ)
   env["XLA_FLAGS"] = ""
   env["JAX_PLATFORMS"] = "cpu"

@@ -124,6 +124,22 @@ def test_rollout_samples_spread_over_prompts_and_cut_long_text():
   assert len(metrics_log.rollout_samples(problems, groups, rewards, n=10, max_chars=100)) == 4
 
 
+def test_rollout_samples_carry_the_rendered_prompt():
+  """Issue 43 row 14: the sample's prompt is what the policy saw (system prompt, tool block,
+  chat template), decoded from the trajectory's prompt ids; the question is kept beside it."""
+
+  class Tok:
+    def decode(self, ids, skip_special_tokens=True):
+      assert not skip_special_tokens  # the template's special tokens are part of the prompt
+      return "<|im_start|>system ...<|im_start|>user p0<|im_start|>assistant" + str(ids)
+
+  s = metrics_log.rollout_samples(
+    [Problem("p0", "1")], [[traj("r", [])]], [[1.0]], n=1, max_chars=1000, tokenizer=Tok()
+  )
+  assert s[0]["prompt"] == "<|im_start|>system ...<|im_start|>user p0<|im_start|>assistant[1]"
+  assert s[0]["question"] == "p0"
+
+
 def test_samples_due_follows_samples_every():
   run = from_config_dict(rstar2_tiny_cpu.get_config("rl"))
   # on by default (issue 29 row 14: training never logged sample rollouts)
@@ -272,7 +288,9 @@ def test_rl_loop_logs_samples_to_every_sink_and_its_keys_are_documented(
   ]
   by_text = {p.problem: p.answer for p in problems}
   for s in samples:
-    assert by_text[s["prompt"]] == s["answer"] and isinstance(s["response"], str)
+    assert by_text[s["question"]] == s["answer"] and isinstance(s["response"], str)
+    # the rendered prompt (issue 43 row 14): chat template around the question
+    assert s["question"] in s["prompt"] and s["prompt"].startswith("<|im_start|>")
     assert s["reward"] == float(s["sample_index"] % 2)  # the alternating rule's reward
     assert isinstance(s["tool_turns"], list)
   assert (

@@ -142,3 +142,55 @@ def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
   assert "Traceback" not in err, err[-3000:]
   lines = [ln for ln in err.splitlines() if "interrupted at step" in ln]
   assert len(lines) == 1 and "rerun the same command to resume" in lines[0], err[-3000:]
+
+
+@pytest.mark.slow
+def test_real_sigint_while_a_step_is_recorded_names_one_step(tmp_path, monkeypatch):
+  """Issue 43 row 4: a real SIGINT landing while SFT records step 2 (after its update, while
+  its metric row is written). Before: "checkpoint of step 2 written", then "interrupted at
+  step 1", and the resumed log lacked row 2. Now: one step number and no lost or doubled row."""
+  import os
+  import signal
+
+  from rstar_jax.pipelines import metrics_log
+
+  cfg = rstar2_tiny_cpu.get_config("sft")
+  cfg.data.synthetic.n_train = 6
+  cfg.sft.epochs, cfg.sft.batch_size, cfg.sft.max_seq_len = 1, 2, 1024
+  cfg.train.checkpoint_every = 0
+  cfg.mesh.num_devices = 1
+  run = from_config_dict(cfg)
+  examples = data_sources.sft_examples(run)
+  tok = data_sources.ensure_tokenizer(
+    run,
+    str(tmp_path / "tok"),
+    data_sources.tokenizer_corpus(data_sources.train_problems(run), examples),
+  )
+
+  class SigintWhileWritingRow2(metrics_log.MetricsWriter):
+    def write(self, step, metrics):
+      if step == 2:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode, mid-write
+      return super().write(step, metrics)
+
+  w = tmp_path / "run"
+  monkeypatch.setattr(sft_loop, "MetricsWriter", SigintWhileWritingRow2)
+
+  def main(argv):
+    sft_loop.run_sft(run, str(w), tokenizer=tok, examples=examples, export=False)
+
+  with pytest.raises(SystemExit) as e:
+    cli.wrap(main, lambda: cli.sft_interrupted_line(str(w)))([])
+  assert e.value.code == 130
+  with Checkpointer(str(w / "ckpt")) as ck:
+    assert ck.all_steps() == [2]
+  rows = [json.loads(x)["step"] for x in (w / "sft_metrics.jsonl").read_text().splitlines()]
+  assert rows == [1, 2]
+  assert cli.sft_interrupted_line(str(w)) == (
+    "interrupted at step 2; rerun the same command to resume"
+  )
+  monkeypatch.setattr(sft_loop, "MetricsWriter", metrics_log.MetricsWriter)
+  out = sft_loop.run_sft(run, str(w), tokenizer=tok, examples=examples, export=False)
+  assert out["steps"] == 3
+  rows = [json.loads(x)["step"] for x in (w / "sft_metrics.jsonl").read_text().splitlines()]
+  assert rows == [1, 2, 3]

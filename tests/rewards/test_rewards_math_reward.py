@@ -168,7 +168,7 @@ def test_score_async_with_runner_and_default(verifier):
 
   async def thread_runner(fn, *args, timeout_s):
     # math-verify is called with its signal timeouts off, so it also works off the main thread.
-    calls.append(fn)
+    calls.append((fn, timeout_s))
     return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout_s)
 
   async def failing_runner(fn, *args, timeout_s):
@@ -176,15 +176,17 @@ def test_score_async_with_runner_and_default(verifier):
 
   async def main():
     text = "<answer>\\boxed{\\sqrt{8}}</answer>"
+    # The first call imports math-verify and sympy in this process: over the default 5 s on a
+    # loaded machine (two test workers), so the thread runner gets a generous deadline.
     return (
-      await math_reward.score_async(text, "2\\sqrt2", thread_runner),
-      await math_reward.score_async(text, "3", thread_runner),
+      await math_reward.score_async(text, "2\\sqrt2", thread_runner, timeout_s=120.0),
+      await math_reward.score_async(text, "3", thread_runner, timeout_s=120.0),
       await math_reward.score_async(text, "2\\sqrt2", failing_runner),
       await math_reward.score_async(text, "2\\sqrt2", verifier=verifier),
     )
 
   assert asyncio.run(main()) == (1.0, 0.0, 0.0, 1.0)
-  assert calls == [verify_worker.verify_strings] * 2
+  assert calls == [(verify_worker.verify_strings, 120.0)] * 2
 
 
 MATH500 = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "math500.jsonl"

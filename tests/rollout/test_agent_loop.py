@@ -4,6 +4,8 @@ import dataclasses
 import pytest
 from rollout_helpers import FakePool, ScriptedEngine, call_text
 
+from rstar_jax.pipelines import rl_metrics
+from rstar_jax.rewards import quality
 from rstar_jax.rollout.agent_loop import RolloutSettings, run_agent_loop, run_trajectory
 from rstar_jax.tokenization import chat_format as cf
 
@@ -225,7 +227,29 @@ def test_session_lost_reaches_the_policy_as_a_tool_error(tokenizer):
   worker, which "internal_error" would be)."""
   eng = ScriptedEngine(tokenizer, _turns(call_text("print(x)"), FINAL))
   t = _run(eng, tokenizer, FakePool(status="session_lost"), RolloutSettings(response_budget=600))
-  assert [c.status for c in t.tool_calls] == ["error"]
+  assert [c.status for c in t.tool_calls] == ["session_lost"]
   text = t.tool_calls[0].output_text
-  assert "Tool call failure" in text and "session lost" in text
+  assert "Tool call failure" in text and "reason: session_lost" in text
+  assert "variables failed" in text and "re-run what you need" in text
   assert t.finish_reason == "stop" and t.num_turns == 2
+  # The step's metrics and RoC's p_err count it as a failed call (not an unknown status).
+  m = rl_metrics.trajectory_metrics([t], [1.0]) | rl_metrics.tool_latency_metrics([t])
+  assert m["tool_error_ratio"] == 1.0 and m["pos_tool_error_ratio"] == 1.0
+  assert m["tool_status_session_lost_frac"] == 1.0
+  assert quality.p_err([c.status for c in t.tool_calls]) == 1.0
+
+
+def test_every_tool_status_is_known_wherever_statuses_are_listed():
+  """The code pool's statuses (session_lost included) are each rendered with a reason, counted
+  as a failure by the step metrics, and known to RoC's p_err; a new status added to the pool
+  but not to these lists fails here."""
+  from rstar_jax.tools import code_pool, render
+
+  for s in code_pool.STATUSES:
+    assert s in quality.KNOWN_STATUSES, s
+    if s == "ok":
+      continue
+    assert s in rl_metrics.FAILURE_STATUSES and s in code_pool.FAILURE_STATUSES, s
+    text = render.render_tool_response(code_pool.ExecResult(s, "", "", 0.0))
+    assert text.startswith("Tool call failure\nreason: " + s), (s, text)
+  assert "parse_error" in rl_metrics.FAILURE_STATUSES and "parse_error" in quality.KNOWN_STATUSES

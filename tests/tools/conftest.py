@@ -1,6 +1,5 @@
 """Shared fixtures for the code-tool tests: one event loop and one warm pool per module, a pool
-per isolation level for the threat batteries, and the summary line counting skipped threat
-tests (`RSTAR_REQUIRE_NAMESPACES=1` turns any skip at the namespaces level into a failure)."""
+per isolation level for the threat batteries."""
 
 import os
 import sys
@@ -52,40 +51,5 @@ def lpool(level_runner, request):
   level_runner.run(p.close())
 
 
-# ---------------------------------------------------------------------------------------------
-# threat-test skip accounting
-_THREAT_SKIPS = []
-
-
-def _is_threat(nodeid):
-  return "/tools/test_threats" in nodeid or nodeid.startswith("test_threats")
-
-
-def pytest_runtest_logreport(report):
-  if report.skipped and _is_threat(report.nodeid):
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    _THREAT_SKIPS.append((report.nodeid, reason.removeprefix("Skipped: ")))
-
-
-def _namespaces_skips():
-  return [(n, r) for n, r in _THREAT_SKIPS if "[namespaces" in n or "-namespaces" in n]
-
-
-def pytest_terminal_summary(terminalreporter):
-  reasons = {}
-  for _, r in _THREAT_SKIPS:
-    reasons[r] = reasons.get(r, 0) + 1
-  detail = "; ".join(f"{n}x {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-  terminalreporter.write_line(
-    f"threat tests skipped: {len(_THREAT_SKIPS)}" + (f" ({detail})" if detail else "")
-  )
-  if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips():
-    terminalreporter.write_line(
-      "RSTAR_REQUIRE_NAMESPACES=1: threat tests skipped at the "
-      "namespaces level: " + ", ".join(n for n, _ in _namespaces_skips())
-    )
-
-
-def pytest_sessionfinish(session, exitstatus):
-  if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips() and exitstatus == 0:
-    session.exitstatus = 1
+# The threat-test skip accounting (the summary line, RSTAR_REQUIRE_NAMESPACES=1) is in
+# tests/conftest.py: under xdist only the top-level conftest runs in the controller process.

@@ -79,8 +79,12 @@ def test_cancelled_call_does_not_leak(runner, pool):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
       await task
-    # The abandoned call still runs to its end in the sandbox; wait for its slot, not a clock.
-    await _until(lambda: not sandbox_pids(*pool_uid_range(pool)), timeout=30)
+    # The abandoned call still runs to its end in the sandbox; wait for its reply (which frees
+    # its slot), not a clock. (Not for its processes to vanish: right after the send they may
+    # not exist yet, or not yet run as a sandbox uid.)
+    await _until(lambda: all(not t.pending for t in pool._templates), timeout=30)
+    assert pool._sem._value == pool.config.num_workers
+    assert sandbox_pids(*pool_uid_range(pool)) == []
     return await pool.execute("print(7)")
 
   r = runner.run(cancel_one())

@@ -138,7 +138,7 @@ def test_run_function_failures(runner, pool):
   t0 = time.monotonic()
   with pytest.raises(FunctionRunError) as e:
     runner.run(pool.run_function(spin_forever, timeout_s=0.5))
-  assert e.value.status == "timeout" and time.monotonic() - t0 < 5
+  assert e.value.status == "timeout" and time.monotonic() - t0 < 30  # a hang guard, no timing
   with pytest.raises(FunctionRunError) as e:
     runner.run(pool.run_function(raise_value_error, "no good"))
   assert e.value.status == "error" and "ValueError: no good" in e.value.detail

@@ -266,13 +266,15 @@ def test_host_listener_unreachable_at_every_level(runner, lpool):
   ), r
 
 
-def test_cpu_limit_counts_every_thread_and_reads_as_a_timeout(runner, lpool):
-  """Threads burning CPU in parallel (BLAS releases the GIL) reach RLIMIT_CPU before the
-  wall-clock deadline; the call ends as a timeout at every level, also where the call is its
-  namespace's PID 1 and so ignores the soft limit's SIGXCPU (the hard limit's SIGKILL then ends
-  it, told apart from other kills by the CPU time used)."""
-  if (os.cpu_count() or 1) < 2:
-    pytest.skip("needs 2 cores to use CPU time faster than wall time")
+def test_cpu_burning_threads_read_as_a_timeout(runner, lpool):
+  """Threads burning CPU in parallel (BLAS releases the GIL) end as a timeout at every level,
+  also where the call is its namespace's PID 1 and so ignores the soft limit's SIGXCPU (the
+  hard limit's SIGKILL then ends it, told apart from other kills by the CPU time used). Which
+  limit comes first, the CPU or the wall clock, depends on how many cores the machine spares
+  the threads, so no duration is asserted (issue 43, row 13): that RLIMIT_CPU counts every
+  thread is checked by the kernel's own clocks in
+  test_threats_round3.test_cpu_limit_counts_every_thread_by_the_kernels_count, and which
+  signal deaths read as the CPU limit by test_only_the_kernels_cpu_limit_kill_reads_as_a_timeout."""
   code = (
     "import threading, time, numpy as np\n"
     "a = np.random.default_rng(0).random((300, 300))\n"
@@ -280,8 +282,5 @@ def test_cpu_limit_counts_every_thread_and_reads_as_a_timeout(runner, lpool):
     "for _ in range(2):\n    threading.Thread(target=burn, daemon=True).start()\n"
     "time.sleep(60)"
   )
-  timeout = 6.0
-  r = runner.run(lpool.execute(code, timeout_s=timeout))
-  assert r.status == "timeout", r
-  # CPU limit int(timeout)+1 s, reached at ~2x wall speed on 2 cores: well before the deadline.
-  assert r.duration_s < timeout - 0.5, r.duration_s
+  r = runner.run(lpool.execute(code, timeout_s=3.0))
+  assert r.status == "timeout" and r.exit_code in (128 + 9, 128 + 24), r  # SIGKILL, SIGXCPU

@@ -27,8 +27,14 @@ adapter runs with (W + alpha/r * B @ A), for comparison with the learner's merge
 Fault injection: `fail_next(path, n, status=500, skip=0)` (the call after `skip` good ones
 fails), `generate_delay_s`, `healthy = False`, `hang_next_generate(n)` (sleep far past any client
 timeout), `die_on_distributed_call = k` (the process exits on its k-th distributed update, as a
-killed group member). `python -m rstar_jax.rollout.testing.mock_sglang --port-file F` runs one
-in its own process.
+killed group member), `broken_status = 500` (every endpoint answers that status, /health
+included: a server failing forever), `frozen = True` (every request, /health included, waits
+until it is unfrozen: a hung server). `logprob_shift` shifts this server's log-probs (tests tell
+which server produced a turn). `events` lists the paths served, in order. `script_ids`: a turn
+(e.g. a tool call ending in the stop id) emitted before the model's tokens whenever the request's
+input ids do not hold it yet, so an agent loop calls its tool once per trajectory.
+`python -m rstar_jax.rollout.testing.mock_sglang --port-file F [--port P]` runs one in its own
+process (kill -9 / SIGSTOP it; restart it on the same port).
 """
 
 from __future__ import annotations
@@ -50,8 +56,14 @@ def mock_next_token(ids: list[int], vocab_size: int) -> int:
   return (sum((i + 1) * t for i, t in enumerate(tail)) * 31 + 7 * len(ids)) % vocab_size
 
 
-def mock_logprob(ids: list[int], token: int) -> float:
-  return -((token + len(ids)) % 17) / 10.0 - 0.05
+def _holds(ids: list[int], part: list[int]) -> bool:
+  """Whether ``part`` occurs in ``ids`` as a contiguous run (an empty part: always)."""
+  n = len(part)
+  return any(ids[i : i + n] == part for i in range(len(ids) - n + 1)) if n else True
+
+
+def mock_logprob(ids: list[int], token: int, shift: float = 0.0) -> float:
+  return -((token + len(ids)) % 17) / 10.0 - 0.05 - shift
 
 
 class MockSGLangServer:
@@ -61,8 +73,17 @@ class MockSGLangServer:
     max_total_num_tokens: int = 4096,
     token_delay_s: float = 0.0,
     weight_version: str = "0",
+    logprob_shift: float = 0.0,
+    seeded: bool = False,
+    script_ids: tuple[int, ...] = (),
   ):
+    self.script_ids = [int(t) for t in script_ids]
+    self.seeded = bool(seeded)  # sampling_seed changes the tokens (distinct group samples)
     self.vocab_size = vocab_size
+    self.logprob_shift = float(logprob_shift)
+    self.broken_status: int | None = None
+    self.frozen = False
+    self.events: list[str] = []
     self.max_total_num_tokens = max_total_num_tokens
     self.token_delay_s = token_delay_s
     self.weight_version = weight_version
@@ -97,8 +118,17 @@ class MockSGLangServer:
   def hang_next_generate(self, n: int = 1) -> None:
     self._hang += n
 
-  async def start(self) -> MockSGLangServer:
-    app = web.Application()
+  @web.middleware
+  async def _faults_middleware(self, request, handler):
+    self.events.append(request.path)
+    while self.frozen and not self._closing:
+      await asyncio.sleep(0.01)
+    if self.broken_status is not None:
+      return web.json_response({"error": "injected: broken server"}, status=self.broken_status)
+    return await handler(request)
+
+  async def start(self, port: int = 0) -> MockSGLangServer:
+    app = web.Application(middlewares=[self._faults_middleware])
     r = app.router
     r.add_post("/generate", self._generate)
     r.add_post("/update_weights_from_disk", self._update)
@@ -122,7 +152,7 @@ class MockSGLangServer:
     self._add_pause_routes(r)
     self._runner = web.AppRunner(app)
     await self._runner.setup()
-    site = web.TCPSite(self._runner, "127.0.0.1", 0)
+    site = web.TCPSite(self._runner, "127.0.0.1", int(port), reuse_address=True)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     self.url = f"http://127.0.0.1:{port}"
@@ -154,7 +184,9 @@ class MockSGLangServer:
     r.add_post("/continue_generation", self._continue)
 
   async def _wait_while_paused(self, state: dict) -> None:
-    while self.paused_mode is not None and not state["abort"] and not self._closing:
+    while (
+      (self.paused_mode is not None or self.frozen) and not state["abort"] and not self._closing
+    ):
       await asyncio.sleep(0.002)
 
   async def _pause(self, request):
@@ -205,6 +237,9 @@ class MockSGLangServer:
       await asyncio.sleep(0.002)
     rid = body.get("rid") or f"auto{len(self.requests)}"
     max_new = int(sp.get("max_new_tokens", 128))
+    # Seeded: the seed shifts every token, so every server gives the same output for the same
+    # (prompt, seed) and different seeds give different samples.
+    salt = int(sp.get("sampling_seed", 0)) % self.vocab_size if self.seeded else 0
     stops = set(sp.get("stop_token_ids") or ())
     state = self._running[rid] = {"abort": False, "tokens": len(ids)}
     out: list[int] = []
@@ -217,6 +252,7 @@ class MockSGLangServer:
           await asyncio.sleep(0.01)
       await asyncio.sleep(self.generate_delay_s)
       hist = list(ids)
+      script = [] if _holds(ids, self.script_ids) else self.script_ids
       while len(out) < max_new:
         await self._wait_while_paused(state)
         if state["abort"]:
@@ -229,8 +265,11 @@ class MockSGLangServer:
           break
         if self.token_delay_s:
           await asyncio.sleep(self.token_delay_s)
-        tok = mock_next_token(hist, self.vocab_size)
-        lps.append(mock_logprob(hist, tok))
+        if len(out) < len(script):
+          tok = script[len(out)]
+        else:
+          tok = (mock_next_token(hist, self.vocab_size) + salt) % self.vocab_size
+        lps.append(mock_logprob(hist, tok, self.logprob_shift))
         out.append(tok)
         hist.append(tok)
         state["tokens"] += 1
@@ -574,13 +613,26 @@ def main() -> None:
   ap.add_argument("--port-file", required=True)
   ap.add_argument("--vocab-size", type=int, default=256)
   ap.add_argument("--die-on-distributed-call", type=int, default=0)
+  ap.add_argument("--port", type=int, default=0, help="0 = any free port")
+  ap.add_argument("--token-delay-s", type=float, default=0.0)
+  ap.add_argument("--logprob-shift", type=float, default=0.0)
+  ap.add_argument("--weight-version", default="0")
+  ap.add_argument("--seeded", action="store_true", help="sampling_seed changes the tokens")
+  ap.add_argument("--script-ids", default="", help="comma-separated ids of a scripted turn")
   args = ap.parse_args()
   import torch.distributed  # noqa: F401  (loaded up front, as in a real server)
 
   async def run():
-    server = MockSGLangServer(vocab_size=args.vocab_size)
+    server = MockSGLangServer(
+      vocab_size=args.vocab_size,
+      token_delay_s=args.token_delay_s,
+      weight_version=args.weight_version,
+      logprob_shift=args.logprob_shift,
+      seeded=args.seeded,
+      script_ids=tuple(int(t) for t in args.script_ids.split(",") if t),
+    )
     server.die_on_distributed_call = args.die_on_distributed_call
-    await server.start()
+    await server.start(args.port)
     tmp = args.port_file + ".tmp"
     with open(tmp, "w") as f:
       f.write(server.url)

@@ -1,0 +1,57 @@
+"""Finding the pool's cgroup directories (cgroups.find) from mountinfo and /proc/self/cgroup,
+for v1, v2 and machines without either: parsed from files, so every layout is checked here
+whatever this machine mounts."""
+
+import os
+
+from rstar_jax.tools import cgroups
+
+_V1_MOUNTS = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+_V1_OWN = "8:pids:/\n4:memory:/jobs/abc\n0::/\n"
+
+
+def _write(tmp_path, mounts, own):
+  (tmp_path / "mountinfo").write_text(mounts)
+  (tmp_path / "cgroup").write_text(own)
+  return str(tmp_path / "mountinfo"), str(tmp_path / "cgroup")
+
+
+def test_v1_directories_follow_each_controllers_own_path(tmp_path, monkeypatch):
+  mi, cg = _write(tmp_path, _V1_MOUNTS, _V1_OWN)
+  monkeypatch.setattr(os.path, "isdir", lambda p: True)
+  # The unified mount offers no controllers here (its cgroup.controllers is unreadable).
+  assert cgroups.find(mi, cg) == (
+    1,
+    {"memory": "/sys/fs/cgroup/memory/jobs/abc", "pids": "/sys/fs/cgroup/pids"},
+  )
+
+
+def test_v2_is_preferred_when_it_offers_both_controllers(tmp_path):
+  root = tmp_path / "cg2"
+  (root / "job").mkdir(parents=True)
+  (root / "job" / "cgroup.controllers").write_text("cpu io memory pids\n")
+  mounts = f"41 31 0:38 / {root} rw,relatime - cgroup2 cgroup2 rw\n"
+  mi, cg = _write(tmp_path, mounts, "0::/job\n")
+  assert cgroups.find(mi, cg) == (2, {"unified": f"{root}/job"})
+
+
+def test_a_mount_whose_root_is_our_cgroup_maps_to_its_top(tmp_path):
+  """Inside a container the hierarchy is mounted from our own cgroup down."""
+  root = tmp_path / "cg2"
+  root.mkdir()
+  (root / "cgroup.controllers").write_text("memory pids\n")
+  mounts = f"41 31 0:38 /kubepods/pod1 {root} rw - cgroup2 cgroup2 rw\n"
+  mi, cg = _write(tmp_path, mounts, "0::/kubepods/pod1\n")
+  assert cgroups.find(mi, cg) == (2, {"unified": str(root)})
+
+
+def test_missing_controllers_say_which(tmp_path):
+  mounts = "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+  mi, cg = _write(tmp_path, mounts, "4:memory:/\n")
+  version, why = cgroups.find(mi, cg)
+  assert version == 0 and "pids" in why, why
+  assert cgroups.find(str(tmp_path / "absent"), cg)[0] == 0
