@@ -37,7 +37,7 @@ from rstar_jax.config import schema
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   """variant "" = the demo; "smoke" = a toy-sized run of every phase with real RL updates
-  (~1-2 minutes); "noisy" / "sparse" / "dense" = the claims benchmark's environments
+  (~1-2 minutes); "noisy" / "sparse" / "dense" / "graded" = the claims benchmark's environments
   (`CLAIM_VARIANTS`), and "<claim>_smoke" the same at toy size (`_claim_smoke`); "lora" /
   "lora_smoke" = RL with LoRA adapters (the latter at the smoke size)."""
   common.check_variant(variant, "configs/demo.py", VARIANTS)
@@ -244,6 +244,15 @@ def _sparse(c: ml_collections.ConfigDict) -> None:
   c.coldstart.max_calls = 1
 
 
+def _graded(c: ml_collections.ConfigDict) -> None:
+  """Between the two (issue 42, ASTER's collapse): 1 to 4 calls per chat, uniformly, on the same
+  problems; a policy that starts with several calls and, under RL, may drift toward fewer."""
+  c.data.synthetic.families = list(_ASTER_FAMILIES)
+  c.coldstart.style = "graded"
+  c.coldstart.min_tool_calls = 1
+  c.coldstart.max_calls = 0
+
+
 def _claim_lengths(c: ml_collections.ConfigDict) -> None:
   """Each claim variant trains its own tokenizer on its own cold start, so a question can take
   more tokens than under the demo's (the noisy one's splits "primes" apart: 58 > 56), and a
@@ -253,7 +262,7 @@ def _claim_lengths(c: ml_collections.ConfigDict) -> None:
   c.rollout.max_len = c.rollout.max_prompt_tokens + c.rollout.response_budget
 
 
-CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse}
+CLAIM_VARIANTS = {"noisy": _noisy, "dense": _dense, "sparse": _sparse, "graded": _graded}
 VARIANTS = (
   ("", "smoke", "lora", "lora_smoke")
   + tuple(CLAIM_VARIANTS)

@@ -846,8 +846,8 @@ class ColdStartConfig(_Section):
   )
   style: str = field(
     "mixed",
-    one_of(("mixed", "dense", "sparse")),
-    "Scripted solver: 'mixed' (each step by its probability), 'dense' (exploration + solve, >= 2 calls) or 'sparse' (the answer in the reasoning, one late verification call).",
+    one_of(("mixed", "dense", "sparse", "graded")),
+    "Scripted solver: 'mixed' (each step by its probability), 'dense' (exploration + solve, >= 2 calls), 'sparse' (the answer in the reasoning, one late verification call) or 'graded' (1 to 4 calls per chat, uniformly; set min_tool_calls <= 1 to keep the 1-call chats).",
   )
   require_all_calls_ok: bool = field(
     True, IS_BOOL, "Keep only chats whose every tool call succeeded (ASTER)."

@@ -18,6 +18,10 @@ selection keeps trajectories with at least `min_tool_calls` calls, the densest
   "sparse"  one late verification call: the answer is first worked out in the reasoning text
             ("in the head"), then the reference code checks it once (ASTER's interaction-sparse
             trajectories); exactly 1 call.
+  "graded"  between the two (issue 42, ASTER's collapse): each chat's call count drawn uniformly
+            from 1 to 4: the sparse shape (1), exploration + solve (2), exploration + broken call
+            + fix (3), and that followed by a re-check of the result (4); `max_calls` does not
+            apply. A policy that starts with several calls can then drift toward fewer under RL.
 `explore_fail_prob` (noisy environments) makes the exploratory call fail (it names variables
 it never defined) and lets the trajectory go on to the solve without fixing it: an error that
 does not change the answer, which outcome-only reward cannot tell from a clean trajectory.
@@ -51,7 +55,8 @@ FINAL_TEXT = "The output is {n}.</reason><answer>\\boxed{{{n}}}</answer>"
 EXPLORE_FAIL_TEXT = "I look at the values first.</reason>"
 AFTER_FAIL_TEXT = "That call failed, but it was only a check. I compute the answer.</reason>"
 MENTAL_TEXT = "I work it out: the answer is {n}. I verify it with the tool.</reason>"
-STYLES = ("mixed", "dense", "sparse")
+RECHECK_TEXT = "I run it once more to be sure.</reason>"
+STYLES = ("mixed", "dense", "sparse", "graded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +68,7 @@ class ColdStartConfig:
     bug_prob: probability of a broken call that is then corrected ("mixed", "dense").
     explore_fail_prob: probability that the exploratory call fails and is not fixed (a
       recoverable error that leaves the answer unchanged).
-    style: "mixed" | "dense" | "sparse" (module docstring).
+    style: "mixed" | "dense" | "sparse" | "graded" (module docstring).
     min_tool_calls: ASTER density threshold (calls per kept trajectory).
     max_trajectories: keep at most this many, densest first (0 = all).
     max_calls: at most this many calls per trajectory (0 = no cap); the exploratory call is
@@ -141,6 +146,8 @@ def plan_calls(problem: Problem, config: ColdStartConfig, index: int) -> list[tu
   rng = random.Random(f"coldstart:{config.seed}:{index}")
   if config.style == "sparse":
     return [(MENTAL_TEXT.format(n=problem.answer.strip()), problem.solution_code)]
+  if config.style == "graded":
+    return _graded_plan(problem, rng.randint(1, 4), rng)
   plan = []
   if config.style == "dense" or rng.random() < config.explore_prob:
     plan.append((EXPLORE_TEXT, explore_code(problem)))
@@ -161,6 +168,18 @@ def plan_calls(problem: Problem, config: ColdStartConfig, index: int) -> list[tu
   if plan[0][0] in (FIX_TEXT, AFTER_FAIL_TEXT):  # no failed call before it: the plain solve
     plan[0] = (SOLVE_TEXT, plan[0][1])
   return plan
+
+
+def _graded_plan(problem: Problem, n_calls: int, rng: random.Random) -> list[tuple[str, str]]:
+  """The "graded" style's plan with ``n_calls`` (1-4) calls (module docstring)."""
+  code = problem.solution_code
+  if n_calls == 1:
+    return [(MENTAL_TEXT.format(n=problem.answer.strip()), code)]
+  plan = [(EXPLORE_TEXT, explore_code(problem))]
+  if n_calls == 2:
+    return plan + [(SOLVE_TEXT, code)]
+  plan += [(BUGGY_TEXT, break_code(code, rng)), (FIX_TEXT, code)]
+  return plan + [(RECHECK_TEXT, code)] if n_calls == 4 else plan
 
 
 def _call_msg(text: str, code: str) -> dict:

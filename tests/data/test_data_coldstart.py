@@ -232,7 +232,12 @@ def claims_built():
     async with CodePool(num_workers=2) as pool:
       return {
         v: await coldstart.build_coldstart(p, pool, _claim_coldstart(v))
-        for v, p in (("noisy", noisy_p), ("dense", aster_p), ("sparse", aster_p))
+        for v, p in (
+          ("noisy", noisy_p),
+          ("dense", aster_p),
+          ("sparse", aster_p),
+          ("graded", aster_p),
+        )
       }
 
   return {"noisy": noisy_p, "aster": aster_p}, asyncio.run(main())
@@ -272,6 +277,36 @@ def test_sparse_and_dense_coldstart_call_counts(claims_built):
     reasoning = [m["content"] for m in ex.messages[2:-1] if m["role"] == "assistant"]
     assert not any(ex.extra["answer"] in t for t in reasoning if "boxed" not in t)
     assert ex.messages[2]["content"] == coldstart.EXPLORE_TEXT
+
+
+def test_graded_coldstart_spans_one_to_four_calls(claims_built):
+  """issue 42's cold start between dense and sparse: call counts drawn from 1..4 (all four occur
+  over 40 problems), every chat solved through the real pool, the 1-call chats kept."""
+  from collections import Counter
+
+  cfg = _claim_coldstart("graded")
+  assert cfg.min_tool_calls <= 1
+  probs = _demo_problems("graded", 40)
+  counts = Counter(len(coldstart.plan_calls(p, cfg, i)) for i, p in enumerate(probs))
+  assert set(counts) == {1, 2, 3, 4}, counts
+  assert min(counts.values()) >= 4  # roughly uniform, not one count with a stray other
+  plans = [coldstart.plan_calls(p, cfg, i) for i, p in enumerate(probs)]
+  four = next(plan for plan in plans if len(plan) == 4)
+  assert [t for t, _ in four] == [
+    coldstart.EXPLORE_TEXT,
+    coldstart.BUGGY_TEXT,
+    coldstart.FIX_TEXT,
+    coldstart.RECHECK_TEXT,
+  ]
+  aster, out = claims_built
+  kept, stats = out["graded"]
+  assert stats["kept"] == len(aster["aster"]) and stats["dropped_sparse"] == 0
+  assert {ex.num_tool_calls for ex in kept} <= {1, 2, 3, 4}
+  assert len({ex.num_tool_calls for ex in kept}) >= 3
+  for ex in kept:
+    assert ex.extra["tool_statuses"][-1] == "ok"
+    first = ex.messages[2]["content"]
+    assert (first == coldstart.MENTAL_TEXT.format(n=ex.extra["answer"])) == (ex.num_tool_calls == 1)
 
 
 def test_explore_fail_off_changes_nothing_and_draws_its_own_stream():

@@ -81,14 +81,20 @@ def test_a_write_cut_by_sigkill_is_never_restored(tmp_path):
   assert max(cut_steps) > max(done)  # the write in flight was newer than any complete one
   tx = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=2))
   target = TrainState.create({"w": jnp.zeros((N, N))}, tx, 1)
-  with Checkpointer(d, max_to_keep=None) as ck:
-    assert _tmp_dirs(d) == []  # the leftover is removed when the folder is opened
-    assert ck.latest_step() == max(done) and ck.all_steps() == done
-    state, meta = ck.restore(target)
   last = max(done)
-  assert meta == {"pos": last, "step": last}
-  assert int(state.step) == last
-  np.testing.assert_array_equal(np.asarray(state.params["w"]), np.full((N, N), float(last)))
+  with Checkpointer(d, max_to_keep=None) as ck:
+    assert ck.latest_step() == last and ck.all_steps() == done
+    state, meta = ck.restore(target)
+    assert meta == {"pos": last, "step": last}
+    assert int(state.step) == last
+    np.testing.assert_array_equal(np.asarray(state.params["w"]), np.full((N, N), float(last)))
+    # A later save of the resumed run: orbax has removed the leftover by then (its clean-up
+    # runs in the background from the moment the folder is opened; a save waits for it). A
+    # step past the cut one, so that the save does not just replace the cut step's folder.
+    nxt = max(cut_steps) + 1
+    ck.save(state.replace(step=jnp.asarray(nxt, jnp.int32)), {"pos": nxt})
+  assert _tmp_dirs(d) == [], os.listdir(d)
+  assert complete_steps(d) == [*done, nxt]
 
 
 def test_async_and_sync_writes_restore_the_same_bytes(tmp_path):
