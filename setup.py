@@ -70,12 +70,24 @@ setup(
       "pyarrow>=15",
       "datasets>=3",
       "wandb>=0.19.10",
+      # the docs site's strict build (tests/test_docs.py)
+      "mkdocs>=1.6",
+      "mkdocs-material>=9.5",
+      "mkdocstrings[python]>=1.0",
+      "mkdocstrings-python>=2.0",
       # rollout.router_url: SGLang's router, started by tests/pipelines/test_sglang_router_rl.py
       "sglang-router==0.3.2",
     ],
     "ray": ["ray>=2.50"],
     # rollout.router_url (rstar_jax/rollout/README.md, "SGLang's router")
     "router": ["sglang-router==0.3.2"],
+    # the docs site: mkdocs.yml over docs/, API pages from the docstrings (mkdocs build --strict)
+    "docs": [
+      "mkdocs>=1.6",
+      "mkdocs-material>=9.5",
+      "mkdocstrings[python]>=1.0",
+      "mkdocstrings-python>=2.0",
+    ],
     # data.format parquet / hf_dataset (rstar_jax.data.formats)
     "data": ["pyarrow>=15", "datasets>=3"],
     # log.wandb (rstar_jax.pipelines.metrics_log; 0.19.10: wandb.init(reinit="create_new"))

@@ -1,4 +1,4 @@
-"""Runs the README snippet "use the GRPO-RoC transforms from another JAX codebase" verbatim."""
+"""Runs the snippet "GRPO-RoC transforms from another JAX codebase" of docs/library.md verbatim."""
 
 import textwrap
 
@@ -43,5 +43,7 @@ def test_readme_snippet_runs(capsys):
 def test_readme_holds_this_snippet():
   import pathlib
 
-  readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-  assert SNIPPET.strip() in readme.read_text(), "README's GRPO-RoC snippet drifted from the test"
+  readme = pathlib.Path(__file__).resolve().parents[2] / "docs" / "library.md"
+  assert SNIPPET.strip() in readme.read_text(), (
+    "docs/library.md's GRPO-RoC snippet drifted from the test"
+  )
