@@ -850,12 +850,14 @@ class CgroupSlots:
         slot["procs"] = [self._open(c, name, "cgroup.procs", os.O_WRONLY) for c in self.dirs]
         slot["failcnt"] = self._open("memory", name, "memory.failcnt", os.O_RDWR)
         slot["events"] = self._open("memory", name, "memory.oom_control", os.O_RDONLY)
+        slot["current"] = self._open("pids", name, "pids.current", os.O_RDONLY)
       else:
         self._write("unified", name, "memory.max", self.memory_bytes)
         self._write("unified", name, "memory.swap.max", 0, True)
         self._write("unified", name, "pids.max", self.max_procs)
         slot["procs"] = [self._open("unified", name, "cgroup.procs", os.O_WRONLY)]
         slot["events"] = self._open("unified", name, "memory.events", os.O_RDONLY)
+        slot["current"] = self._open("unified", name, "pids.current", os.O_RDONLY)
     except BaseException:
       self._remove(slot)
       raise
@@ -873,9 +875,25 @@ class CgroupSlots:
     return out
 
   def take(self):
-    slot = self.free.pop() if self.free else self._make()
+    # A slot given back still holds the killed processes the kernel has not released yet
+    # (orphans reparented outside the template are reaped by their new parent, later): their
+    # pids still count against pids.max, so a call given that slot could not fork. Only an
+    # empty slot is reused; a busy one waits in the free list until it empties.
+    for i in range(len(self.free) - 1, -1, -1):
+      if self._empty(self.free[i]):
+        slot = self.free.pop(i)
+        break
+    else:
+      slot = self._make()
     self.rebase(slot)
     return slot
+
+  @staticmethod
+  def _empty(slot):
+    try:
+      return os.pread(slot["current"], 32, 0).strip() == b"0"
+    except OSError:
+      return False
 
   def rebase(self, slot):
     """Counters from here on are the next call's (a session keeps its slot across calls)."""
@@ -896,7 +914,7 @@ class CgroupSlots:
     self.free.append(slot)
 
   def _remove(self, slot):
-    for fd in slot["procs"] + [slot[k] for k in ("failcnt", "events") if k in slot]:
+    for fd in slot["procs"] + [slot[k] for k in ("failcnt", "events", "current") if k in slot]:
       try:
         os.close(fd)
       except OSError:

@@ -141,6 +141,22 @@ def test_fork_bomb_is_bounded_by_nproc(runner, bpool):
   assert int(n) < 32 and err == "BlockingIOError"
 
 
+def test_a_call_right_after_a_fork_bomb_can_fork(runner, bpool):
+  # The bomb's children are killed when it ends, but orphans reparented outside the template
+  # are released by their new parent later; until then they still count in the per-call pids
+  # cgroup, so reusing that cgroup for the next call made its first fork fail (EAGAIN).
+  bomb = (
+    "import os, time\ntry:\n    while True:\n        if os.fork() == 0:\n"
+    "            time.sleep(30)\n            os._exit(0)\nexcept OSError:\n    print('full')"
+  )
+  runner.run(bpool.execute(bomb, "", timeout_s=3.0))
+  for _ in range(3):  # every slot the pool hands out next
+    r = runner.run(
+      bpool.execute("import os\nif os.fork() == 0:\n    os._exit(0)\nos.wait()\nprint('forked')")
+    )
+    assert (r.status, r.stdout) == ("ok", "forked\n"), r
+
+
 def test_thread_bomb(runner, bpool):
   code = (
     "import threading, time\nts = []\nwhile True:\n"
