@@ -15,16 +15,17 @@ JSON document on stdout (progress on stderr).
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/json_stdout.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import json_stdout  # noqa: E402
 
 from rstar_jax.models import moe  # noqa: E402
 
@@ -156,9 +157,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
+  emit = json_stdout.reserve(args.json)  # --json: stdout holds the document only
   out = run(args)
   if args.json:
-    print(json.dumps(out))
+    emit(out)
   else:
     for r in out["rows"]:
       print(
