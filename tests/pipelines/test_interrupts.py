@@ -145,7 +145,7 @@ def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_sigint_while_a_step_is_recorded_names_one_step(tmp_path, monkeypatch):
+def test_real_sigint_while_a_step_is_recorded_names_one_step(tmp_path, monkeypatch, request):
   """Issue 43 row 4: a real SIGINT landing while SFT records step 2 (after its update, while
   its metric row is written). Before: "checkpoint of step 2 written", then "interrupted at
   step 1", and the resumed log lacked row 2. Now: one step number and no lost or doubled row."""
@@ -175,6 +175,9 @@ def test_real_sigint_while_a_step_is_recorded_names_one_step(tmp_path, monkeypat
 
   w = tmp_path / "run"
   monkeypatch.setattr(sft_loop, "MetricsWriter", SigintWhileWritingRow2)
+  # Python's own Ctrl-C handler, as in a launcher (a pytest-xdist worker ignores SIGINT).
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
   def main(argv):
     sft_loop.run_sft(run, str(w), tokenizer=tok, examples=examples, export=False)
