@@ -600,6 +600,7 @@ def _runnable(doc: str) -> bool:
   )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", [d for d in WALKED if _runnable(d)])
 def test_doc_examples_run_as_written(doc, tmp_path):

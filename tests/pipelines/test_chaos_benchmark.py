@@ -146,6 +146,7 @@ def test_a_scripted_stand_in_calls_the_tool_once_per_trajectory():
   assert later["output_ids"][:3] != [5, 6, 7] and len(later["output_ids"]) >= 1
 
 
+@pytest.mark.long
 @pytest.mark.slow  # two RL runs of one step each with stand-ins and tool nodes (~2-3 min busy)
 def test_one_small_run_kills_a_tool_node_and_loses_nothing():
   import subprocess

@@ -261,6 +261,7 @@ def _run_claims(*args):
   )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_claims_smoke_json_and_plots(tmp_path):
   """The issue-42 arms at toy size, one RL step each: both roc group sizes and the graded start

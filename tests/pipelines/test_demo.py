@@ -240,6 +240,7 @@ def test_moe_model_fields_bad_values_are_one_line():
     from_config_dict(cfg)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   import orbax.checkpoint as ocp
@@ -275,6 +276,7 @@ def test_demo_lora_smoke_trains_adapters_and_exports_the_merged_model(tmp_path):
   )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_demo_moe_smoke_replays_routes_and_logs_agreement(tmp_path):
   """configs/demo.py:moe_smoke with replay on, through the launcher: every RL step with a batch

@@ -22,6 +22,7 @@ def _rows(path):
     return []
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_ctrl_c_during_the_demo_names_phase_and_step_and_keeps_the_time(tmp_path):
   recipe = tmp_path / "long_smoke.py"

@@ -37,6 +37,7 @@ class _ServerThread:
     self.thread.join(10)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_demo_runs_with_each_weight_transport(tmp_path):
   first = None

@@ -35,6 +35,7 @@ def _launch(module, *args, timeout=400):
   return proc
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_launchers_sft_train_eval_export(tmp_path):
   """The README's chain with the tiny config's own settings: SFT teaches the tool-call format,

@@ -167,6 +167,7 @@ def test_a_recipe_edited_before_a_restart_stops_the_run(tmp_path):
   assert [n for n in os.listdir(os.path.join(w, "ckpt")) if n.isdigit()]  # not discarded
 
 
+@pytest.mark.long
 def test_one_of_two_jax_processes_killed_restarts_both(undisturbed, tmp_path):
   """2 jax.distributed processes (1 CPU device each, coordinator on 127.0.0.1): process 1 is
   killed; the supervisor ends process 0 (waiting on its dead peer) and restarts both from the

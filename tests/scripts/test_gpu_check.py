@@ -50,6 +50,7 @@ def test_gpu_check_smoke_runs_only_the_sections_asked(tmp_path):
   assert res["zero_copy"] and res["values_ok"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gpu_check_smoke_writes_every_section(tmp_path):
   out = tmp_path / "report" / "gpu_check.json"
