@@ -814,6 +814,11 @@ class LogConfig(_Section):
   sample_max_chars: int = field(
     4000, int_range(100), "Prompt / response / tool text longer than this is cut in the middle."
   )
+  trajectory_ledger: bool = field(
+    False,
+    IS_BOOL,
+    "RL: write <workdir>/trained.jsonl, one line per step naming the prompt groups it took and the trajectories it trained (problem, group seed, sample), kept exact across resumes and learner restarts, to audit that nothing was lost or trained twice (pipelines/trajectory_ledger.py).",
+  )
 
   def _cross(self):
     # at config time, not when the RL phase opens its writer hours later

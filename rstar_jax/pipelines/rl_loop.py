@@ -46,6 +46,7 @@ from rstar_jax.pipelines import (
   metrics_log,
   rl_metrics,
   step_data,
+  trajectory_ledger,
   wiring,
 )
 from rstar_jax.pipelines import stages as stages_lib
@@ -115,6 +116,7 @@ class RLLoop:
     self._last_saved_step = -1
     self.iterator: EpochIterator | None = None
     self.writer: MetricsWriter | None = None
+    self.ledger: trajectory_ledger.LedgerWriter | None = None
     self.progress_every_s = run.train.progress_every_s
     self.source = source or wiring.group_source(run, runner, on_start=self._progress_ticker)
 
@@ -175,6 +177,10 @@ class RLLoop:
       resume_step=self.pos.rl_step if resumed else None,
       **metrics_log.sink_options(self.config, self.workdir, "rl"),  # W&B hook (issue 32)
     )
+    if self.config.log.trajectory_ledger:
+      self.ledger = trajectory_ledger.LedgerWriter(
+        self.workdir, self.pos.rl_step if resumed else None
+      )
     if self.iterator is None:
       self._make_iterator(None)
     if resumed or self.pos.weight_version != self.source.engine.weight_version:
@@ -207,6 +213,8 @@ class RLLoop:
     finally:
       await self.source.close()  # async: cancels what is in flight
       self.writer.close()
+      if self.ledger is not None:
+        self.ledger.close()
     return last
 
   async def _start_stage(self, stage: StageConfig):
@@ -309,6 +317,8 @@ class RLLoop:
       log.warning(
         "step %d: every group was all-correct or all-wrong; no update", self.pos.rl_step + 1
       )
+    if self.ledger is not None:  # after the update: the row names what it trained
+      self.ledger.write(self.ledger_row(ro, sel))
     metrics["weight_version"] = self.pos.weight_version
     metrics["optimizer_step"] = int(jax.device_get(self.learner.state.step))
     metrics.update(
@@ -338,7 +348,15 @@ class RLLoop:
     got = await self.source.take(self.P, seed=seed0, feed=feed)
     t = time.monotonic() - t0
     return Rollouts(
-      got.problems, got.groups, seed0, k_select, got.retries, t, got.metrics, got.generated
+      got.problems,
+      got.groups,
+      seed0,
+      k_select,
+      got.retries,
+      t,
+      got.metrics,
+      got.generated,
+      ids=got.ids,
     )
 
   async def verify(self, trajectories: Sequence[Any], answers: Sequence[str]) -> list[float]:
@@ -365,6 +383,14 @@ class RLLoop:
   def select(self, ro: Rollouts, scores: Scores) -> Selected:
     """`rstar_jax.rl.selection.select_rollouts` on the host arrays; the kept trajectories."""
     return step_data.select(ro, scores, self.config.rl)
+
+  def ledger_row(self, ro: Rollouts, sel: Selected) -> dict[str, Any]:
+    """The step's `trajectory_ledger` row: the groups taken and the (group, sample) trained."""
+    keep, cols = np.asarray(sel.selection.keep_group), np.asarray(sel.selection.indices)
+    kept = [(int(g), int(c)) for g in np.flatnonzero(keep) for c in cols[g]]
+    ids = ro.ids if ro.ids is not None else [(-1, -1)] * len(ro.problems)
+    problems = [self._problem_index.get((p.problem, p.answer), -1) for p in ro.problems]
+    return trajectory_ledger.step_row(self.pos.rl_step + 1, problems, ids, kept)
 
   def selection_metrics(self, ro: Rollouts, scores: Scores, sel: Selected) -> dict[str, Any]:
     """Trajectory, group-outcome, tool and selection statistics of the step, with its place."""

@@ -31,6 +31,7 @@ class Rollouts:
   time_s: float
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the source's own
   generated: int = 0  # trajectories generated this step, summed over processes
+  ids: list[tuple[int, int]] | None = None  # per group (seq, seed): `groups.Groups.ids`
 
 
 @dataclasses.dataclass

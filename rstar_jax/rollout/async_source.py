@@ -3,7 +3,8 @@
 With ``rl.max_staleness = k >= 1`` the RL loop stops waiting for itself: `AsyncSource` runs a
 producer on the event loop that keeps up to ``k * batch_prompts`` prompt groups issued but not
 yet trained on (each group = one problem's ``oversample * group_size`` trajectories); the
-learner takes ``batch_prompts`` finished groups per step, in completion order, and runs its
+learner takes ``batch_prompts`` finished groups per step (the first to finish; handed over in
+issue order, so a step's batch does not depend on which of them finished first), and runs its
 update in a worker thread (JAX releases the GIL) while the producer generates the next ones with
 the weights it has. A weight push lands mid-rollout (``rl.partial_rollout``: in-flight work
 continues with the new weights, or restarts; see `rollout.interruptible`).
@@ -274,7 +275,10 @@ class AsyncSource:
     return max((self.engine.lag(v) for v in vs), default=0)
 
   async def take(self, n: int, *, seed: int = 0, feed: StageFeed) -> groups_lib.Groups:
-    """The next ``batch_prompts`` fresh finished groups, in completion order.
+    """The next ``batch_prompts`` fresh finished groups: the first to finish, returned in issue
+    order. The order matters for reproducibility only: the batch's float sums follow it, and a
+    run restarted after a kill regenerates its in-flight groups concurrently, so their finish
+    order is the timing's, not the undisturbed run's.
 
     Args:
       n: groups per step; must be ``batch_prompts`` (the issue cap is built on it).
@@ -312,6 +316,7 @@ class AsyncSource:
           del self._pending[g.seq]
           taken.append((g, trajs))
         self._cond.notify_all()
+    taken.sort(key=lambda gt: gt[0].seq)
     now = time.monotonic()
     wait = now - t0
     period = now - self._last_take_end if self._last_take_end is not None else wait
@@ -344,6 +349,7 @@ class AsyncSource:
       retries=int(metrics["async/rollout_retries"]),
       generated=len(problems) * self.N,
       metrics=metrics,
+      ids=[(g.seq, g.seed) for g, _ in taken],
     )
 
   async def close(self) -> None:

@@ -51,6 +51,9 @@ class Groups:
   retries: failed rollouts retried, summed over processes.
   generated: trajectories generated for these groups, summed over processes.
   metrics: the source's own per-take metrics (asynchronous source: ``async/*``).
+  ids: per group ``(seq, group seed)``: its place in the source's issue order (-1 where the
+    source keeps none) and the seed its samples derive from (`sample_seed`); with the problem
+    and the sample index it names a trajectory (the RL loop's ledger, `trajectory_ledger`).
   """
 
   problems: list[Any]
@@ -58,6 +61,7 @@ class Groups:
   retries: int = 0
   generated: int = 0
   metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  ids: list[tuple[int, int]] | None = None
 
 
 def _lost_worker(traj) -> bool:
@@ -173,4 +177,5 @@ async def make_groups(
   retries = int(hostdata.sum_over_processes(counters["retries"]))
   out = hostdata.allgather_dict(local)  # [multi-process] every process gets every group
   groups = [[out[(i, j)] for j in range(n)] for i in range(len(problems))]
-  return Groups(list(problems), groups, retries, generated)
+  ids = [(-1, int(s)) for s in group_seeds]
+  return Groups(list(problems), groups, retries, generated, ids=ids)

@@ -1,11 +1,18 @@
 """The RL loop with rl.max_staleness = 1 on a tiny model, the real JaxSampler and code pool:
-rollouts overlap the update (worker thread), a resume mid-overlap regenerates the groups that
-were in flight, the data position stays exact, the batch carries behaviour and proximal
-log-probs, and the per-step async metrics are logged. k = 0 leaves the loop as it was."""
+rollouts overlap the update (worker thread); a learner process killed with SIGKILL mid-overlap
+and run again resumes from its last checkpoint, regenerates the groups that were in flight and
+trains every issued group exactly once (the trajectory ledger shows it), with the data position
+exact; the batch carries behaviour and proximal log-probs, and the per-step async metrics are
+logged. k = 0 leaves the loop as it was."""
 
 import asyncio
 import collections
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -15,7 +22,9 @@ from configs import rstar2_tiny_cpu
 from rstar_jax.config import from_config_dict
 from rstar_jax.data import synthetic_tasks
 from rstar_jax.data.iterator import EpochIterator
-from rstar_jax.pipelines import data_sources, rl_loop, wiring
+from rstar_jax.errors import complete_steps
+from rstar_jax.learner.checkpoint import Checkpointer
+from rstar_jax.pipelines import data_sources, loop_state, rl_loop, trajectory_ledger, wiring
 from rstar_jax.pipelines.metrics_log import read_jsonl_metrics
 from rstar_jax.rollout import agent_runner
 from rstar_jax.rollout import groups as groups_lib
@@ -54,10 +63,9 @@ async def _alternating(trajs, answers):
 def setup(tmp_path_factory):
   problems = synthetic_tasks.generate(3, 40, families=["mul"], difficulty="easy")[:5]
   cfg = from_config_dict(_config(1), "rl")
-  tok = data_sources.ensure_tokenizer(
-    cfg, str(tmp_path_factory.mktemp("tok")), data_sources.tokenizer_corpus(problems)
-  )
-  return problems, tok
+  tok_dir = str(tmp_path_factory.mktemp("tok"))
+  tok = data_sources.ensure_tokenizer(cfg, tok_dir, data_sources.tokenizer_corpus(problems))
+  return problems, tok, os.path.join(tok_dir, "tokenizer")
 
 
 def _run(cfg, workdir, problems, tok, max_steps):
@@ -92,23 +100,82 @@ def _run(cfg, workdir, problems, tok, max_steps):
   return asyncio.run(main()), seen, batches
 
 
+# The learner process of the killed run: `_run` of this module on the same problems and tokenizer
+# (argv: workdir, tokenizer dir), in a process of its own so that it can be SIGKILLed.
+KILLED_LEARNER = """
+import sys
+sys.path.insert(0, {here!r})
+import test_async_rl_loop as t
+from rstar_jax.tokenization import bpe
+cfg = t._config(1)
+cfg.rl.tis_cap = 2.0
+cfg.log.trajectory_ledger = True
+problems = t.synthetic_tasks.generate(3, 40, families=["mul"], difficulty="easy")[:5]
+t._run(cfg, sys.argv[1], problems, bpe.load_tokenizer(sys.argv[2]), max_steps=None)
+"""
+
+
+def _ledger_rows(workdir):
+  try:
+    return trajectory_ledger.read(os.path.join(workdir, trajectory_ledger.FILE))
+  except OSError:
+    return []
+
+
+def _kill_in_step_2(workdir, tok_dir):
+  """Starts the learner process and SIGKILLs it as soon as step 2 is in the ledger (its update
+  made, its checkpoint usually still being written) with step 1's checkpoint complete; returns
+  the ledger rows it had written."""
+  code = KILLED_LEARNER.format(here=os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  proc = subprocess.Popen(
+    [sys.executable, "-c", code, str(workdir), tok_dir],
+    cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # configs/
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    deadline = time.monotonic() + 600
+    while not (complete_steps(os.path.join(workdir, "ckpt")) and len(_ledger_rows(workdir)) >= 2):
+      assert proc.poll() is None, proc.communicate()[1][-3000:]
+      assert time.monotonic() < deadline, "no checkpoint written"
+      time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the learner ended before the kill: nothing tested"
+  return _ledger_rows(workdir)
+
+
 @pytest.mark.slow
-def test_async_loop_resumes_mid_overlap_with_exact_data_position(
+def test_a_killed_async_learner_resumes_and_trains_every_group_once(
   setup, tmp_path, metrics_doc_check
 ):
-  problems, tok = setup
+  problems, tok, tok_dir = setup
   cfg = _config(1)
   cfg.rl.tis_cap = 2.0  # the off-policy loss reads the sampler's log-probs: the batch has them
-  n = cfg.rl.oversample * cfg.rl.group_size
-  first, seen1, batches1 = _run(cfg, tmp_path, problems, tok, max_steps=1)
-  assert isinstance(first.source.engine, InterruptibleEngine)
-  assert not isinstance(first.runner.engine, InterruptibleEngine)  # wrapped, not swapped
-  pending = first.pos.source_state["pending"]
-  # While step 1 trained, the next step's groups (k * P = 2) were issued: still in flight.
-  assert len(pending) == 2
+  cfg.log.trajectory_ledger = True
+  n, P = cfg.rl.oversample * cfg.rl.group_size, cfg.train.batch_prompts
+  killed_rows = _kill_in_step_2(tmp_path, tok_dir)
+
+  # What the rerun resumes from: the last complete checkpoint (a write the kill cut is not).
+  run = from_config_dict(cfg, "rl")
+  _, at_ckpt, _ = loop_state.restore(
+    Checkpointer(str(tmp_path / "ckpt")), wiring.build_learner(run).state
+  )
+  c = at_ckpt.rl_step
+  assert 1 <= c < 3
+  pending = at_ckpt.source_state["pending"]
+  # While step c trained, the next step's groups (k * P = 2) were issued: in flight at the kill.
+  assert [q for q, _, _ in pending] == [c * P, c * P + 1]
   drawn = EpochIterator(problems, seed=0)
-  drawn.next_batch(2 + len(pending))
-  assert first.pos.data_state == drawn.state_dict()
+  drawn.next_batch(c * P + len(pending))
+  assert at_ckpt.data_state == drawn.state_dict()
 
   second, seen2, batches2 = _run(cfg, tmp_path, problems, tok, max_steps=None)
   assert second.pos.rl_step == 3 and second.pos.stage_index == 1
@@ -117,11 +184,30 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(
   done.next_batch(6)
   assert second.pos.data_state == done.state_dict()
   assert second.pos.source_state == {"pending": [], "next_seq": 6}
-  # The groups in flight at the stop were regenerated first, with their recorded seeds.
+  # The groups in flight at the checkpoint were regenerated first, with their recorded seeds.
   want = collections.Counter(
     (problems[i].problem, groups_lib.sample_seed(sd, j)) for _, i, sd in pending for j in range(n)
   )
   assert collections.Counter(seen2[: len(want)]) == want
+
+  # The ledger: the killed process's rows up to the checkpoint kept, its later ones (updates
+  # that died with it) dropped and trained again; each issued group taken by one step, in issue
+  # order, and no trajectory trained twice.
+  rows = trajectory_ledger.read(tmp_path / trajectory_ledger.FILE)
+  assert rows[:c] == killed_rows[:c] and len(killed_rows) in (2, 3)
+  # A step the killed process trained past its checkpoint is trained again on the same groups.
+  assert [r["groups"] for r in rows[c : len(killed_rows)]] == [r["groups"] for r in killed_rows[c:]]
+  assert [[q for q, _, _ in r["groups"]] for r in rows] == [[0, 1], [2, 3], [4, 5]]
+  assert rows[c]["groups"] == pending
+  audit = trajectory_ledger.audit(rows)
+  assert audit["steps_ok"] and audit["steps"] == 3 and audit["groups"] == 6
+  assert audit["trained_twice"] == 0 and audit["groups_taken_twice"] == 0
+  assert audit["seqs_missing"] == 0 and audit["trained"] == 3 * P * cfg.rl.group_size
+  index = {(p.problem, p.answer): i for i, p in enumerate(second.problems)}
+  first_six = EpochIterator(problems, seed=0).next_batch(6)
+  assert [p for r in rows for _, p, _ in r["groups"]] == [
+    index[(q.problem, q.answer)] for q in first_six
+  ]
 
   recs = read_jsonl_metrics(tmp_path / "metrics.jsonl")
   metrics_doc_check(recs)  # the async/ keys are in docs/metrics.md
@@ -143,7 +229,7 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(
   assert recs[-1]["async/lag_1_tokens"] > 0
   # The batch carries the sampler's (behaviour) log-probs next to the recomputed (proximal)
   # ones; they agree on lag-0 data and differ once the data is a push old.
-  for b in batches1 + batches2:
+  for b in batches2:
     assert "behaviour_logprobs" in b and b["behaviour_logprobs"].shape == b["old_logprobs"].shape
     assert np.all(b["behaviour_logprobs"][b["loss_mask"] == 0] == 0)
   lag1 = batches2[-1]
@@ -154,7 +240,7 @@ def test_async_loop_resumes_mid_overlap_with_exact_data_position(
 
 @pytest.mark.slow
 def test_k0_is_the_synchronous_loop(setup, tmp_path):
-  problems, tok = setup
+  problems, tok, _ = setup
   with_field = _config(0, steps=1)
   without = _config(0, steps=1)
   del without.rl["max_staleness"]
