@@ -1,7 +1,8 @@
 """benchmarks/chaos.py (issue 41, item 5): the seeded kill schedule, the lost / twice-trained
 accounting, the weights comparison, the availability checks, the scripted tool-call turn of the
 stand-ins, the chaos thread killing a real stand-in mid-turn (and a tool node) and starting it
-again on its port, and (slow) one whole small run of the benchmark with a tool node killed."""
+again on its port, and (long) whole small runs of the benchmark: a tool node killed (sync), the
+learner killed (async)."""
 
 import asyncio
 import importlib.util
@@ -173,6 +174,34 @@ def test_one_small_run_kills_a_tool_node_and_loses_nothing():
   assert report["learner_kills"]["injected"] is False
 
 
+@pytest.mark.long
+@pytest.mark.slow  # three supervised launcher runs with stand-ins and a tool node (~4-6 min busy)
+def test_one_small_async_run_kills_the_learner_and_loses_nothing():
+  """The async learner path end to end: two undisturbed supervised runs and one whose learner
+  process is killed with SIGKILL; the ledgers and final checkpoints are compared."""
+  import subprocess
+  import sys
+
+  flags = ["--json", "--modes=async", "--kinds=learner", "--steps=3", "--kills=1"]
+  flags += ["--servers=2", "--tool_nodes=1", "--prompts=1", "--group=2"]
+  p = subprocess.run(
+    [sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), *flags],
+    cwd=REPO,
+    env=dict(os.environ, PYTHONPATH=REPO),
+    capture_output=True,
+    text=True,
+    timeout=1500,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  m = json.loads(p.stdout)["modes"]["async"]["learner"]
+  assert m["kills"] == 1 and m["restarts"] == 1 and m["supervisor_state"] == "done"
+  assert m["steps_completed"] == 3 and m["ledger"]["steps_ok"]
+  assert m["ledger"]["groups"] == 3 and m["trajectories_trained"] == 6
+  assert m["trajectories_lost"] == 0 and m["trajectories_trained_twice"] == 0
+  assert m["steps_with_other_groups_than_reference"] == 0
+  assert m["undisturbed_spread"]["equal_bytes"] and m["final_state"]["equal_bytes"]
+
+
 def test_the_learner_runs_config_is_valid_and_names_the_registered_reward(tmp_path):
   """`get_config` (the supervised launcher's config for learner kills): the fleet's URLs, its
   tokenizer and problems, the benchmark's reward (registered when imported as a module), a
@@ -204,6 +233,7 @@ def test_the_learner_runs_config_is_valid_and_names_the_registered_reward(tmp_pa
   )
   assert run.model.tokenizer_dir == str(tmp_path / "tok") and run.train.checkpoint_every == 1
   assert run.reward.name == chaos.REWARD_NAME and run.rl.max_staleness == 0
+  assert run.log.trajectory_ledger  # lost / twice are counted from <workdir>/trained.jsonl
   assert not run.tool.stateful and not run.tool.show_time
   fn = registry.get(registry.REWARD, chaos.REWARD_NAME)
   assert {fn("a", "1"), fn("b", "1")} == {0.0, 1.0}  # "a" = 97 (odd), "b" = 98 (even)
