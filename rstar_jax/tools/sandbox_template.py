@@ -1141,7 +1141,11 @@ class Template:
     if not self.subreaper:
       return
     for _ in range(1000):
-      known = {c["pid"] for c in self.calls.values()} | {s["pid"] for s in self.sessions.values()}
+      # Closed sessions not reaped yet are ours too: reaped here, their pidfd's event would
+      # find no child to wait for (it made the template exit: a rare restart at rlimits).
+      known = {c["pid"] for c in self.calls.values()} | {
+        s["pid"] for group in (self.sessions, self.dying) for s in group.values()
+      }
       strays = set()
       try:
         for tid in os.listdir("/proc/self/task"):
