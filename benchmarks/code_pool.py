@@ -1,7 +1,7 @@
 """Benchmark of the sandboxed code pool against references measured in the same run.
 
   python benchmarks/code_pool.py [--quick] [--json] [--out PATH] [--breakdown] [--mechanisms]
-                                 [--cgroups auto/off]
+                                 [--offcpu] [--cgroups auto/off]
 
 Rows: calls/s and p50/p99 latency at concurrency 1, 8, 64 for a trivial snippet and a snippet
 that imports sympy+numpy and solves a quadratic, through
@@ -28,6 +28,14 @@ rounds, CPU ms per call (host + templates + calls, from
 the kernel's counters: steadier than throughput on a shared machine) and calls/s, lowest CPU of
 the rounds kept. The heartbeat cannot be switched off: it is one ping frame per template every
 2 s (`min(2, reply_grace_s / 4)`), whatever the call rate.
+
+`--offcpu` only measures where a trivial call's processes wait (concurrency 8): `perf record -a -e
+sched:sched_switch -e sched:sched_process_fork -g` around the calls (perf must be installed, and
+the kernel's tracepoints readable: root), then, for the host, its templates and every call they
+fork, the time from each switch-out into a sleep to the next switch-in, summed per kernel stack.
+CPU per call does not show such waits (a lock, an RCU grace period): on a loaded machine other
+work fills them, on a quiet one they leave cores idle and cost calls/s at the same CPU (how
+round 3's cgroup joins were found: rstar_jax/tools/README.md).
 
 `--json` prints exactly one JSON document on stdout (progress goes to stderr); `--out PATH`
 also writes it to PATH.
@@ -304,6 +312,95 @@ async def mechanisms(rounds=3, n=400):
   return {"mode": "mechanisms", "rounds": rounds, "calls_per_round": n, "best": best, "cost": cost}
 
 
+def _offcpu_table(script_text, roots, skip=("epoll_wait",), depth=7):
+  """{kernel stack: [ms, sleeps]} of the sleeps of `roots` and the processes they fork, from
+  `perf script` text of sched_switch + sched_process_fork events with call graphs."""
+  import re
+
+  mine, asleep, table, event = set(roots), {}, {}, None
+
+  def close(ev):
+    if ev is None:
+      return
+    t, kind, rest, stack = ev
+    if kind == "sched_process_fork":
+      parent, child = re.search(r" pid=(\d+).* child_pid=(\d+)", rest).groups()
+      if int(parent) in mine:
+        mine.add(int(child))
+      return
+    prev = int(re.search(r"prev_pid=(\d+)", rest).group(1))
+    state = re.search(r"prev_state=(\S+)", rest).group(1)
+    nxt = int(re.search(r"next_pid=(\d+)", rest).group(1))
+    if prev in mine and state[0] in "DS":
+      frames = [f for f in stack if not f.startswith(("__schedule", "schedule", "["))]
+      asleep[prev] = (t, state[0] + " " + " < ".join(frames[:depth]))
+    if nxt in asleep:
+      t0, key = asleep.pop(nxt)
+      row = table.setdefault(key, [0.0, 0])
+      row[0] += (t - t0) * 1e3
+      row[1] += 1
+
+  for line in script_text.splitlines():
+    m = re.search(r"\s(\d+\.\d+):\s+sched:(\w+):\s(.*)", line)
+    if m:
+      close(event)
+      event = (float(m.group(1)), m.group(2), m.group(3), [])
+    elif line.strip() and event is not None:
+      event[3].append(line.split()[1].split("+")[0] if len(line.split()) > 1 else "?")
+  close(event)
+  return {k: v for k, v in table.items() if not any(s in k for s in skip)}
+
+
+async def offcpu(n=400, cgroups="auto"):
+  """Where a trivial call's processes wait, per call (see the module doc)."""
+  import shutil
+  import signal
+  import subprocess
+  import tempfile
+
+  if not shutil.which("perf"):
+    raise SystemExit("--offcpu needs perf (linux-tools) on the PATH")
+  async with CodePool(num_workers=8, cgroups=cgroups) as pool:
+    print(f"isolation level: {pool.isolation_level}, memory bound: {pool.memory_bound}")
+    for _ in range(50):
+      await pool.execute(TRIVIAL)
+    roots = [p for t in pool._templates for p in _tree(t.proc.pid)] + [os.getpid()]
+    with tempfile.TemporaryDirectory() as d:
+      data = os.path.join(d, "perf.data")
+      rec = subprocess.Popen(
+        ["perf", "record", "-q", "-a", "-g", "-o", data]
+        + ["-e", "sched:sched_switch", "-e", "sched:sched_process_fork"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+      )
+      await asyncio.sleep(1.0)  # perf's start-up
+
+      async def call():
+        r = await pool.execute(TRIVIAL, timeout_s=30)
+        assert r.status == "ok", r
+
+      rate = (await drive(call, n, 8))[0]
+      rec.send_signal(signal.SIGINT)
+      _, err = rec.communicate()
+      if rec.returncode not in (0, -signal.SIGINT) or not os.path.exists(data):
+        raise SystemExit(f"perf record failed: {err.decode(errors='replace').strip()[-300:]}")
+      text = subprocess.run(
+        ["perf", "script", "-i", data], capture_output=True, text=True, check=True
+      ).stdout
+  table = _offcpu_table(text, roots)
+  rows = sorted(table.items(), key=lambda kv: -kv[1][0])
+  print(f"\n{n} trivial calls at concurrency 8, {rate:.0f} calls/s; waits per call (idle epoll")
+  print("waits left out), by kernel stack (D: uninterruptible, S: interruptible):")
+  for key, (ms, k) in rows[:12]:
+    print(f"{ms / n:8.2f} ms {k / n:6.2f}x  {key}")
+  return {
+    "mode": "offcpu",
+    "calls": n,
+    "calls_per_s": rate,
+    "waits_per_call": [{"stack": k, "ms": ms / n, "sleeps": c / n} for k, (ms, c) in rows],
+  }
+
+
 def fork_limit(seconds=3.0, code="", inner=False):
   """Forks/s over one loop per core (with ``code``: forks that each run it; with ``inner``:
   runs/s counting only the time the code runs inside each child)."""
@@ -459,6 +556,9 @@ if __name__ == "__main__":
   ap.add_argument(
     "--mechanisms", action="store_true", help="only the cost of each switchable mechanism"
   )
+  ap.add_argument(
+    "--offcpu", action="store_true", help="only where a trivial call waits (perf; see above)"
+  )
   ap.add_argument("--rounds", type=int, default=3, help="rounds of --mechanisms")
   ap.add_argument(
     "--cgroups",
@@ -472,6 +572,8 @@ if __name__ == "__main__":
   emit = json_stdout.reserve(args.json)
   if args.breakdown:
     out = asyncio.run(breakdown(cgroups=args.cgroups))
+  elif args.offcpu:
+    out = asyncio.run(offcpu(n=150 if args.quick else 400, cgroups=args.cgroups))
   elif args.mechanisms:
     out = asyncio.run(mechanisms(rounds=args.rounds, n=150 if args.quick else 400))
   else:

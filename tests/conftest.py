@@ -158,6 +158,12 @@ def pytest_runtest_protocol(item, nextitem):
     yield
 
 
+def pytest_itemcollected(item):
+  """A `long` test is `slow` too, so the fast tier (-m "not slow") never runs the long chains."""
+  if item.get_closest_marker("long") is not None and item.get_closest_marker("slow") is None:
+    item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(config, items):
   """Under xdist, the modules that hold `slow` tests first (most slow tests first), the rest in
   their usual order: a long module handed out last would leave one worker running alone at the

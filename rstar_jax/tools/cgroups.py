@@ -100,6 +100,10 @@ class PoolCgroups:
       for c, d in self.base.items():
         if version == 2:
           _enable_controllers(own_dirs[c])
+        # One left by a process that had our pid and died before its close (killed): removed
+        # when empty, else this start fails as before. Kept, it made every later process
+        # given that pid run without cgroups (a lower level).
+        remove_tree(d)
         os.mkdir(d, 0o755)
         made.append(d)
         if version == 2:

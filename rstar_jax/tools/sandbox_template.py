@@ -847,7 +847,14 @@ class CgroupSlots:
         # With swap, memory.limit_in_bytes alone would let anonymous pages spill into it.
         self._write("memory", name, "memory.memsw.limit_in_bytes", self.memory_bytes, True)
         self._write("pids", name, "pids.max", self.max_procs)
-        slot["procs"] = [self._open(c, name, "cgroup.procs", os.O_WRONLY) for c in self.dirs]
+        # `tasks`, not `cgroup.procs`: the call's process is single-threaded when it joins
+        # (a fork's child), so moving its one thread moves the process, and the kernel moves a
+        # single thread writing `0` about itself without write-locking the global
+        # cgroup_threadgroup_rwsem. Through `cgroup.procs` every join takes that lock, which
+        # first waits an RCU grace period whenever no migration ran in the last one, holding
+        # the global cgroup_mutex meanwhile, so concurrent calls' joins and the templates'
+        # forks queued behind it (off-CPU time: same CPU per call, lower calls/s).
+        slot["procs"] = [self._open(c, name, "tasks", os.O_WRONLY) for c in self.dirs]
         slot["failcnt"] = self._open("memory", name, "memory.failcnt", os.O_RDWR)
         slot["events"] = self._open("memory", name, "memory.oom_control", os.O_RDONLY)
         slot["current"] = self._open("pids", name, "pids.current", os.O_RDONLY)
@@ -933,7 +940,8 @@ class CgroupSlots:
 
 def join_cgroup(fds, err_fd):
   """In the call's process, before anything of the call's runs: move itself into its slot
-  (``0`` is the writer itself). A failure ends the process before any user code."""
+  (``0`` is the writer itself; the process has one thread here, see CgroupSlots._make). A
+  failure ends the process before any user code."""
   for fd in fds:
     try:
       os.write(fd, b"0")
@@ -1133,7 +1141,11 @@ class Template:
     if not self.subreaper:
       return
     for _ in range(1000):
-      known = {c["pid"] for c in self.calls.values()} | {s["pid"] for s in self.sessions.values()}
+      # Closed sessions not reaped yet are ours too: reaped here, their pidfd's event would
+      # find no child to wait for (it made the template exit: a rare restart at rlimits).
+      known = {c["pid"] for c in self.calls.values()} | {
+        s["pid"] for group in (self.sessions, self.dying) for s in group.values()
+      }
       strays = set()
       try:
         for tid in os.listdir("/proc/self/task"):

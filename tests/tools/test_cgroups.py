@@ -4,6 +4,8 @@ whatever this machine mounts."""
 
 import os
 
+import pytest
+
 from rstar_jax.tools import cgroups
 
 _V1_MOUNTS = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -55,3 +57,20 @@ def test_missing_controllers_say_which(tmp_path):
   version, why = cgroups.find(mi, cg)
   assert version == 0 and "pids" in why, why
   assert cgroups.find(str(tmp_path / "absent"), cg)[0] == 0
+
+
+def test_an_empty_directory_left_by_a_dead_process_with_our_pid_is_replaced(tmp_path):
+  """A pool's directory is named by its pid: one a killed process left behind made every later
+  process given that pid start without cgroups ("File exists"). An empty one is removed; one
+  still holding something (here a file: a cgroup with tasks cannot be removed either) is not."""
+  own = {c: str(tmp_path / c) for c in cgroups.CONTROLLERS}
+  for c in cgroups.CONTROLLERS:
+    os.makedirs(os.path.join(own[c], f"rstar_code_pool_{os.getpid()}_stale", "t0_1", "c1"))
+  pc = cgroups.PoolCgroups(1, own, "stale")
+  assert all(os.listdir(d) == [] for d in pc.base.values())
+  busy = os.path.join(own["pids"], f"rstar_code_pool_{os.getpid()}_busy")
+  os.makedirs(busy)
+  open(os.path.join(busy, "tasks"), "w").close()
+  with pytest.raises(FileExistsError):
+    cgroups.PoolCgroups(1, own, "busy")
+  assert not os.path.exists(os.path.join(own["memory"], f"rstar_code_pool_{os.getpid()}_busy"))

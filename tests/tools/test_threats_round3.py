@@ -368,6 +368,54 @@ def test_a_start_failing_after_fork_leaves_nothing(runner, level_runner, kind, l
     level_runner.run(pool.close())
 
 
+_SWEEP = """
+import os, signal, sys, time, types
+from rstar_jax.tools import sandbox_template
+def sleeper(own_group):
+  pid = os.fork()
+  if pid == 0:
+    if own_group:
+      os.setsid()
+    time.sleep(60)
+    os._exit(0)
+  return pid
+closed = sleeper(False)  # a session closed (killed) but not reaped yet: the template's own
+stray = sleeper(True)  # an escapee re-parented to the subreaper
+tpl = types.SimpleNamespace(subreaper=True, calls={}, sessions={}, dying={7: {"pid": closed}})
+sandbox_template.Template.sweep_orphans(tpl)
+for pid, name in ((closed, "closed session"), (stray, "stray")):
+  try:
+    print(name, "left" if os.waitpid(pid, os.WNOHANG)[0] == 0 else "exited")
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+  except ChildProcessError:
+    print(name, "reaped by the sweep")
+"""
+
+
+def test_the_orphan_sweep_leaves_closed_sessions_to_their_own_reap():
+  # At rlimits the template is its calls' child subreaper and reaps every child that is no
+  # call or session. A closed session waits (in `dying`) for its pidfd to say it is gone; the
+  # sweep after another call's end reaped it first, the pidfd's wait4 then found no child and
+  # the template died (all sessions lost): the rare restart at rlimits.
+  import subprocess
+  import sys
+
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run(
+    [sys.executable, "-c", _SWEEP],
+    env={**os.environ, "PYTHONPATH": root},
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  # The closed session is still the template's to reap when its pidfd fires.
+  assert out.stdout.splitlines() == ["closed session left", "stray reaped by the sweep"], (
+    out.stdout,
+    out.stderr,
+  )
+
+
 @pytest.mark.parametrize("level", ISOLATION_LEVELS)
 def test_a_call_held_in_the_kernel_costs_only_itself(runner, level_runner, level):
   """A call whose process outlives its SIGKILL (held in the kernel: here frozen by a v1
