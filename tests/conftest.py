@@ -8,6 +8,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -209,13 +210,26 @@ def _collect_cache_counts(session):
     session.config.workeroutput["xla_cache"] = dict(_CACHE_EVENTS)
 
 
+_NODES_DOWN = {}  # in the controller: worker id -> seconds after the session started
+_SESSION_START = []
+
+
+def pytest_sessionstart(session):
+  _SESSION_START.append(time.monotonic())
+
+
 @pytest.hookimpl(optionalhook=True)  # an xdist hook, in the controller
 def pytest_testnodedown(node, error):
   for k, v in getattr(node, "workeroutput", {}).get("xla_cache", {}).items():
     _CACHE_TOTALS[k] += v
+  if _SESSION_START:
+    _NODES_DOWN[node.gateway.id] = time.monotonic() - _SESSION_START[0]
 
 
 def pytest_terminal_summary(terminalreporter):
+  if len(_NODES_DOWN) > 1:  # a worker done long before the other: the module order is off
+    ends = ", ".join(f"{w} {t:.0f} s" for w, t in sorted(_NODES_DOWN.items()))
+    terminalreporter.write_line(f"workers finished after: {ends}")
   if _CACHE_TOTALS["requests"]:
     terminalreporter.write_line(
       f"XLA compilation cache (tests/conftest.py): {_CACHE_TOTALS['hits']} of "
