@@ -21,9 +21,8 @@ TINY = "configs/rstar2_tiny_cpu.py"
 
 def _launch(module, *args, timeout=400):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = os.environ.get(
-    "RSTAR_TEST_XLA_FLAGS", ""
-  )  # one CPU device: the fastest layout for these toy runs
+  # One CPU device, the fastest layout for these toy runs (with the tests' compile flags).
+  env["XLA_FLAGS"] = os.environ.get("RSTAR_TEST_XLA_FLAGS", "")
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run(
     [sys.executable, "-m", f"launchers.{module}", *args],
