@@ -6,17 +6,91 @@ skipped threat tests is summed over every worker."""
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
+import time
 
 import pytest
 
 # Must happen before jax is imported anywhere in the test process (every xdist worker loads
 # this conftest before any test module, so each worker gets the 8 devices too).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+#
+# Quick compiles: most of the suite's CPU time is XLA:CPU compiling thousands of tiny programs
+# that then run for milliseconds, so the tests compile with little optimization (JAX's own
+# switch for that case: LLVM at -O0 without its expensive passes) and with XLA:CPU's older
+# elemental emitters, which compile faster than its MLIR fusion emitters: about half the CPU
+# time of a compile-heavy test (docs/testing.md). The programs compute the same functions; the
+# test of what XLA makes of a program (the sampler's HLO structure) compiles it as users do.
+# RSTAR_TEST_FAST_COMPILE=0 runs everything with XLA's defaults. A test that starts a process
+# on one CPU device gives it XLA_FLAGS=$RSTAR_TEST_XLA_FLAGS (these flags without the 8
+# devices); JAX_DISABLE_MOST_OPTIMIZATIONS reaches every subprocess by itself.
+_FAST_COMPILE = os.environ.get("RSTAR_TEST_FAST_COMPILE", "1") != "0"
+os.environ.setdefault(
+  "RSTAR_TEST_XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false" if _FAST_COMPILE else ""
+)
+os.environ.setdefault(
+  "XLA_FLAGS",
+  f"--xla_force_host_platform_device_count=8 {os.environ['RSTAR_TEST_XLA_FLAGS']}".strip(),
+)
+if _FAST_COMPILE:
+  os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# ---------------------------------------------------------------------------------------------
+# one XLA compilation cache for the whole run
+def _start_compilation_cache():
+  """JAX's persistent compilation cache in a directory made for this run, shared by every xdist
+  worker and every process a test starts (launchers, multi-process drivers inherit the
+  environment): a program compiled again in another module, worker or subprocess (a launcher
+  run a second time to test its resume) is read back instead. Made by the first process that
+  loads this conftest
+  (the xdist controller, or the one process of a serial run), which removes it at the end;
+  workers inherit it. Never a fixed path: a cache outliving its run could serve another tree.
+  Entries are keyed by the program, jaxlib and XLA flags, so a hit is the same executable a
+  compile would give; tests that must see XLA compile (a module dump) drop the variable.
+  RSTAR_TEST_COMPILATION_CACHE=0 turns it off; a JAX_COMPILATION_CACHE_DIR set beforehand is
+  used as it is and kept."""
+  if os.environ.get("RSTAR_TEST_COMPILATION_CACHE", "1") == "0":
+    return None
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return None  # the caller's (or, in an xdist worker, the controller's): not ours to remove
+  path = tempfile.mkdtemp(prefix="rstar-tests-xla-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  # Every program, however small or quick to compile: the tiny test models compile in
+  # milliseconds each, but there are thousands of them.
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  return path
+
+
+_OWN_CACHE_DIR = _start_compilation_cache()
+_CACHE_EVENTS = {"requests": 0, "hits": 0}  # in this process (a test process: worker or serial)
+_CACHE_TOTALS = {"requests": 0, "hits": 0}  # summed over the workers, in the controller
+
+
+def _count_cache_event(event, **kwargs):
+  if event == "/jax/compilation_cache/compile_requests_use_cache":
+    _CACHE_EVENTS["requests"] += 1
+  elif event == "/jax/compilation_cache/cache_hits":
+    _CACHE_EVENTS["hits"] += 1
+
+
+def _runs_tests(config) -> bool:
+  """This process runs tests: an xdist worker, or a run without xdist's controller."""
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    return True
+  return getattr(config.option, "dist", "no") == "no"
+
+
+def pytest_configure(config):
+  if _runs_tests(config) and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    import jax  # the tests import it anyway; its listener counts this process's cache hits
+
+    jax.monitoring.register_event_listener(_count_cache_event)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,11 +116,14 @@ def pytest_configure_node(node):
 
 
 def pytest_unconfigure(config):
-  """The controller removes its run's lock files once every worker is done (no litter in /tmp)."""
+  """The controller removes its run's lock files and compilation cache once every worker is
+  done (no litter in /tmp)."""
   for base in _LOCK_BASES:
     for suffix in (".gate", ".rw"):
       with contextlib.suppress(FileNotFoundError):
         os.unlink(base + suffix)
+  if _OWN_CACHE_DIR:
+    shutil.rmtree(_OWN_CACHE_DIR, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -125,7 +202,40 @@ def _namespaces_skips():
   return [(n, r) for n, r in _THREAT_SKIPS if "[namespaces" in n or "-namespaces" in n]
 
 
+def _collect_cache_counts(session):
+  """A worker hands its cache counts to the controller (summed there for the summary line)."""
+  for k, v in _CACHE_EVENTS.items():
+    _CACHE_TOTALS[k] += v
+  if hasattr(session.config, "workeroutput"):
+    session.config.workeroutput["xla_cache"] = dict(_CACHE_EVENTS)
+
+
+_NODES_DOWN = {}  # in the controller: worker id -> seconds after the session started
+_SESSION_START = []
+
+
+def pytest_sessionstart(session):
+  _SESSION_START.append(time.monotonic())
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, in the controller
+def pytest_testnodedown(node, error):
+  for k, v in getattr(node, "workeroutput", {}).get("xla_cache", {}).items():
+    _CACHE_TOTALS[k] += v
+  if _SESSION_START:
+    _NODES_DOWN[node.gateway.id] = time.monotonic() - _SESSION_START[0]
+
+
 def pytest_terminal_summary(terminalreporter):
+  if len(_NODES_DOWN) > 1:  # a worker done long before the other: the module order is off
+    ends = ", ".join(f"{w} {t:.0f} s" for w, t in sorted(_NODES_DOWN.items()))
+    terminalreporter.write_line(f"workers finished after: {ends}")
+  if _CACHE_TOTALS["requests"]:
+    terminalreporter.write_line(
+      f"XLA compilation cache (tests/conftest.py): {_CACHE_TOTALS['hits']} of "
+      f"{_CACHE_TOTALS['requests']} compiles in the test processes were cache hits "
+      "(subprocesses not counted)"
+    )
   if not _THREAT_SEEN:
     return
   reasons = {}
@@ -143,5 +253,6 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionfinish(session, exitstatus):
+  _collect_cache_counts(session)
   if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips() and exitstatus == 0:
     session.exitstatus = 1

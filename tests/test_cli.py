@@ -60,7 +60,7 @@ def test_path_checks_name_the_field(tmp_path):
 
 
 def _launch(*args, module="train", config="configs/rstar2_tiny_cpu.py"):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu")
   return subprocess.run(
     [sys.executable, "-m", f"launchers.{module}", f"--config={config}", *args],
     cwd=REPO,

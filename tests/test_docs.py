@@ -615,7 +615,7 @@ def test_doc_examples_run_as_written(doc, tmp_path):
   env = dict(
     os.environ,
     PYTHONPATH=REPO,
-    XLA_FLAGS="",
+    XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""),
     JAX_PLATFORMS="cpu",
     WANDB_SILENT="true",
     HF_HUB_OFFLINE="1",

@@ -71,6 +71,8 @@ def test_local_cluster_prefixes_output_and_passes_the_environment():
       "-c",
       'echo "id=$RSTAR_PROCESS_ID n=$RSTAR_NUM_PROCESSES c=${RSTAR_COORDINATOR%:*} $XLA_FLAGS"',
     ],
+    # A harness's device count, which the script replaces (tests/conftest.py may add flags).
+    env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8"),
     capture_output=True,
     text=True,
     timeout=60,

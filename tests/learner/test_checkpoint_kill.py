@@ -48,7 +48,7 @@ def _kill_during_a_write(d, tries=5):
   exists); returns once a kill left a cut write behind."""
   env = dict(
     os.environ,
-    XLA_FLAGS="",
+    XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""),
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
   )

@@ -132,7 +132,7 @@ def test_async_save_completes_at_interpreter_exit(tmp_path):
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(
     os.environ,
-    XLA_FLAGS="",
+    XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""),
     JAX_PLATFORMS="cpu",
     PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
   )

@@ -86,7 +86,7 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
 
 def _launch(*args, timeout=600):  # a hang guard: with 2 test workers a run gets ~1 core
   env = dict(os.environ)
-  env["XLA_FLAGS"] = ""
+  env["XLA_FLAGS"] = os.environ.get("RSTAR_TEST_XLA_FLAGS", "")
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run(
     [sys.executable, "-m", "launchers.demo", *args],

@@ -35,7 +35,7 @@ def test_ctrl_c_during_the_demo_names_phase_and_step_and_keeps_the_time(tmp_path
   proc = subprocess.Popen(
     [sys.executable, "-m", "launchers.demo", f"--config={recipe}", f"--workdir={w}"],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,

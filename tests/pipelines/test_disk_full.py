@@ -43,7 +43,7 @@ def _sft(workdir, *extra):
       *extra,
     ],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=600,

@@ -204,7 +204,7 @@ def test_launcher_bad_dtype_is_one_line(tmp_path):
       "--dtype=fp8",
     ],
     cwd=repo,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=300,

@@ -119,7 +119,7 @@ def test_ctrl_c_during_rl_training_is_one_line(tmp_path):
       "--config.mesh.num_devices=1",
     ],
     cwd=repo,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,

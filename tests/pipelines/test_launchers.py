@@ -21,7 +21,8 @@ TINY = "configs/rstar2_tiny_cpu.py"
 
 def _launch(module, *args, timeout=400):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = ""  # one CPU device: the fastest layout for these toy runs
+  # One CPU device, the fastest layout for these toy runs (with the tests' compile flags).
+  env["XLA_FLAGS"] = os.environ.get("RSTAR_TEST_XLA_FLAGS", "")
   env["JAX_PLATFORMS"] = "cpu"
   proc = subprocess.run(
     [sys.executable, "-m", f"launchers.{module}", *args],
@@ -123,7 +124,7 @@ def test_launchers_sft_train_eval_export(tmp_path):
 
 def test_export_without_a_tokenizer_is_refused(tmp_path):
   """A model directory without a tokenizer cannot be loaded: say how to give one instead."""
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu")
   ckpt = tmp_path / "run" / "ckpt"
   ckpt.mkdir(parents=True)
   proc = subprocess.run(

@@ -48,7 +48,7 @@ def test_model_dir_without_a_tokenizer_is_one_line(tmp_path, launcher):
       f"--workdir={tmp_path / 'run'}",
     ],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=300,

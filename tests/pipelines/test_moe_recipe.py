@@ -84,7 +84,7 @@ def _run(args, tmp_path):
   proc = subprocess.run(
     [sys.executable, "-m", *args],
     cwd=REPO,
-    env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"),
+    env=dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu"),
     capture_output=True,
     text=True,
     timeout=900,

@@ -32,7 +32,7 @@ def _env(**extra):
     os.environ,
     PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="",
+    XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""),
     PYTHONUNBUFFERED="1",
   )
   for k in ("RSTAR_COORDINATOR", "RSTAR_NUM_PROCESSES", "RSTAR_PROCESS_ID", "RSTAR_SUPERVISED"):

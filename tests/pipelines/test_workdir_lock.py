@@ -12,7 +12,7 @@ import pytest
 from rstar_jax.pipelines import workdir_lock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+ENV = dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu")
 HOLD = (
   "import sys, time\n"
   "from rstar_jax.pipelines import workdir_lock\n"

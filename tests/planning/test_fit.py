@@ -182,7 +182,7 @@ def test_fitting_budget_runs_and_the_loop_reuses_the_check_compile():
 
 
 def test_launcher_batch_that_cannot_fit_is_one_line(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""), JAX_PLATFORMS="cpu")
   proc = subprocess.run(
     [
       sys.executable,
