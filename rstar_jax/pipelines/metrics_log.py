@@ -65,11 +65,11 @@ def read_jsonl_metrics(path: str | os.PathLike) -> list[dict]:
   return out
 
 
-def _open_jsonl(path: str, resume_step: int | None):
-  """``path`` opened for appending: records with ``step > resume_step`` dropped on resume, the
-  file removed on a fresh run."""
+def open_jsonl(path: str, resume_step: int | None, read=read_jsonl_metrics):
+  """``path`` opened for appending: records with ``step > resume_step`` dropped on resume (the
+  file read with ``read``), the file removed on a fresh run."""
   if resume_step is not None and os.path.exists(path):
-    kept = [r for r in read_jsonl_metrics(path) if int(r.get("step", 0)) <= resume_step]
+    kept = [r for r in read(path) if int(r.get("step", 0)) <= resume_step]
     with open(path, "w", encoding="utf-8") as f:
       for r in kept:
         f.write(json.dumps(r) + "\n")
@@ -266,9 +266,9 @@ class MetricsWriter:
     if not _primary():  # [multi-process] process 0 writes; the others only return records
       return
     os.makedirs(directory, exist_ok=True)
-    self._file = _open_jsonl(self.path, resume_step)
+    self._file = open_jsonl(self.path, resume_step)
     if resume_step is not None or os.path.exists(self.samples_path):
-      self._samples = _open_jsonl(self.samples_path, resume_step)
+      self._samples = open_jsonl(self.samples_path, resume_step)
     self._tb = None
     if wandb:
       self._wandb = _start_wandb(os.fspath(directory), name, wandb, resume_step is not None)
@@ -307,7 +307,7 @@ class MetricsWriter:
     if self._file is None or not samples:
       return
     if self._samples is None:
-      self._samples = _open_jsonl(self.samples_path, None)
+      self._samples = open_jsonl(self.samples_path, None)
     for i, s in enumerate(samples):
       self._samples.write(json.dumps({"step": int(step), "index": i, **_jsonable(s)}) + "\n")
     self._samples.flush()

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rstar_jax.distributed.primary import is_primary
+from rstar_jax.pipelines import metrics_log
 from rstar_jax.pipelines.supervisor import restarts_from_env
 
 FILE = "trained.jsonl"
@@ -132,12 +133,8 @@ class LedgerWriter:
     if not is_primary():  # [multi-process] every process holds the same groups; one writes
       return
     os.makedirs(os.fspath(workdir), exist_ok=True)
-    kept = []
-    if resume_step is not None and os.path.exists(self.path):
-      kept = [r for r in read(self.path) if int(r["step"]) <= resume_step]
-    with open(self.path, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(r) + "\n" for r in kept)
-    self._file = open(self.path, "a", encoding="utf-8")
+    # `read` leaves out a last line cut by a kill, which a resume then overwrites.
+    self._file = metrics_log.open_jsonl(self.path, resume_step, read=read)
 
   def write(self, row: dict[str, Any]) -> None:
     if self._file is not None:

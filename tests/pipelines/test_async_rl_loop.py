@@ -127,7 +127,7 @@ def _kill_in_step_2(workdir, tok_dir):
   made, its checkpoint usually still being written) with step 1's checkpoint complete; returns
   the ledger rows it had written."""
   code = KILLED_LEARNER.format(here=os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("RSTAR_TEST_XLA_FLAGS", ""))
   proc = subprocess.Popen(
     [sys.executable, "-c", code, str(workdir), tok_dir],
     cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # configs/
