@@ -149,22 +149,31 @@ def test_a_scripted_stand_in_calls_the_tool_once_per_trajectory():
 
 @pytest.mark.long
 @pytest.mark.slow  # two RL runs of one step each with stand-ins and tool nodes (~2-3 min busy)
-def test_one_small_run_kills_a_tool_node_and_loses_nothing():
+def _run_chaos(flags, timeout):
+  """`benchmarks/chaos.py --json` with ``flags`` in a subprocess; its report (exactly one JSON
+  document on stdout). Without the test run's compilation cache: the benchmark compares the bytes
+  of runs of which the first compiles and the next read the cache, and two undisturbed async
+  runs then differed (2 of 2 tries; equal without the cache)."""
   import subprocess
   import sys
 
-  flags = ["--json", "--modes=sync", "--kinds=tool_node", "--steps=1", "--kills=1"]
-  flags += ["--servers=2", "--tool_nodes=2", "--prompts=1", "--group=2", "--tool_sleep_s=1.0"]
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   p = subprocess.run(
-    [sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), *flags],
+    [sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), "--json", *flags],
     cwd=REPO,
-    env=dict(os.environ, PYTHONPATH=REPO),
+    env=dict(env, PYTHONPATH=REPO),
     capture_output=True,
     text=True,
-    timeout=900,
+    timeout=timeout,
   )
   assert p.returncode == 0, p.stderr[-3000:]
-  report = json.loads(p.stdout)  # exactly one JSON document on stdout
+  return json.loads(p.stdout)
+
+
+def test_one_small_run_kills_a_tool_node_and_loses_nothing():
+  flags = ["--modes=sync", "--kinds=tool_node", "--steps=1", "--kills=1"]
+  flags += ["--servers=2", "--tool_nodes=2", "--prompts=1", "--group=2", "--tool_sleep_s=1.0"]
+  report = _run_chaos(flags, timeout=900)
   m = report["modes"]["sync"]["tool_node"]
   assert m["kills"] == 1 and m["restarts"] == 1
   assert m["kill_events"][0]["busy_requests"] >= 1  # killed with calls running on it
@@ -179,21 +188,9 @@ def test_one_small_run_kills_a_tool_node_and_loses_nothing():
 def test_one_small_async_run_kills_the_learner_and_loses_nothing():
   """The async learner path end to end: two undisturbed supervised runs and one whose learner
   process is killed with SIGKILL; the ledgers and final checkpoints are compared."""
-  import subprocess
-  import sys
-
-  flags = ["--json", "--modes=async", "--kinds=learner", "--steps=3", "--kills=1"]
+  flags = ["--modes=async", "--kinds=learner", "--steps=3", "--kills=1"]
   flags += ["--servers=2", "--tool_nodes=1", "--prompts=1", "--group=2"]
-  p = subprocess.run(
-    [sys.executable, os.path.join(REPO, "benchmarks", "chaos.py"), *flags],
-    cwd=REPO,
-    env=dict(os.environ, PYTHONPATH=REPO),
-    capture_output=True,
-    text=True,
-    timeout=1500,
-  )
-  assert p.returncode == 0, p.stderr[-3000:]
-  m = json.loads(p.stdout)["modes"]["async"]["learner"]
+  m = _run_chaos(flags, timeout=1500)["modes"]["async"]["learner"]
   assert m["kills"] == 1 and m["restarts"] == 1 and m["supervisor_state"] == "done"
   assert m["steps_completed"] == 3 and m["ledger"]["steps_ok"]
   assert m["ledger"]["groups"] == 3 and m["trajectories_trained"] == 6
