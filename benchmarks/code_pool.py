@@ -40,10 +40,12 @@ round 3's cgroup joins were found: rstar_jax/tools/README.md).
 `--json` prints exactly one JSON document on stdout (progress goes to stderr); `--out PATH`
 also writes it to PATH.
 
-The target figures (issue 27: trivial at concurrency 8 >= 80% of its bare-fork ceiling, sympy
-at concurrency 8 >= 20x `python -c`; the older trivial-vs-fork-limit figure is printed too) are measured in alternating rounds (references, pool, references, ...)
-and the best of each kept: on a shared machine the load moves within a run, and rounds
-side by side keep a slow spell from landing on one side of a ratio only.
+The target figures (issue 40: trivial at concurrency 8 >= 60% of its bare-fork ceiling; issue 27:
+>= 80%; sympy at concurrency 8 >= 20x `python -c`; the older trivial-vs-fork-limit figure is
+printed too) are measured in alternating rounds (references, pool, references, ...), after one
+warm-up round not counted, and the best of each kept: on a shared machine the load moves within
+a run, and rounds side by side keep a slow spell from landing on one side of a ratio only. The
+JSON document also holds every counted round's own figures (`rounds`).
 """
 
 import argparse
@@ -418,44 +420,37 @@ def fork_limit(seconds=3.0, code="", inner=False):
   return total
 
 
-async def target_rounds(pool, rounds, scale):
+async def target_rounds(pool, rounds, scale, warmup=1):
   """Best-of-``rounds`` figures for the two targets, each round measuring its references and
-  the pool back to back."""
-  best = {
-    "fork": 0.0,
-    "bare_fork_trivial": 0.0,
-    "bare_fork_sympy": 0.0,
-    "sympy_alone": 0.0,
-    "pool_trivial": 0.0,
-    "pool_sympy": 0.0,
-    "py_c": 0.0,
-  }
+  the pool back to back, after ``warmup`` rounds measured the same way and not counted (on a
+  machine that has just gone quiet, references and pool alike climbed from round to round:
+  2026-12-07, fork limit 313 / 367 / 576 forks/s; rstar_jax/tools/README.md). Returns (best,
+  every counted round's own figures)."""
 
   async def call(code):
     r = await pool.execute(code, timeout_s=30)
     assert r.status == "ok", r
 
-  for i in range(rounds):
-    best["fork"] = max(best["fork"], fork_limit(2.0))
-    best["bare_fork_trivial"] = max(best["bare_fork_trivial"], fork_limit(2.0, TRIVIAL))
-    best["pool_trivial"] = max(
-      best["pool_trivial"], (await drive(lambda: call(TRIVIAL), int(800 * scale), 8))[0]
-    )
-    best["bare_fork_sympy"] = max(best["bare_fork_sympy"], fork_limit(2.0, SYMPY))
-    best["sympy_alone"] = max(best["sympy_alone"], fork_limit(2.0, SYMPY, inner=True))
-    best["pool_sympy"] = max(
-      best["pool_sympy"], (await drive(lambda: call(SYMPY), int(160 * scale), 8))[0]
-    )
-    best["py_c"] = max(best["py_c"], (await drive(lambda: python_c(SYMPY), 8, 8))[0])
+  per_round = []
+  for i in range(-warmup, rounds):
+    got = {"fork": fork_limit(2.0), "bare_fork_trivial": fork_limit(2.0, TRIVIAL)}
+    got["pool_trivial"] = (await drive(lambda: call(TRIVIAL), int(800 * scale), 8))[0]
+    got["bare_fork_sympy"] = fork_limit(2.0, SYMPY)
+    got["sympy_alone"] = fork_limit(2.0, SYMPY, inner=True)
+    got["pool_sympy"] = (await drive(lambda: call(SYMPY), int(160 * scale), 8))[0]
+    got["py_c"] = (await drive(lambda: python_c(SYMPY), 8, 8))[0]
     print(
-      f"  round {i + 1}/{rounds}: fork limit {best['fork']:.0f}/s, bare fork+trivial "
-      f"{best['bare_fork_trivial']:.0f}/s, pool trivial "
-      f"{best['pool_trivial']:.0f}/s, bare fork+sympy {best['bare_fork_sympy']:.0f}/s, sympy "
-      f"alone {best['sympy_alone']:.0f}/s, pool sympy "
-      f"{best['pool_sympy']:.0f}/s, python -c sympy {best['py_c']:.1f}/s (best so far)",
+      f"  {f'round {i + 1}/{rounds}' if i >= 0 else 'warm-up (not counted)'}: fork limit "
+      f"{got['fork']:.0f}/s, bare fork+trivial {got['bare_fork_trivial']:.0f}/s, pool trivial "
+      f"{got['pool_trivial']:.0f}/s ({got['pool_trivial'] / got['bare_fork_trivial']:.0%}), "
+      f"bare fork+sympy {got['bare_fork_sympy']:.0f}/s, sympy alone {got['sympy_alone']:.0f}/s, "
+      f"pool sympy {got['pool_sympy']:.0f}/s, python -c sympy {got['py_c']:.1f}/s",
       flush=True,
     )
-  return best
+    if i >= 0:
+      per_round.append(got)
+  best = {k: max(r[k] for r in per_round) for k in per_round[0]}
+  return best, per_round
 
 
 async def main(quick, cgroups="auto"):
@@ -490,8 +485,8 @@ async def main(quick, cgroups="auto"):
         pr = await drive(pool_call, n_pool, conc)
         br = await drive(lambda code=code: python_c(code), n_base, conc)
         rows.append((name, conc, pr, br))
-    print(f"\ntarget rounds ({3 if quick else 5}, best of each kept):")
-    best = await target_rounds(pool, 3 if quick else 5, scale)
+    print(f"\ntarget rounds ({3 if quick else 5} after a warm-up round, best of each kept):")
+    best, per_round = await target_rounds(pool, 3 if quick else 5, scale)
   # Measured again after the rows and the higher figure kept: on shared cores the load moves
   # during a run, and the higher limit keeps the pool/fork ratio conservative.
   flimit_end = fork_limit()
@@ -526,7 +521,8 @@ async def main(quick, cgroups="auto"):
   }
   print(
     f"\ntargets (best of rounds, level {level}): trivial@8 = {trivial_bare:.0%} of its bare-fork "
-    f"ceiling (>= 80%: {'met' if trivial_bare >= 0.8 else 'MISSED'}; {trivial:.0%} of the fork "
+    f"ceiling (issue 40, >= 60%: {'met' if trivial_bare >= 0.6 else 'MISSED'}; issue 27, >= 80%: "
+    f"{'met' if trivial_bare >= 0.8 else 'MISSED'}; {trivial:.0%} of the fork "
     f"limit); sympy@8 = {sympy:.1f}x python -c "
     f"(>= 20x: {'met' if sympy >= 20 else 'MISSED'}); the bare-fork ceiling for that snippet is "
     f"{ceiling:.1f}x python -c, and the pool reaches {targets['sympy_c8_vs_bare_fork']:.0%} of it; "
@@ -540,6 +536,7 @@ async def main(quick, cgroups="auto"):
     "cgroups": cgroups,
     "fork_limit": flimit,
     "best_of_rounds": best,
+    "rounds": per_round,
     "targets": targets,
     "rows": [{"snippet": n, "conc": c, "pool": pr, "python_c": br} for n, c, pr, br in rows],
   }

@@ -372,6 +372,7 @@ def _bwrap_argv(cfg: PoolConfig) -> list[str]:
     made.add(p)
   for cap in (
     "CAP_SYS_ADMIN",
+    "CAP_SYS_CHROOT",  # setns(2) back into the template's own mount namespace after each fork
     "CAP_SETUID",
     "CAP_SETGID",
     "CAP_CHOWN",

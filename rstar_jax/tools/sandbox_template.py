@@ -651,10 +651,10 @@ def _child_main(cfg, job, fds):
 def _mount_private_scratch(cfg, uid):
   """In a mount namespace of the call's own: a fresh tmpfs (size- and inode-limited, owned by
   the call's uid, mode 700) at the scratch root, bound over every shared writable directory.
-  It vanishes with the call's last process; nobody walks or deletes what the call made, and no
-  other call can enter or fill it. Returns the call's home."""
-  if _libc.unshare(CLONE_NEWNS) != 0:
-    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) for the call's scratch failed")
+  The namespace is the template's (`Template._fork` made it for this call alone and forked
+  this process into it); the template drops its last reference once every process of the call
+  is gone (`MountNamespaceReaper`), so nobody walks or deletes what the call made, and no other
+  call can enter or fill it. Returns the call's home."""
   # Handles taken in the call's own namespace (a bind source must belong to it).
   keeps = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in cfg.get("tmp_keeps", ())]
   size = cfg["limits"]["scratch_bytes"]
@@ -818,6 +818,9 @@ class CgroupSlots:
     self.free = []
     self.all = []
     self.serial = 0
+    # Slots whose last call's mount namespace (its tmpfs, charged to the slot) is still being
+    # released by the reaper, by key: reused only once the reaper says it is gone.
+    self.pending = {}
 
   def _open(self, ctl, name, path, flags):
     return os.open(f"{name}/{path}", flags | os.O_CLOEXEC, dir_fd=self.dirs[ctl])
@@ -917,8 +920,19 @@ class CgroupSlots:
       return failed or now.get("oom_kill", 0) > base.get("oom_kill", 0)
     return any(now.get(k, 0) > base.get(k, 0) for k in ("max", "oom_kill"))
 
-  def give(self, slot):
-    self.free.append(slot)
+  def give(self, slot, pending=None):
+    """Back to the free list once its processes are gone; with a `pending` key, only once
+    `released(key)` says its last call's mount namespace is gone too (the tmpfs pages it holds
+    are charged to the slot: the next call must not start with them)."""
+    if pending is not None:
+      self.pending[pending] = slot
+    else:
+      self.free.append(slot)
+
+  def released(self, key):
+    slot = self.pending.pop(key, None)
+    if slot is not None:
+      self.free.append(slot)
 
   def _remove(self, slot):
     for fd in slot["procs"] + [slot[k] for k in ("failcnt", "events", "current") if k in slot]:
@@ -935,7 +949,180 @@ class CgroupSlots:
   def close(self):
     for slot in self.all:
       self._remove(slot)
-    self.all, self.free = [], []
+    self.all, self.free, self.pending = [], [], {}
+
+
+# ---------------------------------------------------------------------------------------------
+# mount namespaces: dropped off the calls' exit path
+_NS_KEY = struct.Struct("<Q")
+_NS_MSG = struct.Struct("<QBB")  # key, hold (1, with the descriptor) or release (0), ack
+MNTNS_REAPER_THREADS = 4
+MNTNS_REAPER_NAME = b"mntns_reaper"  # its comm (the cmdline is the template's)
+
+
+class MountNamespaceReaper:
+  """The template's helper process that drops the last reference to each finished call's mount
+  namespace.
+
+  When a mount namespace's last reference goes, the kernel unmounts its tree and, before
+  freeing the mounts, waits an expedited RCU grace period (namespace_unlock ->
+  synchronize_rcu_expedited). Held by the call's process alone, that wait ran in its exit,
+  before the exit was reported (a pidfd turns readable at the end of do_exit): off-CPU time in
+  every call (rstar_jax/tools/README.md has the figures). So the template makes each call's
+  namespace itself (`Template._fork`) and, right after the fork, sends a descriptor of it here
+  (`hold`) and closes its own: while the call runs, this process holds the one reference besides
+  the call's processes, so the call's exit drops only its own. Once every process of the call
+  is gone the template says so (`release`), a worker thread here closes the descriptor (the
+  teardown and its grace period are waited here, several at once) and writes the key back
+  (`acks`): the call's cgroup slot, to whose memory cgroup the call's tmpfs pages are charged,
+  is reused only once they are freed.
+
+  It never runs user code: forked by the template before the preloads, it closes every other
+  descriptor, drops every capability and dies with the template. A namespace it cannot take
+  (its queue full) is left to the call's exit, as before it existed. It is not expected to die
+  (no user code reaches it); if it does, the kernel closes what it held, the template goes on
+  without it (each call's exit waits for its own teardown again) and never reuses the slots
+  whose release it did not acknowledge (no guess at when their namespaces went)."""
+
+  def __init__(self, threads=MNTNS_REAPER_THREADS):
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+      mine.close()
+      _mntns_reaper_main(theirs.detach(), ack_w, threads)
+    theirs.close()
+    os.close(ack_w)
+    mine.set_inheritable(False)
+    self.sock, self.ack_r, self.pid = mine, ack_r, pid
+    self.pidfd = os.pidfd_open(pid)  # readable when it exits: the template's loop reaps it
+    os.set_blocking(ack_r, False)
+    self.serial = 0
+    self.gone = False
+    self.unsent = collections.deque()
+
+  def hold(self, nsfd):
+    """Hands namespace descriptor `nsfd` to the reaper, closing it here (never the last
+    reference: the reaper's, in flight or received, outlives it). Its key, or None where the
+    reaper's queue is full (then the call's processes hold it alone, as before)."""
+    self.serial += 1
+    try:
+      self.sock.sendmsg(
+        [_NS_MSG.pack(self.serial, 1, 0)],
+        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", nsfd))],
+        socket.MSG_DONTWAIT,
+      )
+    except OSError as e:
+      # Called right after a fork: never raises (the new process must be tracked first).
+      self._lost(e, not isinstance(e, BlockingIOError))
+      return None
+    finally:
+      os.close(nsfd)
+    return self.serial
+
+  def _lost(self, why, gone=True):
+    if gone and not self.gone:
+      self.gone = True
+      os.write(2, f"[code_pool template] mount namespace reaper gone ({why})\n".encode())
+
+  def release(self, key, ack):
+    """Every process of call `key` is gone: the reaper drops its namespace, then (with `ack`)
+    writes `key` back. Where the reaper is gone, the kernel closed what it held, at an unknown
+    time: the key is never acknowledged."""
+    if not self.gone:
+      self.unsent.append(_NS_MSG.pack(key, 0, ack))
+      self.flush()
+
+  def flush(self):
+    """Sends the releases not sent yet. Never blocks: a reaper that stopped reading must not
+    stall the template (the template's loop retries while any is left)."""
+    while self.unsent and not self.gone:
+      try:
+        self.sock.send(self.unsent[0], socket.MSG_DONTWAIT)
+      except BlockingIOError:
+        return
+      except OSError as e:
+        self._lost(e)
+        return
+      self.unsent.popleft()
+
+  def reap(self):
+    """Its pidfd turned readable: True once reaped (gone for good; its pidfd is the caller's
+    to unregister and close)."""
+    if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+      return False
+    self._lost("exited")
+    return True
+
+  def acks(self):
+    """Keys of the namespaces dropped since the last look (non-blocking)."""
+    out = []
+    while True:
+      try:
+        b = os.read(self.ack_r, 8 * 512)
+      except BlockingIOError:
+        return out
+      if not b:
+        self._lost("its pipe closed")
+        return out
+      out += [k for (k,) in _NS_KEY.iter_unpack(b)]
+
+
+def _drop_all_capabilities():
+  hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+  if _libc.capset(ctypes.byref(hdr), data) != 0:
+    raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def _mntns_reaper_main(sock_fd, ack_fd, threads):
+  """The reaper process (see MountNamespaceReaper): never returns. One reader takes the
+  messages in order (a `hold` always before its `release`); workers close the descriptors, so
+  several teardowns wait for (and share) a grace period at once."""
+  try:
+    _close_fds_except([2, sock_fd, ack_fd])
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:
+      os._exit(0)
+    _libc.prctl(PR_SET_NAME, MNTNS_REAPER_NAME, 0, 0, 0)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _drop_all_capabilities()  # closing a descriptor needs none
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one per running call or session
+    import queue
+    import threading
+
+    sock = socket.socket(fileno=sock_fd)
+    held, todo = {}, queue.SimpleQueue()
+
+    def work():
+      while True:
+        key, fd, ack = todo.get()
+        if fd is not None:
+          os.close(fd)  # the namespace's teardown and its grace period: waited here
+        if ack:
+          os.write(ack_fd, _NS_KEY.pack(key))  # <= PIPE_BUF: atomic between the workers
+
+    for _ in range(threads):
+      threading.Thread(target=work, daemon=True).start()
+    while True:
+      msg, fds = _recv_fds_cloexec(sock, 1)
+      if not msg and not fds:  # the template is gone
+        os._exit(0)
+      key, hold, ack = _NS_MSG.unpack(msg)
+      if hold:
+        # No descriptor: the kernel could not install it here (descriptors exhausted) and
+        # dropped it; the call's processes held the namespace alone and their exit freed it.
+        held[key] = fds[0] if fds else None
+        for fd in fds[1:]:
+          os.close(fd)
+      else:
+        todo.put((key, held.pop(key, None), ack))
+  except BaseException:
+    try:
+      os.write(2, f"[code_pool template] mount namespace reaper: {traceback.format_exc()}".encode())
+    except BaseException:
+      pass
+  os._exit(1)
 
 
 def join_cgroup(fds, err_fd):
@@ -1018,7 +1205,7 @@ class _Poller:
 
 
 class Template:
-  def __init__(self, cfg, ctl_in, ctl_out):
+  def __init__(self, cfg, ctl_in, ctl_out, reaper=None):
     self.cfg = cfg
     self.ctl_in = ctl_in
     self.ctl_out = ctl_out
@@ -1034,6 +1221,13 @@ class Template:
     self.fd_sock.set_inheritable(False)  # not into the posix_spawn'ed PID 1s
     self.fd_sock.setblocking(False)
     self.pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY) if cfg["pidns"] else None
+    # Root levels: each call's scratch lives in a mount namespace the template makes for it
+    # (see _fork); this is the way back into the template's own.
+    self.reaper = reaper
+    self.mntns_fd = None
+    if cfg["private_scratch"]:
+      self.mntns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+      os.chdir("/")  # where each return to this namespace (setns) leaves the template anyway
     # PID 1 of each call's namespace: a tiny exec'd process (cheaper than forking this big
     # interpreter twice). Orphans re-parent to it; killing it tears the namespace down.
     self.init_path = next((p for p in ("/usr/bin/sleep", "/bin/sleep") if os.path.exists(p)), None)
@@ -1116,7 +1310,8 @@ class Template:
       raise
     return path
 
-  def _release(self, uid, scratch, pgid=None, cg=None):
+  def _release(self, uid, scratch, pgid=None, cg=None, mntns_key=None):
+    pending = None
     try:
       if pgid is not None and not self.cfg["pidns"]:
         try:
@@ -1128,9 +1323,18 @@ class Template:
         wire.rmtree(scratch)
     finally:
       self.free_uids.append(uid)
-      if cg is not None:  # every process of the call is gone: the slot is empty again
-        self.cg.give(cg)
+      if mntns_key is not None:  # every process of the call is gone: its namespace can go
+        self.reaper.release(mntns_key, cg is not None)
+        pending = mntns_key  # acknowledged by the reaper, or never (then never reused)
+      if cg is not None:  # the slot is empty again (once its namespace is gone, if pending)
+        self.cg.give(cg, pending=pending)
     self.sweep_orphans()
+
+  def _take_slot(self):
+    if self.cg.pending and self.reaper is not None:
+      for key in self.reaper.acks():
+        self.cg.released(key)
+    return self.cg.take()
 
   def sweep_orphans(self):
     """Without a uid or PID namespace to kill by (the rlimits level), the template is its
@@ -1182,15 +1386,57 @@ class Template:
       pass
 
   def _fork(self, job, fds):
-    """Starts the call's process; returns (pid, pidfd, init) with init = (pid, pidfd) or None.
-    Every process made here is tracked by a pidfd before anything else can fail, and if
+    """Starts the call's process; returns (pid, pidfd, init, mntns_key): init = (pid, pidfd)
+    or None, mntns_key the reaper's key for the call's own mount namespace or None. Every
+    process made here is tracked by a pidfd before anything else can fail, and if
     anything does (descriptors exhausted), whatever was made is killed and reaped: a failed
     start leaves nothing behind."""
-    init = None
+    flags = 0
     if self.cfg["pidns"]:
       # A second unshare(CLONE_NEWPID) fails with EINVAL unless we first return to our own ns.
-      if _libc.setns(self.pidns_fd, CLONE_NEWPID) != 0 or _libc.unshare(CLONE_NEWPID) != 0:
-        raise OSError(ctypes.get_errno(), "setns/unshare(CLONE_NEWPID) failed")
+      if _libc.setns(self.pidns_fd, CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "setns(CLONE_NEWPID) failed")
+      flags |= CLONE_NEWPID
+    if job["scratch"] is None:
+      # The call's private scratch gets a mount namespace of its own, made here rather than in
+      # the call's process: the template holds a reference from the start (nothing of the
+      # call's involved), so the call's exit never drops the last one and never waits for the
+      # teardown's RCU grace period (see MountNamespaceReaper). The template steps into the new
+      # namespace only to fork, and straight back.
+      flags |= CLONE_NEWNS
+    if flags and _libc.unshare(flags) != 0:
+      raise OSError(ctypes.get_errno(), f"unshare({flags:#x}) for the call failed")
+    if not flags & CLONE_NEWNS:
+      pid, pidfd, init = self._fork_in_place(job, fds)
+      return pid, pidfd, init, None
+    try:
+      mntns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except BaseException:
+      self._back_to_own_mntns()
+      raise
+    try:
+      pid, pidfd, init = self._fork_in_place(job, fds)
+    except BaseException:
+      self._back_to_own_mntns()
+      os.close(mntns)  # nothing of the call's left in it (rare path: its teardown waits here)
+      raise
+    self._back_to_own_mntns()
+    if self.reaper is None:
+      os.close(mntns)  # the call's processes hold it alone: its exit waits for the teardown
+      return pid, pidfd, init, None
+    return pid, pidfd, init, self.reaper.hold(mntns)
+
+  def _back_to_own_mntns(self):
+    if _libc.setns(self.mntns_fd, CLONE_NEWNS) != 0:
+      # Left in a call's namespace, the next call's would be a copy of it (with this call's
+      # scratch): nothing may run on. The host restarts the template.
+      os.write(2, f"[code_pool template] setns back failed: errno {ctypes.get_errno()}\n".encode())
+      os._exit(70)
+
+  def _fork_in_place(self, job, fds):
+    """Forks the call's process (and its PID 1) in the namespaces the template is in now."""
+    init = None
+    if self.cfg["pidns"]:
       if job["kind"] != "session" and not self.cfg["allow_subprocesses"]:
         # One process (the filter refuses fork): the call itself is PID 1 of its namespace.
         # Nothing can be orphaned into it, and its exit ends the namespace, so a separate init
@@ -1226,35 +1472,35 @@ class Template:
       raise
     return pid, pidfd, init
 
-  def _stop_init(self, init, uid, scratch, cg=None):
+  def _stop_init(self, init, uid, scratch, cg=None, mntns_key=None):
     """Kills the call's PID 1 (so its whole namespace) and releases uid/scratch once reaped."""
     ipid, ipidfd = init
     try:
       signal.pidfd_send_signal(ipidfd, signal.SIGKILL)
     except ProcessLookupError:
       pass
-    self.reaping[ipidfd] = (ipid, uid, scratch, cg)
+    self.reaping[ipidfd] = (ipid, uid, scratch, cg, mntns_key)
     self.sel.register(ipidfd, ("init", ipidfd))
 
   def on_init_dead(self, ipidfd):
     entry = self.reaping.get(ipidfd)
     if entry is None:
       return
-    ipid, uid, scratch, cg = entry
+    ipid, uid, scratch, cg, mntns_key = entry
     if os.waitpid(ipid, os.WNOHANG)[0] == 0:
       return
     del self.reaping[ipidfd]
     self.sel.unregister(ipidfd)
     os.close(ipidfd)
     if uid is not None:
-      self._release(uid, scratch, cg=cg)
+      self._release(uid, scratch, cg=cg, mntns_key=mntns_key)
 
   def _end(self, rec):
     """After the call's process exited: tear down what it started, then free its uid."""
     if rec.get("init"):
-      self._stop_init(rec["init"], rec["uid"], rec["scratch"], rec.get("cg"))
+      self._stop_init(rec["init"], rec["uid"], rec["scratch"], rec.get("cg"), rec.get("mntns_key"))
     else:
-      self._release(rec["uid"], rec["scratch"], rec["pid"], rec.get("cg"))
+      self._release(rec["uid"], rec["scratch"], rec["pid"], rec.get("cg"), rec.get("mntns_key"))
 
   def recv_call_fds(self, rid):
     """The memfds the host sent for request `rid` (sent before the request itself, so they are
@@ -1283,7 +1529,7 @@ class Template:
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      cg = self.cg.take() if self.cg is not None else None
+      cg = self._take_slot() if self.cg is not None else None
       taken.append(("cg", cg))
       job = {
         "kind": kind,
@@ -1293,7 +1539,7 @@ class Template:
         "sys_path": req.get("sys_path", ()),
         "cg": cg["procs"] if cg else None,
       }
-      pid, pidfd, init = self._fork(job, fds)
+      pid, pidfd, init, mntns_key = self._fork(job, fds)
     except BaseException:
       self._give_back(taken)
       raise
@@ -1315,6 +1561,7 @@ class Template:
       "killed": None,
       "cpu_s": job["cpu_s"],
       "cg": cg,
+      "mntns_key": mntns_key,
     }
     self.calls[pidfd] = call
     self.sel.register(pidfd, ("call", pidfd))
@@ -1424,7 +1671,7 @@ class Template:
       taken.append(("uid", uid))
       scratch = self._make_scratch(uid)
       taken.append(("scratch", scratch))
-      cg = self.cg.take() if self.cg is not None else None
+      cg = self._take_slot() if self.cg is not None else None
       taken.append(("cg", cg))
       out, err, inp, code_fd = fds["out"], fds["err"], fds["in"], fds["code"]
       job = {
@@ -1435,7 +1682,7 @@ class Template:
         "cg": cg["procs"] if cg else None,
       }
       self._watch_children(force=True)  # before its first stop
-      pid, pidfd, init = self._fork(job, fds)
+      pid, pidfd, init, mntns_key = self._fork(job, fds)
     except BaseException:
       self._give_back(taken)
       raise
@@ -1453,6 +1700,7 @@ class Template:
       "call": None,
       "stopped": False,
       "cg": cg,
+      "mntns_key": mntns_key,
     }
     self.sessions[sid] = s
     self.sel.register(pidfd, ("sess_dead", s))
@@ -1772,9 +2020,14 @@ class Template:
     os.set_blocking(self.ctl_in, False)
     self.sel.register(self.ctl_in, ("ctl", None))
     self.sel.register(self.sig_r, ("sigchld", None))
+    if self.reaper is not None:
+      self.sel.register(self.reaper.pidfd, ("reaper", None))
     try:
       while True:
         timeout = self.check_deadlines()
+        if self.reaper is not None and self.reaper.unsent:
+          self.reaper.flush()
+          timeout = 0.01 if timeout is None else min(timeout, 0.01)
         for what, arg in self.sel.poll(timeout):
           if what == "ctl":
             self.on_control()
@@ -1786,6 +2039,9 @@ class Template:
             self.on_session_dead(arg)
           elif what == "init":
             self.on_init_dead(arg)
+          elif what == "reaper" and self.reaper.reap():
+            self.sel.unregister(self.reaper.pidfd)
+            os.close(self.reaper.pidfd)
     except (EOFError, wire.WireError):
       pass
     finally:
@@ -1889,6 +2145,7 @@ def expose_paths(paths):
 
 
 PR_CAPBSET_DROP = 24
+PR_SET_NAME = 15
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 MNT_DETACH = 2
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
@@ -1909,11 +2166,14 @@ class _CapData(ctypes.Structure):
 
 # The capabilities the template uses after its start (a root template started by bubblewrap as
 # real root holds every one the host has; `--cap-add` does not narrow it): its mounts and
-# namespaces (SYS_ADMIN), a call's uid switch (SETUID, SETGID), its scratch and preloaded files
-# (CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER), killing calls of other uids (KILL), rlimits
+# namespaces (SYS_ADMIN; SYS_CHROOT too, which setns(2) into a mount namespace asks for: the
+# template steps back into its own after forking each call into the call's own, see
+# Template._fork; it adds nothing to SYS_ADMIN in the same namespace, which can already
+# pivot_root), a call's uid switch (SETUID, SETGID), its scratch and preloaded files (CHOWN,
+# DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER), killing calls of other uids (KILL), rlimits
 # (SYS_RESOURCE). Everything else (loading kernel modules, raw I/O, ptrace, bpf, net admin, ...)
 # is dropped from its effective and permitted sets, so an escape into it does not hold them.
-TEMPLATE_CAPS = (0, 1, 2, 3, 5, 6, 7, 21, 24)
+TEMPLATE_CAPS = (0, 1, 2, 3, 5, 6, 7, 18, 21, 24)
 
 
 def _drop_capability_sets():
@@ -2059,6 +2319,8 @@ def main():
     except OSError as e:
       exposed = f"failed: {e}"
   hardening, cfg["private_scratch"] = harden_template(cfg)
+  # Forked before the preloads (a small process) and before anything of a call's exists.
+  reaper = MountNamespaceReaper() if cfg["private_scratch"] else None
   # World-writable places a call could otherwise fill or share with another call: each call
   # gets its own tmpfs bound over all of them (/tmp last: the source is the call's cwd).
   cfg["shared_tmp_dirs"] = [
@@ -2095,7 +2357,7 @@ def main():
   cfg["seccomp"] = build_seccomp(prog) if prog is not None and cfg["use_seccomp"] else None
   if cfg["drop_uid"] and not cfg["pidns"]:
     _kill_uid_range(cfg["uid_lo"], cfg["uid_hi"])  # leftovers of a dead predecessor
-  tpl = Template(cfg, ctl_in, ctl_out)
+  tpl = Template(cfg, ctl_in, ctl_out, reaper)
   if cfg["private_scratch"]:
     # Every call's home is the same path (its own tmpfs there): its environment is set here
     # once and inherited, instead of rebuilt in each call (~90 copy-on-write faults a call).

@@ -88,10 +88,9 @@ def template_host_pid(pool, index=0):
   for pid in sorted(descendants(root) | {root}):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if (
-          b"sandbox_template.py" in f.read()
-          and b"bwrap" not in open(f"/proc/{pid}/comm", "rb").read()
-        ):
+        comm = open(f"/proc/{pid}/comm", "rb").read()
+        # The template's mount namespace reaper shares its cmdline (a fork): told by its comm.
+        if b"sandbox_template.py" in f.read() and b"bwrap" not in comm and b"reaper" not in comm:
           return pid
     except OSError:
       pass

@@ -51,8 +51,11 @@ def bpool(runner, request):
   p.baseline_s = min(runner.run(p.execute("print(1)")).duration_s for _ in range(5))
   p.template_pid = p._templates[0].proc.pid
   time.sleep(0.5)  # let the warm-up calls' PID-1 helpers be reaped (asynchronous)
-  p.idle_tree = descendants(p.template_pid)  # bwrap's init + the template, when idle
-  assert len(p.idle_tree) == (2 if p.isolation_level == "namespaces" else 0), p.idle_tree
+  # Idle: bwrap's init + the template, and the template's mount namespace reaper at every level
+  # with a per-call mount namespace (all but rlimits).
+  p.idle_tree = descendants(p.template_pid)
+  want = {"namespaces": 3, "pidns": 1, "uid": 1, "rlimits": 0}[p.isolation_level]
+  assert len(p.idle_tree) == want, p.idle_tree
   yield p
   runner.run(p.close())
 

@@ -345,8 +345,12 @@ def test_a_start_failing_after_fork_leaves_nothing(runner, level_runner, kind, l
     tpid = template_host_pid(pool)
     before = descendants(tpid)
     soft, hard = resource.prlimit(tpid, resource.RLIMIT_NOFILE)
-    # Room for the 4 memfds of the request (and the session's PID 1 spawn), none for a pidfd.
-    resource.prlimit(tpid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{tpid}/fd")) + 4, hard))
+    # Room for the 4 memfds of the request, the call's mount namespace (made by the template at
+    # every level but rlimits) and the session's PID 1 spawn, none for a pidfd.
+    room = 4 + (level != "rlimits")
+    resource.prlimit(
+      tpid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{tpid}/fd")) + room, hard)
+    )
     try:
       sid = "starved" if kind == "session" else None
       r = runner.run(pool.execute("print('ran')", session_id=sid))
