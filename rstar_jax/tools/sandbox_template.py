@@ -956,7 +956,9 @@ class CgroupSlots:
 # mount namespaces: dropped off the calls' exit path
 _NS_KEY = struct.Struct("<Q")
 _NS_MSG = struct.Struct("<QBB")  # key, hold (1, with the descriptor) or release (0), ack
-MNTNS_REAPER_THREADS = 4
+# Threads of the reaper, each with a socket of its own (a call's `hold` and `release` go to the
+# same one, in order): that many teardowns wait for (and share) a grace period at once.
+MNTNS_REAPER_THREADS = 2
 MNTNS_REAPER_NAME = b"mntns_reaper"  # its comm (the cmdline is the template's)
 
 
@@ -975,7 +977,10 @@ class MountNamespaceReaper:
   is gone the template says so (`release`), a worker thread here closes the descriptor (the
   teardown and its grace period are waited here, several at once) and writes the key back
   (`acks`): the call's cgroup slot, to whose memory cgroup the call's tmpfs pages are charged,
-  is reused only once they are freed.
+  is reused only once they are freed. Each thread reads a socket of its own (call `key` uses
+  socket `key % threads`): no hand-off between threads, whose cost (futex wake-ups, the GIL
+  passed back and forth: ~14 futex calls a call with one reader feeding four workers) would
+  be paid per call.
 
   It never runs user code: forked by the template before the preloads, it closes every other
   descriptor, drops every capability and dies with the template. A namespace it cannot take
@@ -985,16 +990,18 @@ class MountNamespaceReaper:
   whose release it did not acknowledge (no guess at when their namespaces went)."""
 
   def __init__(self, threads=MNTNS_REAPER_THREADS):
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(threads)]
     ack_r, ack_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
-      mine.close()
-      _mntns_reaper_main(theirs.detach(), ack_w, threads)
-    theirs.close()
+      for mine, _ in pairs:
+        mine.close()
+      _mntns_reaper_main([theirs.detach() for _, theirs in pairs], ack_w)
+    for mine, theirs in pairs:
+      theirs.close()
+      mine.set_inheritable(False)
     os.close(ack_w)
-    mine.set_inheritable(False)
-    self.sock, self.ack_r, self.pid = mine, ack_r, pid
+    self.socks, self.ack_r, self.pid = [mine for mine, _ in pairs], ack_r, pid
     self.pidfd = os.pidfd_open(pid)  # readable when it exits: the template's loop reaps it
     os.set_blocking(ack_r, False)
     self.serial = 0
@@ -1007,7 +1014,7 @@ class MountNamespaceReaper:
     reaper's queue is full (then the call's processes hold it alone, as before)."""
     self.serial += 1
     try:
-      self.sock.sendmsg(
+      self.socks[self.serial % len(self.socks)].sendmsg(
         [_NS_MSG.pack(self.serial, 1, 0)],
         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", nsfd))],
         socket.MSG_DONTWAIT,
@@ -1030,15 +1037,16 @@ class MountNamespaceReaper:
     writes `key` back. Where the reaper is gone, the kernel closed what it held, at an unknown
     time: the key is never acknowledged."""
     if not self.gone:
-      self.unsent.append(_NS_MSG.pack(key, 0, ack))
+      self.unsent.append((key, _NS_MSG.pack(key, 0, ack)))
       self.flush()
 
   def flush(self):
     """Sends the releases not sent yet. Never blocks: a reaper that stopped reading must not
     stall the template (the template's loop retries while any is left)."""
     while self.unsent and not self.gone:
+      key, msg = self.unsent[0]
       try:
-        self.sock.send(self.unsent[0], socket.MSG_DONTWAIT)
+        self.socks[key % len(self.socks)].send(msg, socket.MSG_DONTWAIT)
       except BlockingIOError:
         return
       except OSError as e:
@@ -1074,12 +1082,12 @@ def _drop_all_capabilities():
     raise OSError(ctypes.get_errno(), "capset failed")
 
 
-def _mntns_reaper_main(sock_fd, ack_fd, threads):
-  """The reaper process (see MountNamespaceReaper): never returns. One reader takes the
-  messages in order (a `hold` always before its `release`); workers close the descriptors, so
-  several teardowns wait for (and share) a grace period at once."""
+def _mntns_reaper_main(sock_fds, ack_fd):
+  """The reaper process (see MountNamespaceReaper): never returns. One thread per socket, each
+  taking its calls' messages in order (a `hold` always before its `release`) and closing the
+  released descriptors itself."""
   try:
-    _close_fds_except([2, sock_fd, ack_fd])
+    _close_fds_except([2, ack_fd, *sock_fds])
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() == 1:
       os._exit(0)
@@ -1088,35 +1096,31 @@ def _mntns_reaper_main(sock_fd, ack_fd, threads):
     _drop_all_capabilities()  # closing a descriptor needs none
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # one per running call or session
-    import queue
     import threading
 
-    sock = socket.socket(fileno=sock_fd)
-    held, todo = {}, queue.SimpleQueue()
-
-    def work():
+    def serve(sock_fd):
+      sock, held = socket.socket(fileno=sock_fd), {}
       while True:
-        key, fd, ack = todo.get()
+        msg, fds = _recv_fds_cloexec(sock, 1)
+        if not msg and not fds:  # the template is gone
+          os._exit(0)
+        key, hold, ack = _NS_MSG.unpack(msg)
+        if hold:
+          # No descriptor: the kernel could not install it here (descriptors exhausted) and
+          # dropped it; the call's processes held the namespace alone and their exit freed it.
+          held[key] = fds[0] if fds else None
+          for fd in fds[1:]:
+            os.close(fd)
+          continue
+        fd = held.pop(key, None)
         if fd is not None:
           os.close(fd)  # the namespace's teardown and its grace period: waited here
         if ack:
-          os.write(ack_fd, _NS_KEY.pack(key))  # <= PIPE_BUF: atomic between the workers
+          os.write(ack_fd, _NS_KEY.pack(key))  # <= PIPE_BUF: atomic between the threads
 
-    for _ in range(threads):
-      threading.Thread(target=work, daemon=True).start()
-    while True:
-      msg, fds = _recv_fds_cloexec(sock, 1)
-      if not msg and not fds:  # the template is gone
-        os._exit(0)
-      key, hold, ack = _NS_MSG.unpack(msg)
-      if hold:
-        # No descriptor: the kernel could not install it here (descriptors exhausted) and
-        # dropped it; the call's processes held the namespace alone and their exit freed it.
-        held[key] = fds[0] if fds else None
-        for fd in fds[1:]:
-          os.close(fd)
-      else:
-        todo.put((key, held.pop(key, None), ack))
+    for fd in sock_fds[1:]:
+      threading.Thread(target=serve, args=(fd,), daemon=True).start()
+    serve(sock_fds[0])
   except BaseException:
     try:
       os.write(2, f"[code_pool template] mount namespace reaper: {traceback.format_exc()}".encode())
