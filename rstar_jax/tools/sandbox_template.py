@@ -1011,7 +1011,10 @@ class MountNamespaceReaper:
   def hold(self, nsfd):
     """Hands namespace descriptor `nsfd` to the reaper, closing it here (never the last
     reference: the reaper's, in flight or received, outlives it). Its key, or None where the
-    reaper's queue is full (then the call's processes hold it alone, as before)."""
+    reaper cannot take it (then the call's processes hold it alone, as before the reaper)."""
+    if self.gone:
+      os.close(nsfd)
+      return None
     self.serial += 1
     try:
       self.socks[self.serial % len(self.socks)].sendmsg(
@@ -1020,8 +1023,10 @@ class MountNamespaceReaper:
         socket.MSG_DONTWAIT,
       )
     except OSError as e:
-      # Called right after a fork: never raises (the new process must be tracked first).
-      self._lost(e, not isinstance(e, BlockingIOError))
+      # Called right after a fork: never raises (the new process must be tracked first). Only
+      # a closed peer means the reaper is gone; a full queue or any other refusal (too many
+      # descriptors in flight) leaves this one namespace to its call.
+      self._lost(e, isinstance(e, ConnectionError))
       return None
     finally:
       os.close(nsfd)
@@ -1047,10 +1052,8 @@ class MountNamespaceReaper:
       key, msg = self.unsent[0]
       try:
         self.socks[key % len(self.socks)].send(msg, socket.MSG_DONTWAIT)
-      except BlockingIOError:
-        return
-      except OSError as e:
-        self._lost(e)
+      except OSError as e:  # full, or refused for now: retried by the template's loop
+        self._lost(e, isinstance(e, ConnectionError))
         return
       self.unsent.popleft()
 
