@@ -38,7 +38,8 @@ None below 2 seeds). PNGs: one per comparison (both arms, mean lines, min-max ba
 and ``claim_calls.png`` (calls per trajectory across training and at evaluation, per budget).
 ``claims_table.md`` holds the per-seed table, the paired differences and the RoC extras.
 
-  python benchmarks/claims.py --out=/tmp/claims --seeds=5 --json     full (issue 42: 5 / 3 seeds)
+  python benchmarks/claims.py --out=/tmp/claims --json               full: 5 seeds per roc arm, 3 per
+                                                                     aster arm (--seeds, --aster_seeds)
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed per arm, short RL
   python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
   python benchmarks/claims.py --out=/tmp/mt2 --claims=aster --budgets=2 --sft_from=/tmp/claims \
@@ -625,12 +626,13 @@ def run_claims(args) -> dict:
   t0 = time.monotonic()
   os.makedirs(args.out, exist_ok=True)
   seeds = list(range(1 if (args.quick or args.smoke) else args.seeds))
+  aster_seeds = seeds[: args.aster_seeds] if args.aster_seeds else seeds
   arm_list = build_arms(args)
   home: dict[str, tuple[str, int]] = {}  # cold start -> (workdir training its SFT, its budget)
   arms: dict[str, dict] = {}
   for arm in arm_list:
     runs = []
-    for s in seeds:
+    for s in aster_seeds if arm.claim == "aster" else seeds:
       wd = os.path.join(args.out, arm.name, f"seed{s}")
       src, budget = home.setdefault(
         arm.variant, (sft_source(arm_list, arm.variant, wd, args.sft_from), arm.max_turns)
@@ -651,6 +653,7 @@ def run_claims(args) -> dict:
     "arms": arms,
     "settings": {
       "seeds": seeds,
+      "aster_seeds": aster_seeds,
       "quick": args.quick,
       "smoke": args.smoke,
       "steps": args.steps or None,
@@ -699,6 +702,12 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--out", required=True, help="folder for the runs, claims.json and the PNGs")
   p.add_argument("--seeds", type=int, default=5, help="RL seeds per arm (full run)")
+  p.add_argument(
+    "--aster_seeds",
+    type=int,
+    default=3,
+    help="RL seeds per aster arm, the first of --seeds (0 = as many as --seeds)",
+  )
   p.add_argument("--quick", action="store_true", help="one seed per arm, QUICK_STEPS RL steps")
   p.add_argument("--smoke", action="store_true", help="toy sizes (configs/demo.py:<v>_smoke)")
   p.add_argument("--steps", type=int, default=0, help="RL steps per run (0 = the config's)")
@@ -758,6 +767,8 @@ def parse_args(argv=None):
     args.group = (8, 4)
   if args.seeds < 1:
     p.error(f"--seeds: expected >= 1, got {args.seeds}")
+  if args.aster_seeds < 0:
+    p.error(f"--aster_seeds: expected >= 0, got {args.aster_seeds}")
   if args.eval_k < 1:
     p.error(f"--eval_k: expected >= 1, got {args.eval_k}")
   if not 0.0 <= args.tool_failure_rate <= 1.0:

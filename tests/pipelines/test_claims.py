@@ -351,3 +351,31 @@ def test_sft_from_without_the_models_is_one_line(tmp_path, capsys):
       [f"--out={tmp_path}/prev", f"--sft_from={tmp_path / 'prev'}", "--claims=aster"]
     )
   assert "--out itself" in capsys.readouterr().err
+
+
+def test_aster_arms_run_their_own_number_of_seeds(tmp_path, monkeypatch):
+  """Issue 42: 5 seeds per roc arm, 3 per aster arm; the aster arms take the first seeds."""
+  calls = []
+
+  def fake_run_one(cfg, workdir, discard_stale=False):
+    seed = int(os.path.basename(workdir).removeprefix("seed"))
+    calls.append((os.path.basename(os.path.dirname(workdir)), seed))
+    return _run(seed, [0.3, 0.2], [1.0, 1.0], 0.5, 0.6)
+
+  monkeypatch.setattr(claims, "run_one", fake_run_one)
+  args = claims.parse_args(
+    [f"--out={tmp_path}", "--seeds=4", "--aster_seeds=2", "--budgets=3", "--group="]
+  )
+  out = claims.run_claims(args)
+  by_arm = {}
+  for arm, seed in calls:
+    by_arm.setdefault(arm, []).append(seed)
+  assert by_arm == {
+    "roc_8to4": [0, 1, 2, 3], "grpo_8to4": [0, 1, 2, 3], "dense_t3": [0, 1], "graded_t3": [0, 1]
+  }  # fmt: skip
+  assert out["settings"]["seeds"] == [0, 1, 2, 3] and out["settings"]["aster_seeds"] == [0, 1]
+  assert out["comparisons"]["graded_vs_dense_t3"]["paired"]
+  every = claims.parse_args([f"--out={tmp_path}", "--seeds=2", "--aster_seeds=0"])
+  assert every.aster_seeds == 0  # 0 = as many as --seeds
+  with pytest.raises(SystemExit):
+    claims.parse_args([f"--out={tmp_path}", "--aster_seeds=-1"])
