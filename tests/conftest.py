@@ -255,7 +255,21 @@ def pytest_terminal_summary(terminalreporter):
     )
 
 
+def _save_coverage():
+  """Under coverage's process hook (``COVERAGE_PROCESS_START``, docs/testing.md), this process's
+  data is written now: pytest-xdist kills a worker still exiting 10 s after the session ends,
+  before coverage's own save at exit (a whole measured run lost both workers' data so)."""
+  if not os.environ.get("COVERAGE_PROCESS_START"):
+    return
+  import coverage  # only when measuring coverage: not a dependency of the suite
+
+  cov = coverage.Coverage.current()
+  if cov is not None:
+    cov.save()
+
+
 def pytest_sessionfinish(session, exitstatus):
+  _save_coverage()
   _collect_cache_counts(session)
   if os.environ.get("RSTAR_REQUIRE_NAMESPACES") == "1" and _namespaces_skips() and exitstatus == 0:
     session.exitstatus = 1

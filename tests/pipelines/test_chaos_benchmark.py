@@ -147,8 +147,6 @@ def test_a_scripted_stand_in_calls_the_tool_once_per_trajectory():
   assert later["output_ids"][:3] != [5, 6, 7] and len(later["output_ids"]) >= 1
 
 
-@pytest.mark.long
-@pytest.mark.slow  # two RL runs of one step each with stand-ins and tool nodes (~2-3 min busy)
 def _run_chaos(flags, timeout):
   """`benchmarks/chaos.py --json` with ``flags`` in a subprocess; its report (exactly one JSON
   document on stdout). Without the test run's compilation cache: the benchmark compares the bytes
@@ -170,6 +168,8 @@ def _run_chaos(flags, timeout):
   return json.loads(p.stdout)
 
 
+@pytest.mark.long
+@pytest.mark.slow  # two RL runs of one step each with stand-ins and tool nodes (~2-3 min busy)
 def test_one_small_run_kills_a_tool_node_and_loses_nothing():
   flags = ["--modes=sync", "--kinds=tool_node", "--steps=1", "--kills=1"]
   flags += ["--servers=2", "--tool_nodes=2", "--prompts=1", "--group=2", "--tool_sleep_s=1.0"]

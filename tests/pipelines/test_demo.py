@@ -329,3 +329,26 @@ def test_an_overlong_heldout_prompt_is_one_line_before_sft():
   msg = str(e.value)
   assert "\n" not in msg and msg.startswith(f"config.rollout.max_prompt_tokens: {n}, but 2 of 3")
   assert f"at least {n + len(long.problem) - len(short.problem)}" in msg and "1+1+" in msg
+
+
+def test_reuse_sft_from_copies_the_tokenizer_and_the_sft_model_once(tmp_path):
+  """`demo.reuse_sft_from` (the transport and ablation runs reuse one SFT model): the cold-start
+  data, SFT evaluation, tokenizer and ``sft/hf`` are copied into the new workdir, a copy already
+  there is kept, and a source without the model's folders is one line naming the field."""
+  src, dst = tmp_path / "first", tmp_path / "second"
+  for name in ("tokenizer", os.path.join("sft", "hf")):
+    (src / name).mkdir(parents=True)
+    (src / name / "made_by.txt").write_text(name)
+  for name in ("coldstart.jsonl", "coldstart_stats.json", "eval_sft.json"):
+    (src / name).write_text(name)
+  (dst / "tokenizer").mkdir(parents=True)
+  (dst / "tokenizer" / "made_by.txt").write_text("second")  # an earlier copy: kept as it is
+  (dst / "eval_sft.json").write_text("second")
+  demo._reuse(str(src), str(dst))
+  assert (dst / "coldstart.jsonl").read_text() == "coldstart.jsonl"
+  assert (dst / "coldstart_stats.json").read_text() == "coldstart_stats.json"
+  assert (dst / "eval_sft.json").read_text() == "second"
+  assert (dst / "sft" / "hf" / "made_by.txt").read_text() == os.path.join("sft", "hf")
+  assert (dst / "tokenizer" / "made_by.txt").read_text() == "second"
+  with pytest.raises(FileNotFoundError, match=r"^demo.reuse_sft_from: '.*none/tokenizer' is miss"):
+    demo._reuse(str(tmp_path / "none"), str(dst))

@@ -63,3 +63,90 @@ def test_ctrl_c_during_the_demo_names_phase_and_step_and_keeps_the_time(tmp_path
   after = json.loads((w / "demo_state.json").read_text())
   # The interrupted run's time (RL steps included) is kept for the summary's sum.
   assert after["last_phase"] == "eval_sft" and after["elapsed_s"] > before["elapsed_s"]
+
+
+def _phases_until_rl_is_interrupted(monkeypatch, at_step):
+  """`demo.run_demo`'s phases replaced by stand-ins that leave what the real ones leave for the
+  interrupt line: data to eval_sft finish at once; RL logs ``at_step`` rows, checkpoints the
+  loop position of step ``at_step - 1`` and is interrupted (the long test above does this with
+  a real SIGINT during a real run)."""
+  from rstar_jax.pipelines import demo
+
+  def rl(cfg, workdir, *a, **k):
+    rdir = os.path.join(workdir, "rl")
+    os.makedirs(os.path.join(rdir, "ckpt"), exist_ok=True)
+    with open(os.path.join(rdir, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps({"step": s}) + "\n" for s in range(1, at_step + 1))
+    with open(os.path.join(rdir, "ckpt", "loop_position.json"), "w") as f:
+      json.dump({"loop": {"rl_step": at_step - 1}}, f)
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(demo, "phase_data", lambda *a: [])
+  monkeypatch.setattr(demo, "phase_tokenizer", lambda *a: None)
+  monkeypatch.setattr(demo, "check_heldout_prompts", lambda *a: None)
+  monkeypatch.setattr(demo, "phase_sft", lambda *a: {})
+  monkeypatch.setattr(demo, "phase_eval", lambda *a: {})
+  monkeypatch.setattr(demo, "phase_rl", rl)
+
+
+def test_an_interrupted_demo_keeps_its_phase_and_adds_its_time(tmp_path, monkeypatch):
+  """The bookkeeping of the long test above without the runs: an interrupt during RL leaves
+  ``last_phase`` at the last finished phase and adds the interrupted run's time to the earlier
+  runs' (``elapsed_s``), and the launcher's line names the phase and the step."""
+  from configs import demo as demo_config
+  from rstar_jax import cli
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import demo
+
+  cfg = from_config_dict(demo_config.get_config("smoke"))
+  w = tmp_path / "run"
+  _phases_until_rl_is_interrupted(monkeypatch, at_step=3)
+  with pytest.raises(KeyboardInterrupt):
+    demo.run_demo(cfg, str(w))
+  first = json.loads((w / "demo_state.json").read_text())
+  assert first["last_phase"] == "eval_sft" and first["elapsed_s"] > 0
+  assert cli.demo_interrupted_line(str(w)) == (
+    "interrupted in phase rl at step 3; rerun the same command to resume"
+    " (from the checkpoint of step 2; the steps after it are redone)"
+  )
+  # A second run resumes and is interrupted again: its time is added to the first's.
+  (w / "demo_state.json").write_text(json.dumps({"last_phase": "eval_sft", "elapsed_s": 100.0}))
+  _phases_until_rl_is_interrupted(monkeypatch, at_step=4)
+  with pytest.raises(KeyboardInterrupt):
+    demo.run_demo(cfg, str(w))
+  second = json.loads((w / "demo_state.json").read_text())
+  assert second["last_phase"] == "eval_sft" and second["elapsed_s"] > 100.0
+
+
+@pytest.mark.parametrize(
+  "state, line",
+  [
+    (None, "interrupted in phase data; rerun the same command to resume"),
+    ({"last_phase": "data"}, "interrupted in phase tokenizer; rerun the same command to resume"),
+    (
+      {"last_phase": "tokenizer"},
+      "interrupted in phase sft at step 2; rerun the same command to resume",
+    ),
+    (
+      {"last_phase": "rl (unfinished)"},  # demo.rl_max_steps stopped the last run inside RL
+      "interrupted in phase rl at step 5; rerun the same command to resume"
+      " (from the checkpoint of step 0; the steps after it are redone)",
+    ),
+    ({"last_phase": "eval_rl"}, "interrupted in phase report; rerun the same command to resume"),
+    ({"last_phase": "report"}, "interrupted in phase report; rerun the same command to resume"),
+    ("not json", "interrupted in phase data; rerun the same command to resume"),
+  ],
+  ids=["fresh", "data", "tokenizer", "rl_unfinished", "eval_rl", "report", "unreadable"],
+)
+def test_demo_interrupted_line_names_the_phase_after_the_last_finished_one(tmp_path, state, line):
+  from rstar_jax import cli
+
+  (tmp_path / "sft" / "ckpt" / "2").mkdir(parents=True)  # SFT: its checkpoint is the resume point
+  (tmp_path / "sft" / "sft_metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+  (tmp_path / "rl").mkdir()  # RL: five rows logged, no checkpoint
+  (tmp_path / "rl" / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 6)))
+  if state is not None:
+    (tmp_path / "demo_state.json").write_text(
+      state if isinstance(state, str) else json.dumps(state)
+    )
+  assert cli.demo_interrupted_line(str(tmp_path)) == line

@@ -218,11 +218,20 @@ def _popen_supervisor(learner_argv, workdir):
 
 
 def _wait_for_learner(workdir, proc):
+  """The first learner's pid, once its row is in log.jsonl: the learner creates the file before
+  it writes the row (a poll in between read an empty file, under load: IndexError)."""
+  path = os.path.join(workdir, "log.jsonl")
   deadline = time.monotonic() + 60
-  while not os.path.exists(os.path.join(workdir, "log.jsonl")):
+  while True:
+    try:
+      with open(path) as f:
+        first = f.readline()
+    except FileNotFoundError:
+      first = ""
+    if first.endswith("\n"):
+      return json.loads(first)["pid"]
     assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
     time.sleep(0.05)
-  return _log(workdir)[0]["pid"]
 
 
 def _gone(pid, timeout=30):
