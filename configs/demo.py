@@ -164,7 +164,8 @@ def _moe(c: ml_collections.ConfigDict) -> None:
     of SFT: no collapse) was the cause;
   * SFT and RL settings are the dense demo's, so the two runs differ only in the MLP;
   * 20 RL steps, half the dense demo's: a MoE step costs more on a CPU (the block-grouped
-    experts, bf16 emulated in the sampler, one extra forward for the ratio metrics)."""
+    experts, bf16 emulated in the sampler, one extra forward for the ratio metrics).
+  Held-out after 20 RL steps: 0.500 -> 0.550 with replay off, 0.600 with it on (±3.5 each)."""
   c.model.num_experts = 8
   c.model.num_experts_per_tok = 2
   c.model.moe_intermediate_size = 192
