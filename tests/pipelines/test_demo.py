@@ -183,7 +183,8 @@ def test_demo_moe_variant_is_the_documented_tiny_moe_with_bf16_rollouts():
   run = from_config_dict(demo_config.get_config("moe"))
   mc = run.model.qwen3_config()
   assert isinstance(mc, Qwen3MoeConfig)
-  assert (mc.num_experts, mc.num_experts_per_tok, mc.moe_intermediate_size) == (8, 2, 96)
+  assert (mc.num_experts, mc.num_experts_per_tok, mc.moe_intermediate_size) == (8, 2, 192)
+  assert 2 * mc.moe_intermediate_size == mc.intermediate_size  # the dense demo's active width
   assert mc.norm_topk_prob and mc.sparse_layers == (0, 1, 2) and mc.dtype == "float32"
   assert run.rollout.dtype == "bfloat16" and run.rl.routing_metrics
   assert run.rl.routing_replay == "off"
