@@ -15,12 +15,17 @@ whole report. The config must describe the model the run trained (its architectu
 import asyncio
 import json
 import os
+import sys
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+# The config files import `configs.common`: the repository root must be importable when the
+# script is run as `python scripts/eval_demo_model.py` (sys.path[0] is then scripts/).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rstar_jax import cli
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from rstar_jax import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's demo config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The finished demo run.")

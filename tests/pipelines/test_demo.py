@@ -84,14 +84,18 @@ def test_runner_prompt_equals_the_sft_rendering(tmp_path):
   assert [c.code for c in parsed] == [p.solution_code]
 
 
-def _launch(*args, timeout=600):  # a hang guard: with 2 test workers a run gets ~1 core
+def _env():
   env = dict(os.environ)
   env["XLA_FLAGS"] = os.environ.get("RSTAR_TEST_XLA_FLAGS", "")
   env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _launch(*args, timeout=600):  # a hang guard: with 2 test workers a run gets ~1 core
   proc = subprocess.run(
     [sys.executable, "-m", "launchers.demo", *args],
     cwd=REPO,
-    env=env,
+    env=_env(),
     capture_output=True,
     text=True,
     timeout=timeout,
@@ -307,6 +311,19 @@ def test_demo_moe_smoke_replays_routes_and_logs_agreement(tmp_path):
   )
   for d in ("sft/hf", "rl/hf"):
     assert qwen3.Qwen3Config.from_hf(os.path.join(w, d)).is_moe
+  # scripts/eval_demo_model.py under the run's own settings is the demo's held-out evaluation:
+  # the same problems, seeds and model give the accuracy eval_rl.json holds.
+  out = str(tmp_path / "eval.json")
+  proc = subprocess.run(
+    [sys.executable, "scripts/eval_demo_model.py", "--config=configs/demo.py:moe_smoke",
+     f"--workdir={w}", "--model=rl", f"--out={out}"],
+    cwd=REPO, capture_output=True, text=True, timeout=600, env=_env(),
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  line = json.loads(proc.stdout.strip().splitlines()[-1])
+  ref = json.load(open(os.path.join(w, "eval_rl.json")))["metrics"]
+  assert line["accuracy"] == pytest.approx(ref["accuracy"]) and line["rollout_dtype"] == "bfloat16"
+  assert json.load(open(out))["metrics"]["accuracy"] == line["accuracy"]
 
 
 class _CharTokenizer:
