@@ -98,6 +98,19 @@ def template_host_pid(pool, index=0):
 
 
 @functools.cache
+def template_children(pool, comm):
+  """Pids of the processes under template `pool`'s host process whose comm is `comm`."""
+  out = []
+  for pid in descendants(template_host_pid(pool)):
+    try:
+      with open(f"/proc/{pid}/comm") as f:
+        if f.read().strip() == comm:
+          out.append(pid)
+    except OSError:  # gone since the walk
+      pass
+  return out
+
+
 def level_available(level):
   """ "" when this machine offers `level`, else why not."""
   if level in ("namespaces", "pidns", "uid") and os.geteuid() != 0:

@@ -11,7 +11,12 @@ import signal
 import time
 
 import pytest
-from pool_helpers import descendants, level_pool, template_host_pid, use_level_runner
+from pool_helpers import (
+  level_pool,
+  template_children,
+  template_host_pid,
+  use_level_runner,
+)
 
 from rstar_jax.tools import sandbox_template
 
@@ -27,15 +32,7 @@ def _private_scratch(pool):
 
 
 def _reaper(pool):
-  name = sandbox_template.MNTNS_REAPER_NAME.decode()
-  found = []
-  for pid in descendants(template_host_pid(pool)):
-    try:
-      with open(f"/proc/{pid}/comm") as f:
-        if f.read().strip() == name:
-          found.append(pid)
-    except OSError:
-      pass
+  found = template_children(pool, sandbox_template.MNTNS_REAPER_NAME.decode())
   assert len(found) == 1, found
   return found[0]
 

@@ -7,7 +7,7 @@ import signal
 import types
 
 import pytest
-from pool_helpers import level_available, level_pool, use_level_runner
+from pool_helpers import level_available, level_pool, template_children, use_level_runner
 
 from rstar_jax.tools import sandbox_template
 from rstar_jax.tools.code_pool import ISOLATION_LEVELS
@@ -291,18 +291,6 @@ def test_writing_zero_everywhere_and_stopping_is_no_completion(runner, lpool):
 
 
 # --- class 3: descriptor hygiene and liveness -----------------------------------------------
-def _template_children(pool, comm):
-  from pool_helpers import descendants, template_host_pid
-
-  out = []
-  for pid in descendants(template_host_pid(pool)):
-    try:
-      with open(f"/proc/{pid}/comm") as f:
-        if f.read().strip() == comm:
-          out.append(pid)
-    except OSError:
-      pass
-  return out
 
 
 def test_a_sessions_pid1_holds_no_memfd(runner, lpool):
@@ -313,7 +301,7 @@ def test_a_sessions_pid1_holds_no_memfd(runner, lpool):
   runner.run(lpool.execute("a = 1", session_id="first"))
   runner.run(lpool.execute("b = 2", session_id="second"))
   try:
-    inits = _template_children(lpool, "sleep")
+    inits = template_children(lpool, "sleep")
     assert inits, "no session PID 1 found"
     held = []
     for pid in inits:
