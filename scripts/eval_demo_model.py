@@ -22,10 +22,11 @@ import time
 # script is run as `python scripts/eval_demo_model.py` (sys.path[0] is then scripts/).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from rstar_jax import cli  # noqa: E402
+from rstar_jax.errors import UserError  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's demo config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The finished demo run.")
@@ -43,6 +44,9 @@ def main(argv):
 
   run = cli.typed_config(_CONFIG.value, "rl", "scripts/eval_demo_model.py")
   hf = os.path.join(_WORKDIR.value, _MODEL.value, "hf")
+  for need in (hf, os.path.join(_WORKDIR.value, "tokenizer")):
+    if not os.path.isdir(need):
+      raise UserError(f"--workdir={_WORKDIR.value}: no {need} (expected a finished demo run)")
   tok = AutoTokenizer.from_pretrained(os.path.join(_WORKDIR.value, "tokenizer"))
   params = qwen3.load_hf_params(hf, run.model.qwen3_config())
   _, held = demo.problems_for(run)
@@ -66,5 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  cli.run(main, required=["config", "workdir"])
