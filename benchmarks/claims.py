@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -420,6 +421,74 @@ def sft_source(arms: Sequence[Arm], variant: str, workdir: str, sft_from: str) -
   return os.path.join(sft_from, arm.name, "seed0")
 
 
+class StaleRecordError(ValueError):
+  """A run record (--records) was made with settings other than this run's."""
+
+
+def run_view(run_cfg) -> dict:
+  """The flat config every number of a run depends on (the demo's run-record view)."""
+  from rstar_jax import run_record
+  from rstar_jax.pipelines import demo_record
+
+  return run_record.phase_view(run_cfg, ("",), demo_record.IGNORE)
+
+
+def sft_sha256(workdir: str) -> str | None:
+  """sha256 of the run's SFT weights (``sft/hf/model.safetensors``): which SFT model it used."""
+  path = os.path.join(workdir, "sft", "hf", "model.safetensors")
+  if not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_run_record(path: str, run_cfg, discard_stale: bool) -> dict | None:
+  """The run kept in a record file (``--records``), or None when there is none (or it is stale
+  and ``discard_stale``). A record of other settings raises StaleRecordError (one line)."""
+  from rstar_jax import run_record
+
+  if not os.path.isfile(path):
+    return None
+  try:
+    rec = _read_json(path)
+    old, run = rec["config"], rec["run"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise StaleRecordError(f"{path}: not a claims run record ({type(e).__name__}: {e})") from None
+  changed = run_record.diff(old, run_view(run_cfg))
+  if changed:
+    if discard_stale:
+      return None
+    what = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed[:6])
+    more = f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""
+    raise StaleRecordError(
+      f"{path}: recorded under other settings: {what}{more}; use another --records, or "
+      "--discard_stale to rerun it"
+    )
+  return {**run, "from_record": path}
+
+
+def write_run_record(path: str, run_cfg, run: dict) -> None:
+  """Keeps a finished run as one small JSON (its config view, rows, held-out metrics, wall time
+  and SFT weights' sha256), so a later session, on a machine without the run folders, reuses it."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  rec = {
+    "config": run_view(run_cfg),
+    "run": {k: v for k, v in run.items() if k != "from_record"},
+    "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+  }
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(rec, f, sort_keys=True, separators=(",", ":"))
+  os.replace(tmp, path)
+
+
+def prepare_sft(home_cfg, workdir: str, discard_stale: bool) -> dict:
+  """Trains (or resumes) a cold start's SFT model in ``workdir`` up to its SFT evaluation."""
+  from rstar_jax.pipelines import demo
+
+  return demo.run_demo(home_cfg, workdir, discard_stale=discard_stale, sft_only=True)
+
+
 def run_one(run_cfg, workdir: str, discard_stale: bool = False) -> dict:
   """Runs (or reuses) one demo run; returns its rows, held-out metrics and wall time."""
   from rstar_jax.pipelines import demo
@@ -438,6 +507,7 @@ def run_one(run_cfg, workdir: str, discard_stale: bool = False) -> dict:
     "before": _read_json(os.path.join(workdir, "eval_sft.json"))["metrics"],
     "after": _read_json(os.path.join(workdir, "eval_rl.json"))["metrics"],
     "wall_time_s": summary.get("wall_time_s", time.monotonic() - t0),
+    "sft_sha256": sft_sha256(workdir),
   }
 
 
@@ -627,22 +697,50 @@ def run_claims(args) -> dict:
   os.makedirs(args.out, exist_ok=True)
   seeds = list(range(1 if (args.quick or args.smoke) else args.seeds))
   aster_seeds = seeds[: args.aster_seeds] if args.aster_seeds else seeds
-  arm_list = build_arms(args)
-  home: dict[str, tuple[str, int]] = {}  # cold start -> (workdir training its SFT, its budget)
+  all_arms = build_arms(args)
+  arm_list = [a for a in all_arms if not args.arms or a.name in args.arms]
+  # Each cold start's SFT model lives in its first arm's seed-0 run (of the full arm list, so an
+  # --arms subset finds the same model); that run's budget is the one its SFT eval ran under.
+  home_arm: dict[str, Arm] = {}
+  for a in all_arms:
+    home_arm.setdefault(a.variant, a)
   arms: dict[str, dict] = {}
   for arm in arm_list:
     runs = []
     for s in aster_seeds if arm.claim == "aster" else seeds:
       wd = os.path.join(args.out, arm.name, f"seed{s}")
-      src, budget = home.setdefault(
-        arm.variant, (sft_source(arm_list, arm.variant, wd, args.sft_from), arm.max_turns)
+      h = home_arm[arm.variant]
+      src = sft_source(
+        all_arms, arm.variant, os.path.join(args.out, h.name, "seed0"), args.sft_from
       )
       cfg = arm_config(arm, s, args, "" if src == wd else src)
       # A reused SFT model evaluated under another budget: that evaluation is rerun.
-      stale_ok = args.discard_stale or (src != wd and budget != arm.max_turns)
+      stale_ok = args.discard_stale or (src != wd and h.max_turns != arm.max_turns)
+      rec = os.path.join(args.records, arm.name, f"seed{s}.json") if args.records else ""
+      got = read_run_record(rec, cfg, args.discard_stale) if rec else None
+      if got is not None:
+        print(
+          f"[claims] {arm.name} seed {s}: reusing the record {rec}", file=sys.stderr, flush=True
+        )
+        runs.append(got)
+        continue
+      if src != wd and not os.path.isfile(os.path.join(src, "sft", "hf", "model.safetensors")):
+        # The run that trains this cold start's SFT model is a record only (another session's):
+        # train the model again there, up to its SFT evaluation.
+        print(f"[claims] {arm.variant}: SFT model -> {src}", file=sys.stderr, flush=True)
+        prepare_sft(arm_config(h, 0, args, ""), src, args.discard_stale)
       print(f"[claims] {arm.name} seed {s} ({arm}) -> {wd}", file=sys.stderr, flush=True)
-      runs.append(run_one(cfg, wd, stale_ok))
-    arms[arm.name] = {**dataclasses.asdict(arm), **aggregate_arm(runs)}
+      got = run_one(cfg, wd, stale_ok)
+      if rec:
+        write_run_record(rec, cfg, got)
+      runs.append(got)
+    arms[arm.name] = {
+      **dataclasses.asdict(arm),
+      **aggregate_arm(runs),
+      # More than one hash: the seeds' runs started from SFT models that differ (retrained).
+      "sft_sha256": sorted({r["sft_sha256"] for r in runs if r.get("sft_sha256")}),
+      "seeds_from_records": [r["seed"] for r in runs if r.get("from_record")],
+    }
   comps = {}
   for name, (a, b) in comparisons(arm_list).items():
     png = os.path.join(args.out, f"claim_{name}.png")
@@ -665,9 +763,11 @@ def run_claims(args) -> dict:
       "starts": list(args.starts),
       "tool_failure_rate": args.tool_failure_rate,
       "sft_from": args.sft_from or None,
+      "arms": args.arms or None,
+      "records": args.records or None,
     },
   }
-  if "aster" in args.claims:
+  if any(a.claim == "aster" for a in arm_list):
     out["calls_png"] = os.path.join(args.out, "claim_calls.png")
     plot_calls(arms, args.budgets, out["calls_png"])
   noisy = [a for a in arms.values() if a["variant"] == "noisy"]
@@ -748,12 +848,26 @@ def parse_args(argv=None):
     "reused SFT model under another budget)",
   )
   p.add_argument("--claims", default="roc,aster", help="comma-separated subset of roc,aster")
+  p.add_argument(
+    "--arms",
+    default="",
+    help="comma-separated arm names to run (default: every arm of --claims); SFT models stay "
+    "where the full arm list puts them",
+  )
+  p.add_argument(
+    "--records",
+    default="",
+    help="folder of per-run records (<arm>/seed<s>.json, a few tens of KB each): a finished run "
+    "is written there and, when its settings match, reused instead of rerun, so a benchmark "
+    "spread over sessions (and machines) keeps its finished runs, e.g. in git",
+  )
   p.add_argument("--json", action="store_true", help="stdout: exactly one JSON document")
   args = p.parse_args(argv)
   args.claims = [c for c in args.claims.split(",") if c]
   bad = [c for c in args.claims if c not in ("roc", "aster")]
   if bad or not args.claims:
     p.error(f"--claims: expected a comma-separated subset of roc,aster, got {bad or '(none)'}")
+  args.arms = [x for x in args.arms.split(",") if x]
   args.starts = [x for x in args.starts.split(",") if x]
   if not args.starts or any(x not in STARTS for x in args.starts):
     p.error(f"--starts: expected a comma-separated subset of {','.join(STARTS)}, got {args.starts}")
@@ -762,9 +876,16 @@ def parse_args(argv=None):
     args.budgets = _int_list(args.budgets, "--budgets")
   except ValueError as e:
     p.error(str(e))
+  if args.records:
+    args.records = os.path.abspath(args.records)
   if args.smoke and args.group:
     # The toy config samples 4 rollouts for 2 prompts: the larger group is 8 kept to 4.
     args.group = (8, 4)
+  if args.arms:
+    known = [a.name for a in build_arms(args)]
+    unknown = [a for a in args.arms if a not in known]
+    if unknown:
+      p.error(f"--arms: {','.join(unknown)} not among this run's arms ({','.join(known)})")
   if args.seeds < 1:
     p.error(f"--seeds: expected >= 1, got {args.seeds}")
   if args.aster_seeds < 0:
@@ -808,7 +929,10 @@ QUICK_CURVE_PROBLEMS = 24
 def main(argv=None) -> None:
   args = parse_args(argv)
   emit = json_stdout.reserve(args.json)  # --json: stdout holds the JSON only
-  out = run_claims(args)
+  try:
+    out = run_claims(args)
+  except StaleRecordError as e:
+    sys.exit(f"claims: {e}")
   with open(out["table"], encoding="utf-8") as f:
     print(f.read(), flush=True)  # stderr under --json
   if args.json:

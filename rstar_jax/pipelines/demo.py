@@ -365,11 +365,15 @@ def _reuse(src: str, dst: str) -> None:
       shutil.copytree(s, d)
 
 
-def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> dict:
+def run_demo(
+  cfg: RunConfig, workdir: str, *, discard_stale: bool = False, sft_only: bool = False
+) -> dict:
   """Runs (or resumes) every phase; returns the summary dict (also in summary.json), or {}
   when RL stopped early (``demo.rl_max_steps``). Finished phases are reused only when they
   ran with the same config (`demo_record`); otherwise this stops with one line naming the
-  changed fields, or with ``discard_stale`` deletes the stale phases and reruns them."""
+  changed fields, or with ``discard_stale`` deletes the stale phases and reruns them.
+  ``sft_only`` stops after the SFT evaluation and returns its report (eval_sft.json): a
+  workdir made ready for other runs' ``demo.reuse_sft_from``; a later full run resumes it."""
 
   t0 = time.monotonic()
   os.makedirs(workdir, exist_ok=True)
@@ -390,7 +394,9 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
     _write_json(state_path, {"last_phase": phase, "elapsed_s": prior + time.monotonic() - t0})
 
   try:
-    return _phases(cfg, workdir, train, held, mark, lambda: prior + time.monotonic() - t0, records)
+    return _phases(
+      cfg, workdir, train, held, mark, lambda: prior + time.monotonic() - t0, records, sft_only
+    )
   except BaseException:
     # Ctrl-C or a failure: this run's time counts too, so the summary's wall time is the
     # sum over the runs that made it (before: only up to the last finished phase).
@@ -398,7 +404,7 @@ def run_demo(cfg: RunConfig, workdir: str, *, discard_stale: bool = False) -> di
     raise
 
 
-def _phases(cfg, workdir, train, held, mark, elapsed, records) -> dict:
+def _phases(cfg, workdir, train, held, mark, elapsed, records, sft_only=False) -> dict:
   chats = phase_data(cfg, workdir, train)
   mark("data")
   tok = phase_tokenizer(cfg, workdir, chats, train)
@@ -406,8 +412,10 @@ def _phases(cfg, workdir, train, held, mark, elapsed, records) -> dict:
   check_heldout_prompts(cfg, tok, held)
   sft_params = phase_sft(cfg, workdir, chats, tok)
   mark("sft")
-  phase_eval(cfg, workdir, "sft", sft_params, tok, held)
+  sft_report = phase_eval(cfg, workdir, "sft", sft_params, tok, held)
   mark("eval_sft")
+  if sft_only:
+    return sft_report
   n_curve = cfg.demo.curve_eval_problems
   rl_params = phase_rl(cfg, workdir, sft_params, tok, train, held[:n_curve] if n_curve else [])
   if rl_params is None:
