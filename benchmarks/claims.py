@@ -20,7 +20,15 @@ trains the SFT model and every other run of that cold start reuses it (``demo.re
 under another turn budget its SFT evaluation is rerun), so arms and seeds differ only in RL.
 Held-out accuracy is avg@k with ``--eval_k`` (default 4) samples per problem. Runs live in
 ``--out/<arm>/seed<s>``; rerunning with the same --out reuses finished runs (the demo's own
-resume and config records), so an interrupted benchmark picks up where it stopped.
+resume and config records), so an interrupted benchmark picks up where it stopped. With
+``--records=DIR`` each finished run is also kept as one small JSON (``DIR/<arm>/seed<s>.json``:
+its config view, rows, held-out metrics, wall time and the sha256 of the SFT weights it started
+from) and reused, when its settings match, by any later call, on any machine: the full run is
+spread over sessions that keep only ``DIR`` (in git: benchmarks/results/claims/runs/). A record
+of other settings stops the run with one line (``--discard_stale`` reruns it instead). When a
+cold start's SFT home run is a record, its SFT model is trained again there, up to its SFT
+evaluation; ``sft_sha256`` per arm then shows whether the retrained model is the same.
+``--arms`` runs a subset (the others' SFT homes do not move).
 
 Per arm the JSON has, from each run's ``rl/metrics.jsonl``, the per-step series (mean, std and
 min/max over seeds, and each seed's) and first/last values of: ``pos_tool_error_ratio`` (tool
@@ -42,6 +50,8 @@ and ``claim_calls.png`` (calls per trajectory across training and at evaluation,
                                                                      aster arm (--seeds, --aster_seeds)
   python benchmarks/claims.py --out=/tmp/claims --quick --json        1 seed per arm, short RL
   python benchmarks/claims.py --out=/tmp/claims --smoke --json        toy sizes (CI)
+  python benchmarks/claims.py --out=/tmp/c --records=benchmarks/results/claims/runs \
+      --claims=roc --arms=roc_32to16,grpo_32to16 --seeds=2 --json   a slice of the full run, kept
   python benchmarks/claims.py --out=/tmp/mt2 --claims=aster --budgets=2 --sft_from=/tmp/claims \
       --discard_stale --json                                         budget point, reused SFT
 

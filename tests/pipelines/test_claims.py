@@ -363,6 +363,7 @@ def test_aster_arms_run_their_own_number_of_seeds(tmp_path, monkeypatch):
     return _run(seed, [0.3, 0.2], [1.0, 1.0], 0.5, 0.6)
 
   monkeypatch.setattr(claims, "run_one", fake_run_one)
+  monkeypatch.setattr(claims, "prepare_sft", lambda *a: None)  # the stand-ins train no SFT model
   args = claims.parse_args(
     [f"--out={tmp_path}", "--seeds=4", "--aster_seeds=2", "--budgets=3", "--group="]
   )
@@ -379,3 +380,74 @@ def test_aster_arms_run_their_own_number_of_seeds(tmp_path, monkeypatch):
   assert every.aster_seeds == 0  # 0 = as many as --seeds
   with pytest.raises(SystemExit):
     claims.parse_args([f"--out={tmp_path}", "--aster_seeds=-1"])
+
+
+def _fake_runs(monkeypatch, calls, preps):
+  """run_one / prepare_sft stood in for: each run 'trains' nothing and returns fixed rows; the
+  SFT preparation writes a weights file where the real one would."""
+
+  def fake_run_one(cfg, workdir, discard_stale=False):
+    calls.append(os.path.relpath(workdir, os.path.dirname(os.path.dirname(workdir))))
+    return {**_run(cfg.train.seed, [0.3, 0.2], [1.0, 1.0], 0.5, 0.6), "sft_sha256": "ab"}
+
+  def fake_prepare(cfg, workdir, discard_stale):
+    preps.append(os.path.basename(os.path.dirname(workdir)))
+    os.makedirs(os.path.join(workdir, "sft", "hf"), exist_ok=True)
+    open(os.path.join(workdir, "sft", "hf", "model.safetensors"), "w").close()
+
+  monkeypatch.setattr(claims, "run_one", fake_run_one)
+  monkeypatch.setattr(claims, "prepare_sft", fake_prepare)
+
+
+def test_records_carry_finished_runs_to_another_out(tmp_path, monkeypatch):
+  """--records: a session's finished runs are reused by a later one whose --out is new (a fresh
+  machine); only the missing runs run, and the SFT model is trained again at the full arm
+  list's home (roc_8to4 seed 0) up to its evaluation when that home run is a record."""
+  calls, preps = [], []
+  _fake_runs(monkeypatch, calls, preps)
+  rec = tmp_path / "records"
+  first = [f"--out={tmp_path / 'a'}", f"--records={rec}", "--claims=roc", "--seeds=2"]
+  claims.run_claims(claims.parse_args(first + ["--arms=roc_8to4,roc_32to16"]))
+  assert calls == ["roc_8to4/seed0", "roc_8to4/seed1", "roc_32to16/seed0", "roc_32to16/seed1"]
+  assert preps == ["roc_8to4"]  # the stand-in home run left no SFT model for seed 1
+  assert sorted(os.listdir(rec)) == ["roc_32to16", "roc_8to4"]
+  kept = json.loads((rec / "roc_8to4" / "seed1.json").read_text())
+  assert kept["run"]["seed"] == 1 and kept["config"]["train.seed"] == 1
+  assert kept["config"]["rl.roc_mode"] == "paper" and "demo.reuse_sft_from" not in kept["config"]
+  calls.clear(), preps.clear()
+  second = [f"--out={tmp_path / 'b'}", f"--records={rec}", "--claims=roc", "--seeds=2"]
+  out = claims.run_claims(claims.parse_args(second))
+  assert calls == ["grpo_8to4/seed0", "grpo_8to4/seed1", "grpo_32to16/seed0", "grpo_32to16/seed1"]
+  assert preps == ["roc_8to4"]  # the home run is a record: its SFT model is made once, there
+  assert out["arms"]["roc_8to4"]["seeds_from_records"] == [0, 1]
+  assert out["arms"]["grpo_8to4"]["seeds_from_records"] == []
+  assert out["arms"]["roc_8to4"]["sft_sha256"] == ["ab"]
+  assert out["arms"]["roc_8to4"]["heldout"]["accuracy"]["after"]["mean"] == 0.6
+  assert set(out["comparisons"]) == {"roc_vs_grpo_8to4", "roc_vs_grpo_32to16", "roc_32to16_vs_8to4"}
+  assert out["comparisons"]["roc_vs_grpo_8to4"]["paired"]["heldout_accuracy_after"]["n"] == 2
+
+
+def test_a_record_of_other_settings_is_one_line_or_rerun(tmp_path, monkeypatch, capsys):
+  calls, preps = [], []
+  _fake_runs(monkeypatch, calls, preps)
+  rec = tmp_path / "records"
+  base = [f"--records={rec}", "--claims=roc", "--group=", "--arms=roc_8to4", "--seeds=1"]
+  claims.run_claims(claims.parse_args([f"--out={tmp_path / 'a'}"] + base))
+  changed = [f"--out={tmp_path / 'b'}", "--eval_k=2"] + base
+  with pytest.raises(SystemExit) as e:
+    claims.main(changed)
+  assert str(e.value).startswith(f"claims: {rec / 'roc_8to4' / 'seed0.json'}: recorded under")
+  assert "eval.k 4 -> 2" in str(e.value) and "\n" not in str(e.value)
+  calls.clear()
+  out = claims.run_claims(claims.parse_args(changed + ["--discard_stale"]))
+  assert calls == ["roc_8to4/seed0"] and out["arms"]["roc_8to4"]["seeds_from_records"] == []
+  assert json.loads((rec / "roc_8to4" / "seed0.json").read_text())["config"]["eval.k"] == 2
+  (rec / "roc_8to4" / "seed0.json").write_text("{not json")
+  with pytest.raises(SystemExit, match="not a claims run record"):
+    claims.main(changed)
+
+
+def test_arms_must_be_among_the_runs_arms(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    claims.parse_args([f"--out={tmp_path}", "--claims=roc", "--arms=dense_t3"])
+  assert "--arms: dense_t3 not among this run's arms" in capsys.readouterr().err

@@ -150,3 +150,23 @@ def test_demo_interrupted_line_names_the_phase_after_the_last_finished_one(tmp_p
       state if isinstance(state, str) else json.dumps(state)
     )
   assert cli.demo_interrupted_line(str(tmp_path)) == line
+
+
+def test_sft_only_stops_after_the_sft_evaluation(tmp_path, monkeypatch):
+  """``run_demo(sft_only=True)`` (claims.py readies a cold start's SFT model for other runs):
+  the phases up to the SFT evaluation run, RL does not, the SFT report comes back, and a later
+  full run of the same workdir goes on from there."""
+  from configs import demo as demo_config
+  from rstar_jax.config import from_config_dict
+  from rstar_jax.pipelines import demo
+
+  cfg = from_config_dict(demo_config.get_config("smoke"))
+  w = tmp_path / "run"
+  _phases_until_rl_is_interrupted(monkeypatch, at_step=1)
+  monkeypatch.setattr(demo, "phase_eval", lambda *a: {"metrics": {"accuracy": 0.25}})
+  assert demo.run_demo(cfg, str(w), sft_only=True) == {"metrics": {"accuracy": 0.25}}
+  assert json.loads((w / "demo_state.json").read_text())["last_phase"] == "eval_sft"
+  assert not (w / "rl").exists()
+  with pytest.raises(KeyboardInterrupt):  # the full run reaches RL (stood in: interrupted)
+    demo.run_demo(cfg, str(w))
+  assert (w / "rl" / "metrics.jsonl").exists()
