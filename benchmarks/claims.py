@@ -715,6 +715,7 @@ def run_claims(args) -> dict:
   for a in all_arms:
     home_arm.setdefault(a.variant, a)
   arms: dict[str, dict] = {}
+  missing: list[str] = []  # --records_only: runs with no record yet
   for arm in arm_list:
     runs = []
     for s in aster_seeds if arm.claim == "aster" else seeds:
@@ -734,6 +735,9 @@ def run_claims(args) -> dict:
         )
         runs.append(got)
         continue
+      if args.records_only:
+        missing.append(f"{arm.name}/seed{s}")
+        continue
       if src != wd and not os.path.isfile(os.path.join(src, "sft", "hf", "model.safetensors")):
         # The run that trains this cold start's SFT model is a record only (another session's):
         # train the model again there, up to its SFT evaluation.
@@ -744,6 +748,8 @@ def run_claims(args) -> dict:
       if rec:
         write_run_record(rec, cfg, got)
       runs.append(got)
+    if not runs:
+      continue
     arms[arm.name] = {
       **dataclasses.asdict(arm),
       **aggregate_arm(runs),
@@ -753,6 +759,8 @@ def run_claims(args) -> dict:
     }
   comps = {}
   for name, (a, b) in comparisons(arm_list).items():
+    if a not in arms or b not in arms:
+      continue
     png = os.path.join(args.out, f"claim_{name}.png")
     plot_claim(name, {a: arms[a], b: arms[b]}, png)
     comps[name] = {"arms": [a, b], "png": png, "paired": paired(arms[a], arms[b])}
@@ -775,9 +783,11 @@ def run_claims(args) -> dict:
       "sft_from": args.sft_from or None,
       "arms": args.arms or None,
       "records": args.records or None,
+      "records_only": args.records_only,
     },
+    "missing_runs": missing,
   }
-  if any(a.claim == "aster" for a in arm_list):
+  if any(a["claim"] == "aster" for a in arms.values()):
     out["calls_png"] = os.path.join(args.out, "claim_calls.png")
     plot_calls(arms, args.budgets, out["calls_png"])
   noisy = [a for a in arms.values() if a["variant"] == "noisy"]
@@ -793,6 +803,8 @@ def run_claims(args) -> dict:
     f.write(paired_markdown(comps))
     if noisy:
       f.write("\n" + roc_extras_markdown(arms))
+    if missing:
+      f.write(f"\nNot run yet (no record): {', '.join(missing)}.\n")
   with open(os.path.join(args.out, "claims.json"), "w", encoding="utf-8") as f:
     json.dump(out, f, indent=1, sort_keys=True)
   return out
@@ -871,6 +883,12 @@ def parse_args(argv=None):
     "is written there and, when its settings match, reused instead of rerun, so a benchmark "
     "spread over sessions (and machines) keeps its finished runs, e.g. in git",
   )
+  p.add_argument(
+    "--records_only",
+    action="store_true",
+    help="run nothing: report the runs kept in --records (a partial full run: missing_runs "
+    "lists the others; an arm without records and its comparisons are left out)",
+  )
   p.add_argument("--json", action="store_true", help="stdout: exactly one JSON document")
   args = p.parse_args(argv)
   args.claims = [c for c in args.claims.split(",") if c]
@@ -886,6 +904,8 @@ def parse_args(argv=None):
     args.budgets = _int_list(args.budgets, "--budgets")
   except ValueError as e:
     p.error(str(e))
+  if args.records_only and not args.records:
+    p.error("--records_only: expected --records=DIR as well")
   if args.records:
     args.records = os.path.abspath(args.records)
   if args.smoke and args.group:

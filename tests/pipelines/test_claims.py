@@ -451,3 +451,25 @@ def test_arms_must_be_among_the_runs_arms(tmp_path, capsys):
   with pytest.raises(SystemExit):
     claims.parse_args([f"--out={tmp_path}", "--claims=roc", "--arms=dense_t3"])
   assert "--arms: dense_t3 not among this run's arms" in capsys.readouterr().err
+
+
+def test_records_only_reports_the_kept_runs_and_runs_nothing(tmp_path, monkeypatch):
+  calls, preps = [], []
+  _fake_runs(monkeypatch, calls, preps)
+  rec = tmp_path / "records"
+  kept = [f"--records={rec}", "--claims=roc", "--arms=roc_32to16,grpo_32to16", "--seeds=2"]
+  claims.run_claims(claims.parse_args([f"--out={tmp_path / 'a'}"] + kept))
+  calls.clear()
+  args = [f"--out={tmp_path / 'b'}", f"--records={rec}", "--claims=roc", "--seeds=3"]
+  out = claims.run_claims(claims.parse_args(args + ["--records_only"]))
+  assert calls == [] and sorted(out["arms"]) == ["grpo_32to16", "roc_32to16"]
+  assert out["missing_runs"] == [
+    *(f"{a}/seed{s}" for a in ("roc_8to4", "grpo_8to4") for s in range(3)),
+    "roc_32to16/seed2",
+    "grpo_32to16/seed2",
+  ]
+  assert list(out["comparisons"]) == ["roc_vs_grpo_32to16"]
+  assert out["comparisons"]["roc_vs_grpo_32to16"]["paired"]["heldout_accuracy_after"]["n"] == 2
+  assert "Not run yet (no record): roc_8to4/seed0" in open(out["table"]).read()
+  with pytest.raises(SystemExit):
+    claims.parse_args([f"--out={tmp_path}", "--records_only"])
