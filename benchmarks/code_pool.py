@@ -112,13 +112,14 @@ async def python_c(code):
 def _fork_loop(seconds, q, code, inner=False, huge=False):
   os.environ["OPENBLAS_NUM_THREADS"] = "1"
   from rstar_jax.tools.code_pool import _DEFAULT_WARMUP
-  from rstar_jax.tools.sandbox_template import collapse_heap_to_huge_pages
 
   exec(compile(_DEFAULT_WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
   compiled = compile(code, "<code>", "exec") if code else None
   gc.collect()
   gc.freeze()
   if huge:  # the heap in 2 MiB pages, as the pool's templates hold it
+    from rstar_jax.tools.sandbox_template import collapse_heap_to_huge_pages
+
     collapse_heap_to_huge_pages()
   r, w = os.pipe()
   n, busy, end = 0, 0.0, time.perf_counter() + seconds
