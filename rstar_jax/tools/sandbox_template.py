@@ -2417,7 +2417,9 @@ def main():
   _warm_user_path()
   gc.collect()
   gc.freeze()  # keep the preloaded heap out of the children's GC passes: fewer CoW faults
+  t_huge = time.monotonic()
   huge = collapse_heap_to_huge_pages()  # last: the heap is final here
+  t_huge = time.monotonic() - t_huge
   write_frame(
     ctl_out,
     {
@@ -2432,6 +2434,7 @@ def main():
       "hardening_failed": hardening,
       "seccomp": prog is not None and cfg["use_seccomp"],
       "huge_page_bytes": huge,
+      "huge_page_s": t_huge,
     },
   )
   tpl.run()
