@@ -745,11 +745,12 @@ class _Template:
     self.restarting = False
     self.ready.set()
     log.info(
-      "code pool template %d ready (pid %s, preloaded %s in %.2fs)",
+      "code pool template %d ready (pid %s, preloaded %s in %.2fs, %d MiB of heap in 2 MiB pages)",
       self.index,
       self.proc.pid,
       self.info.get("preloaded"),
       self.info.get("startup_s", 0.0),
+      self.info.get("huge_page_bytes", 0) >> 20,
     )
 
   async def _read_frame(self) -> dict:
