@@ -95,6 +95,8 @@ class PoolCgroups:
     self.base = {
       c: os.path.join(d, f"rstar_code_pool_{os.getpid()}_{tag}") for c, d in own_dirs.items()
     }
+    for d in own_dirs.values():
+      sweep_dead_owners(d)
     made = []
     try:
       for c, d in self.base.items():
@@ -150,6 +152,37 @@ class PoolCgroups:
   def close(self) -> None:
     for d in self.base.values():
       self.kill_and_remove({"": d}, wait_s=2.0)
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, someone else's
+    return True
+  return True
+
+
+def sweep_dead_owners(parent: str) -> list[str]:
+  """Removes the empty pool directories under ``parent`` whose owner pid is dead (a host killed
+  before its close leaves its tree behind; without this, each killed host left one per
+  controller for good). Trees still holding processes stay: what runs there is not ours to
+  kill. Returns the directories removed."""
+  gone = []
+  try:
+    names = os.listdir(parent)
+  except OSError:
+    return gone
+  for name in names:
+    parts = name.split("_")
+    if not name.startswith("rstar_code_pool_") or len(parts) < 5 or not parts[3].isdigit():
+      continue
+    pid = int(parts[3])
+    d = os.path.join(parent, name)
+    if pid != os.getpid() and not _pid_alive(pid) and not tree_pids(d) and remove_tree(d):
+      gone.append(d)
+  return gone
 
 
 def _enable_controllers(d: str) -> None:

@@ -74,3 +74,31 @@ def test_an_empty_directory_left_by_a_dead_process_with_our_pid_is_replaced(tmp_
   with pytest.raises(FileExistsError):
     cgroups.PoolCgroups(1, own, "busy")
   assert not os.path.exists(os.path.join(own["memory"], f"rstar_code_pool_{os.getpid()}_busy"))
+
+
+def test_trees_of_dead_pools_are_swept_at_start(tmp_path):
+  """A host killed before its close leaves `rstar_code_pool_<pid>_<tag>` behind in every
+  controller (17 such pids trees piled up here in one session of killed test pools). A new pool
+  removes those whose owner is dead and which are empty; a live owner's tree, a tree with
+  processes and other directories stay."""
+  import subprocess
+  import sys
+
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()  # its pid is free (reuse within this test is not expected)
+  own = {c: str(tmp_path / c) for c in cgroups.CONTROLLERS}
+  for c in cgroups.CONTROLLERS:
+    os.makedirs(os.path.join(own[c], f"rstar_code_pool_{dead.pid}_0", "t0_1"))
+    os.makedirs(os.path.join(own[c], f"rstar_code_pool_{os.getppid()}_0", "t0_1"))  # alive
+    os.makedirs(os.path.join(own[c], "someone_else_1_2"))
+  busy = os.path.join(own["pids"], f"rstar_code_pool_{dead.pid}_1", "t0_1")
+  os.makedirs(busy)
+  with open(os.path.join(busy, "cgroup.procs"), "w") as f:
+    f.write(f"{os.getpid()}\n")  # a process still in it
+  cgroups.PoolCgroups(1, own, "new")
+  for c in cgroups.CONTROLLERS:
+    left = sorted(os.listdir(own[c]))
+    assert f"rstar_code_pool_{dead.pid}_0" not in left, c
+    assert {f"rstar_code_pool_{os.getppid()}_0", "someone_else_1_2"} <= set(left), c
+    assert f"rstar_code_pool_{os.getpid()}_new" in left, c
+  assert os.path.isdir(busy)
