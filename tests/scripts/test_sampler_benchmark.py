@@ -60,7 +60,7 @@ def test_time_interleaved_warms_up_then_alternates_the_runners():
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_tiny_throughput_and_conversation_prefill():
+def test_tiny_throughput_max_len_and_conversation_prefill():
   dims = dict(bench.dims_of("tiny"), vocab_size=128, num_hidden_layers=1)
   model, config, params, n = bench.build_models(dims)
   assert n == sum(p.numel() for p in model.parameters()) > 0
@@ -80,6 +80,13 @@ def test_tiny_throughput_and_conversation_prefill():
   roof_ms = 1e3 * bench.step_bytes(config, 2, 4 + 4 / 2, 4) / 10e9
   assert t["roofline_ms_per_step"] == pytest.approx(roof_ms)
   assert t["fraction_of_roofline"] == pytest.approx(roof_ms / t["jax_ms_per_step"])
+  m = bench.max_len_scaling(
+    config, params, batch=1, lens=(16, 32), repeats=1, decode_chunk=4, prompt_len=4, new=4
+  )
+  assert m["row_tokens"] == 8 and m["max_len_16_ms_per_token"] > 0
+  assert m["ratio"] == pytest.approx(m["max_len_32_ms_per_token"] / m["max_len_16_ms_per_token"])
+  bw = bench.measure_bandwidth(mib=1)
+  assert bw["gb_per_s"] > 0 and "1 MiB" in bw["method"]
   p = bench.conversation_prefill(config, params, turns=3)
   assert p["turns"] == 3 and p["final_input"] > 32
   # Turn 1 prefills its 32 tokens; later turns only what was appended (<= 12 + 5 each), far
