@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -355,3 +356,54 @@ def test_step_groups_and_the_run_files_readers(tmp_path):
   assert chaos._metric_rows(str(tmp_path)) == []  # no metrics.jsonl yet
   (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo')
   assert chaos._metric_rows(str(tmp_path)) == [{"step": 1}]
+
+
+class _Target:
+  """A fleet process as the chaos thread sees it: ``busy`` yields its running requests per
+  poll (-1: not reported), then the last value forever."""
+
+  def __init__(self, port, busy):
+    self.port, self.busy, self.up, self.starts, self.polls = port, list(busy), True, [], 0
+
+  def running_requests(self):
+    self.polls += 1
+    return self.busy.pop(0) if len(self.busy) > 1 else self.busy[0]
+
+  def alive(self):
+    return self.up
+
+  def kill9(self):
+    self.up = False
+
+  def start(self, port):
+    self.starts.append(port)
+    self.up = True
+
+  def wait_ready(self):
+    return f"http://127.0.0.1:{self.port}"
+
+
+def _one_kill(targets, plan):
+  started = {1: threading.Event()}
+  started[1].set()
+  monkey = chaos.Chaos(targets, plan, started, down_s=0.0)
+  monkey.start()
+  monkey.join(30)
+  assert not monkey.is_alive()
+  return monkey.events
+
+
+def test_chaos_kills_the_first_target_with_a_request_running_else_the_scheduled_one():
+  # Scheduled: target 0; target 1 is the first to report a running request (third poll).
+  targets = [_Target(7000, [0]), _Target(7001, [0, 0, 2])]
+  (ev,) = _one_kill(targets, [(1, 0.0, 0)])
+  assert ev["target"] == 1 and ev["busy_requests"] == 2 and "back_after_s" in ev
+  assert targets[1].starts == [7001] and targets[0].starts == []  # back on its own port
+  # Tool nodes report nothing (-1): the scheduled one is killed at once, no busy count.
+  targets = [_Target(7000, [-1]), _Target(7001, [-1])]
+  (ev,) = _one_kill(targets, [(1, 0.0, 1)])
+  assert ev["target"] == 1 and "busy_requests" not in ev and targets[1].starts == [7001]
+  assert [t.polls for t in targets] == [1, 1]  # not waited on for a request to show
+  # Only one up: the kill is skipped (one of each kind always stays up).
+  targets[0].up = False
+  assert _one_kill(targets, [(1, 0.0, 1)]) == []
