@@ -179,3 +179,21 @@ def test_agent_runner_scores_with_the_configured_reward(user_module):
   trajs = [types.SimpleNamespace(response_text=t) for t in ("short", "a much longer response")]
   # the integer fast path answers ctx.verify("4", "4") without a worker
   assert asyncio.run(runner.rewards(trajs, ["4", "4"])) == [0.75, 0.5]
+
+
+def test_a_missing_empty_or_oversized_answer_is_false_without_asking_the_verifier():
+  """A configured verifier other than math_verify (which has its own fast path): no worker call
+  for an answer that cannot match (issue 38 item 4: only the long tier's docs walk reached it)."""
+  asked = []
+
+  class Pool:  # stands in for the worker pool: every answer it is asked about matches
+    def verify(self, pred, gold, timeout_s, kind, root):
+      asked.append((pred, gold, kind))
+      return True
+
+  ctx = registry.RewardContext(verifier="math_verify_text", pool=Pool())
+  for pred in (None, "", "  \n", "9" * (math_reward.MAX_ANSWER_CHARS + 1)):
+    assert ctx.verify(pred, "9") is False
+  assert asked == []
+  assert ctx.verify("9", "9") is True
+  assert asked == [("9", "9", registry.verifier_target("math_verify_text"))]

@@ -5,23 +5,15 @@ are injected: kill -9 of a service process, a node that hangs, one that answers 
 Every service listens on 127.0.0.1."""
 
 import asyncio
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 
 import pytest
 from standin_http import StandIn
 
+from rstar_jax.rollout.testing.processes import ToolNodeProcess
 from rstar_jax.tools.client import CodePoolClient
 from rstar_jax.tools.code_pool import PoolConfig
 from rstar_jax.tools.server import CodePoolServer
 from rstar_jax.tools.service_token import TOKEN_ENV, TOKEN_FILE_ENV
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)
@@ -84,70 +76,31 @@ def test_hung_and_failing_nodes_are_routed_around(runner, server):
   assert any(r.stdout == "from stand-in\n" for r in after)  # traffic reaches it again
 
 
-def _free_port():
-  s = socket.socket()
-  s.bind(("127.0.0.1", 0))
-  port = s.getsockname()[1]
-  s.close()
-  return port
-
-
-def _launch(port):
-  return subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "launchers.code_pool_server",
-      f"--port={port}",
-      "--num_workers=1",
-      "--num_templates=1",
-    ],
-    cwd=ROOT,
-    env={k: v for k, v in os.environ.items() if not k.startswith("RSTAR_CODE_POOL_TOKEN")}
-    | {"PYTHONPATH": ROOT},
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-    start_new_session=True,
-  )
-
-
-def _health(port):
-  with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-    return json.loads(resp.read())
-
-
-async def _wait_up(proc, port):
-  for _ in range(900):
-    try:
-      return await asyncio.to_thread(_health, port)
-    except OSError:
-      assert proc.poll() is None, "the service did not come up"
-      await asyncio.sleep(0.1)
-  raise AssertionError("the service did not come up")
-
-
 def test_killed_node_loses_its_sessions_and_rejoins(runner, server):
   """kill -9 of one service process: its sessions answer session_lost (one while it is down,
   one after it restarted: the restarted service refuses a session of its earlier run without
   running it), stateless calls go to the other node, and the restarted node rejoins; the next
-  call on a lost session opens a fresh one and says so."""
-  port = _free_port()
-  procs = [_launch(port)]
+  call on a lost session opens a fresh one and says so. The node is the chaos benchmark's
+  `ToolNodeProcess` (its kill9 takes the service's sandboxes too; start(port) brings it back)."""
+  node = ToolNodeProcess(num_workers=1, num_templates=1).start()
 
   async def go():
-    await _wait_up(procs[0], port)
-    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{server.port}"]
+    await asyncio.to_thread(node.wait_ready)
+    assert node.running_requests() == -1  # not reported by the service: kills land anywhere
+    urls = [node.url, f"http://127.0.0.1:{server.port}"]
     async with CodePoolClient(urls, probe_interval_s=0.1, max_retries=2, backoff_s=0.05) as c:
       for i in range(4):
         assert (await c.execute(f"v = {i}", session_id=f"s{i}")).status == "ok"
       on_killed = [f"s{i}" for i in range(4) if c._sessions[f"s{i}"].node == 0]
       assert len(on_killed) >= 2, on_killed
-      os.killpg(procs[0].pid, signal.SIGKILL)
-      procs[0].wait(timeout=30)
+      port = node.port
+      node.kill9()
+      assert not node.alive()
       while_down = await c.execute("print(v)", session_id=on_killed[0])
       plain = await asyncio.gather(*(c.execute(f"print({i})") for i in range(4)))
-      procs.append(_launch(port))
-      health = await _wait_up(procs[1], port)
+      node.start(port=port)
+      assert await asyncio.to_thread(node.wait_ready) == f"http://127.0.0.1:{port}"
+      health = await asyncio.to_thread(node.health)
       after_restart = await c.execute("print(v)", session_id=on_killed[1])
       await _until(lambda: c.nodes[0].up, "the restarted node to rejoin")
       fresh = await c.execute("print(v)", session_id=on_killed[0])
@@ -156,12 +109,10 @@ def test_killed_node_loses_its_sessions_and_rejoins(runner, server):
 
   try:
     while_down, plain, health, after_restart, fresh, again, stats = runner.run(go(), timeout=240)
-    restarted = _health(port)
+    restarted = node.health()
   finally:
-    for p in procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=30)
+    node.stop()
+  assert not node.alive()
   assert while_down.status == "session_lost" and "refuses connections" in while_down.stderr
   assert [r.stdout for r in plain] == [f"{i}\n" for i in range(4)]
   assert after_restart.status == "session_lost" and "restarted" in after_restart.stderr
