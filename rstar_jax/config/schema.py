@@ -405,9 +405,21 @@ class RLConfig(_Section):
     IS_BOOL,
     "MoE: record the engine's routes even with routing_replay 'off' and log router agreement (routing/agree*, the learner's top-k set vs the engine's, per layer) and sampler-vs-learner importance ratios without replay (routing/no_replay/*; with replay on this costs one extra forward per step, beside routing/replay/*).",
   )
+  routing_outlier_band: float = field(
+    4.0,
+    num_range(0),
+    "MoE with recorded routes (routing_replay 'rollout' or routing_metrics): a loss token whose sampler-vs-learner importance ratio, with the engine's routes replayed or with the learner's own routing (whichever the step computed), lies outside [1 / band, band] gets a JSON line in <rl workdir>/routing_outliers.jsonl (its class, both top-k sets and router probabilities per layer, log-probs, neighbours; rstar_jax.learner.routing_outliers); only the rows holding such a token are recomputed. 0 = off.",
+  )
 
   def _cross(self):
     out = []
+    if 0 < self.routing_outlier_band <= 1:
+      out.append(
+        (
+          "rl.routing_outlier_band",
+          f"expected 0 (off) or > 1, got {self.routing_outlier_band}",
+        )
+      )
     if self.min_pos + self.min_neg > self.group_size:
       out.append(
         (

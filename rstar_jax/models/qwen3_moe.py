@@ -62,11 +62,14 @@ class MoeAux(NamedTuple):
   topk: [B, T, L, k] int32, the learner's own top-k per token and layer (-1 on dense layers).
   routes: [B, T, L, k] int32, the experts used (= ``topk`` except where routes were forced).
   stats: `moe.LayerStats` with a leading [Ls] axis (one row per sparse layer).
+  probs: [B, T, L, E] float32 router softmax per token and layer (NaN on dense layers), only
+    with ``forward(..., return_probs=True)`` (routing diagnostics); None otherwise.
   """
 
   topk: jax.Array
   routes: jax.Array
   stats: moe.LayerStats
+  probs: jax.Array | None = None
 
 
 def runs(config: Qwen3MoeConfig) -> list[tuple[bool, int, int, int]]:
@@ -105,12 +108,15 @@ def forward(
   segment_ids: jax.Array | None = None,
   routes: jax.Array | None = None,
   return_aux: bool = False,
+  return_probs: bool = False,
 ):
   """Full-sequence causal forward (pure; jit with ``static_argnames=("config", "return_aux")``).
 
   Args: as ``qwen3.forward``, plus
     routes: optional [B, T, L, k] int32 forced routes (-1 = none; see the module docstring).
     return_aux: also return the `MoeAux`.
+    return_probs: with ``return_aux``, fill ``MoeAux.probs`` (a [B, T, L, E] array: for
+      diagnostics on a few rows, not for the training step).
   Returns:
     logits [B, T, V] float32, or (logits, MoeAux) with ``return_aux``.
   """
@@ -140,11 +146,16 @@ def forward(
     h = qwen3.rms_norm(x, p["post_attention_layernorm"]["scale"], c.rms_norm_eps)
     y, rt, stats = moe.sparse_mlp(h, pm, c, routes=r, valid=mask)
     x = constrain(x + y, ("batch", "seq", "act_embed"))
-    return x, (rt.topk.reshape(B, T, k), rt.ids.reshape(B, T, k), stats)
+    out = (rt.topk.reshape(B, T, k), rt.ids.reshape(B, T, k), stats)
+    if return_probs:
+      if rt.probs is None:
+        raise ValueError("qwen3_moe.forward: return_probs is not available expert parallel")
+      out += (rt.probs.reshape(B, T, -1),)
+    return x, out
 
   x = qwen3._embed(params, input_ids, c)
   n_dense, n_sparse = len(c.dense_layers), len(c.sparse_layers)
-  topk, used, stats = [], [], []
+  topk, used, stats, probs = [], [], [], []
   for sparse, a, b, r0 in runs(c):
     p = _rows(params["layers"], a, b, L)
     n = b - a
@@ -154,13 +165,17 @@ def forward(
       none = jnp.full((n, B, T, k), ROUTE_SENTINEL, jnp.int32)
       topk.append(none)
       used.append(none)
+      if return_probs:
+        probs.append(jnp.full((n, B, T, c.num_experts), jnp.nan, jnp.float32))
       continue
     pm = _rows(params["moe"], r0, r0 + n, n_sparse)
     r = None if routes_l is None else routes_l[a:b]
-    x, (t, u, st) = jax.lax.scan(qwen3._maybe_remat(sparse_layer, c), x, (p, pm, r))
-    topk.append(t)
-    used.append(u)
-    stats.append(st)
+    x, ys = jax.lax.scan(qwen3._maybe_remat(sparse_layer, c), x, (p, pm, r))
+    topk.append(ys[0])
+    used.append(ys[1])
+    stats.append(ys[2])
+    if return_probs:
+      probs.append(ys[3])
   logits = qwen3._logits(params, x, c)
   if not return_aux:
     return logits
@@ -170,6 +185,7 @@ def forward(
     stats=jax.tree.map(lambda *a: jnp.concatenate(a), *stats)
     if stats
     else moe.LayerStats(*(jnp.zeros((0,) + s) for s in ((c.num_experts,),) * 2 + ((),) * 3)),
+    probs=jnp.moveaxis(jnp.concatenate(probs), 0, 2) if return_probs else None,
   )
   return logits, aux
 

@@ -112,10 +112,17 @@ def has_route(routes) -> np.ndarray:
 
 def write_routes(dst: np.ndarray, start: int, src: np.ndarray) -> None:
   """Writes ``src`` [S, R, k] into ``dst`` [N, R, k] at positions ``start ... start + S - 1``
-  (cut at N), in place. A token whose ``src`` rows are all NO_ROUTE keeps what ``dst`` had
-  (an engine's report of "no route here" never erases a recorded one); any other token takes
-  ``src``'s rows (the newest report wins: a later turn's engine report supersedes an earlier
-  one for the same position)."""
+  (cut at N), in place, filling only tokens that have no route yet: the first report of a
+  position wins, and a NO_ROUTE report never erases one.
+
+  Why the first: the route at position t decides the distribution token t + 1 was sampled
+  from, and the first report is the computation that sampled it. A later report of the same
+  position is a recomputation (a later turn re-prefilling a prefix whose kept cache was
+  evicted, SGLang after a radix-cache eviction, a resubmitted partial rollout) whose bf16
+  numerics can flip a near-tie; letting it win replays experts that token t + 1 never saw
+  (issue 39: a replayed importance ratio of 0.016 where the learner's own routing gave
+  0.96; docs/routing_replay.md). The later turns' tokens keep their own positions' routes and
+  see the recomputed ones only through attention."""
   src = np.asarray(src)
   if src.ndim != 3 or src.shape[1:] != dst.shape[1:]:
     raise ValueError(f"write_routes: routes of shape {src.shape} into a [N, *{dst.shape[1:]}]")
@@ -125,8 +132,8 @@ def write_routes(dst: np.ndarray, start: int, src: np.ndarray) -> None:
   if end <= start:
     return
   src = src[: end - start]
-  keep = has_route(src)
-  dst[start:end][keep] = src[keep]
+  fill = has_route(src) & ~has_route(dst[start:end])
+  dst[start:end][fill] = src[fill]
 
 
 def check_routes(routes, num_tokens: int, where: str, shape: tuple[int, int] | None = None):

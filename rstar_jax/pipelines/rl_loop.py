@@ -36,10 +36,12 @@ from rstar_jax.distributed import hostdata
 from rstar_jax.errors import CheckpointedStop
 from rstar_jax.learner import batch as batch_lib
 from rstar_jax.learner import packing
+from rstar_jax.learner import routing_outliers as outliers_lib
 from rstar_jax.learner import steps as steps_lib
 from rstar_jax.learner.batch import length_bucket
 from rstar_jax.learner.checkpoint import Checkpointer
 from rstar_jax.learner.train_state import reset_optimizer
+from rstar_jax.models import lora
 from rstar_jax.pipelines import (
   data_sources,
   loop_state,
@@ -59,6 +61,8 @@ from rstar_jax.rollout.agent_runner import AgentRunner
 from rstar_jax.rollout.sources import GroupSource, StageFeed, SyncSource, WeightTransfer
 
 log = logging.getLogger(__name__)
+# Routing-outlier records: rows recomputed per step at most (each costs two forwards).
+_OUTLIER_ROWS = 8
 
 
 class RLLoop:
@@ -308,7 +312,10 @@ class RLLoop:
     batch = self.build_batch(sel, metrics)
     if batch is not None:
       # In a worker thread (JAX releases the GIL): an asynchronous source generates meanwhile.
-      metrics.update(await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1))
+      labels = self.row_labels(ro, sel) if "segment_ids" not in batch else None
+      metrics.update(
+        await asyncio.to_thread(self.update, batch, seed=ro.seed0 + 1, row_labels=labels)
+      )
       t_update = time.monotonic() - t0
       t_push = await self.push(metrics)
     else:
@@ -392,6 +399,17 @@ class RLLoop:
     problems = [self._problem_index.get((p.problem, p.answer), -1) for p in ro.problems]
     return trajectory_ledger.step_row(self.pos.rl_step + 1, problems, ids, kept)
 
+  def row_labels(self, ro: Rollouts, sel: Selected) -> list[dict[str, int]]:
+    """What each row of the unpacked batch is: the (group, sample) of its trajectory in the
+    step's rollouts, and the problem's dataset index (-1 when unknown)."""
+    keep, cols = np.asarray(sel.selection.keep_group), np.asarray(sel.selection.indices)
+    out = []
+    for g in np.flatnonzero(keep):
+      p = ro.problems[int(g)]
+      problem = self._problem_index.get((p.problem, p.answer), -1)
+      out += [{"group": int(g), "sample": int(c), "problem": problem} for c in cols[g]]
+    return out
+
   def selection_metrics(self, ro: Rollouts, scores: Scores, sel: Selected) -> dict[str, Any]:
     """Trajectory, group-outcome, tool and selection statistics of the step, with its place."""
     metrics: dict[str, Any] = {
@@ -424,16 +442,25 @@ class RLLoop:
         metrics.update(pack_metrics)
     return batch
 
-  def update(self, batch: dict[str, np.ndarray], *, seed: int) -> dict[str, float]:
+  def update(
+    self, batch: dict[str, np.ndarray], *, seed: int, row_labels: list | None = None
+  ) -> dict[str, float]:
     """Old-log-prob recompute (``rl.recompute_old_logprobs``) and the step's PPO updates:
     ``rl.ppo_epochs`` passes over ``rl.ppo_mini_batches`` shuffled mini-batches of one fixed
-    shape (old log-probs from the params before the first). Returns the updates' mean metrics."""
+    shape (old log-probs from the params before the first). Returns the updates' mean metrics.
+    ``row_labels``: what each batch row is, for routing-outlier records (`routing_outliers`)."""
     js, rl = self.learner.jitted, self.config.rl
     proximal = None
     if rl.recompute_old_logprobs:  # under routing replay with the recorded routes forced
       lp = js.compute_logprobs(self.learner.state.params, js.shard_batch(batch))
       proximal = hostdata.to_host(lp)  # [multi-process] rows spread over processes: gathered
-    routing = self.routing_ratio_metrics(batch, proximal) if rl.routing_metrics else {}
+    routing, lps = {}, {}
+    if batch_lib.ROUTES_KEY in batch:
+      lps = self.routing_logprobs(batch, proximal)
+      if rl.routing_metrics:
+        routing = self.routing_ratio_metrics(batch, lps)
+      if rl.routing_outlier_band > 0:
+        routing.update(self.routing_outliers(batch, lps, row_labels))
     # The learner's batch contract: old / behaviour log-probs and their metrics.
     batch, metrics = steps_lib.step_inputs(
       batch, js.config, proximal, older_weights=self.source.off_policy
@@ -463,15 +490,13 @@ class RLLoop:
     metrics["batch_len"] = batch["input_ids"].shape[1]
     return metrics
 
-  def routing_ratio_metrics(self, batch, proximal) -> dict[str, float]:
-    """MoE routing replay: sampler-vs-learner importance ratios (`batch.ratio_stats`) with the
-    engine's routes replayed (``routing/replay/*``, only under ``rl.routing_replay``) and with
-    the learner's own routing (``routing/no_replay/*``). Reuses the recomputed old log-probs
-    where they are the wanted forward; otherwise one extra forward each. Empty without routes."""
-    if batch_lib.ROUTES_KEY not in batch:
-      return {}
+  def routing_logprobs(self, batch, proximal) -> dict[str, np.ndarray]:
+    """MoE routing replay: the learner's [N, T] log-probs the routing diagnostics compare with
+    the sampler's: ``replay`` (engine routes forced; under ``rl.routing_replay``) and ``own``
+    (the learner's own routing; only with ``rl.routing_metrics``, unless it is the recomputed
+    old log-probs). Reuses ``proximal`` where it is the wanted forward; otherwise one extra
+    forward each."""
     js, params = self.learner.jitted, self.learner.state.params
-    sampler, mask = batch[batch_lib.SAMPLER_KEY], batch["loss_mask"]
 
     def logprobs(with_routes: bool):
       b = batch if with_routes else {k: v for k, v in batch.items() if k != batch_lib.ROUTES_KEY}
@@ -479,12 +504,69 @@ class RLLoop:
 
     replay = js.config.routing_replay
     out = {}
-    if replay:
-      lp = proximal if proximal is not None else logprobs(True)
-      out.update(batch_lib.ratio_stats(sampler, lp, mask, "routing/replay/"))
-    lp = proximal if (proximal is not None and not replay) else logprobs(False)
-    out.update(batch_lib.ratio_stats(sampler, lp, mask, "routing/no_replay/"))
+    if replay and (proximal is not None or self.config.rl.routing_metrics):
+      out["replay"] = proximal if proximal is not None else logprobs(True)
+    if not replay and proximal is not None:
+      out["own"] = proximal
+    elif self.config.rl.routing_metrics:
+      out["own"] = logprobs(False)
     return out
+
+  def routing_ratio_metrics(self, batch, lps: dict[str, np.ndarray]) -> dict[str, float]:
+    """Sampler-vs-learner importance ratios (`batch.ratio_stats`) of `routing_logprobs`:
+    ``routing/replay/*`` (engine routes replayed) and ``routing/no_replay/*`` (own routing)."""
+    sampler, mask = batch[batch_lib.SAMPLER_KEY], batch["loss_mask"]
+    out = {}
+    if "replay" in lps:
+      out.update(batch_lib.ratio_stats(sampler, lps["replay"], mask, "routing/replay/"))
+    if "own" in lps:
+      out.update(batch_lib.ratio_stats(sampler, lps["own"], mask, "routing/no_replay/"))
+    return out
+
+  def routing_outliers(self, batch, lps: dict[str, np.ndarray], row_labels=None) -> dict:
+    """Issue 39: tokens whose ratio in ``lps`` leaves ``rl.routing_outlier_band`` get a record
+    in ``<workdir>/routing_outliers.jsonl`` (`rstar_jax.learner.routing_outliers`; only the rows
+    holding one are recomputed). Returns ``routing/outlier_tokens`` (flagged this step) and
+    ``routing/outlier_checked`` (loss tokens checked)."""
+    band = self.config.rl.routing_outlier_band
+    mask = np.asarray(batch["loss_mask"]) > 0
+    mask[:, :1] = False
+    flagged = outliers_lib.flag(batch[batch_lib.SAMPLER_KEY], batch["loss_mask"], band, lps)
+    n = int(flagged.sum())
+    metrics = {
+      "routing/outlier_tokens": float(n),
+      "routing/outlier_checked": float(mask.sum()) if lps else 0.0,
+    }
+    if not n:
+      return metrics
+    rows = [int(r) for r in np.flatnonzero(flagged.any(1))][:_OUTLIER_ROWS]
+    params = lora.merged_copy(self.learner.state.params)  # plain tree, survives the step
+    diag = outliers_lib.diagnose_rows(params, self.learner.model_config, batch, rows)
+    tok = getattr(self.runner, "tokenizer", None)
+    recs = outliers_lib.records(
+      step=self.pos.rl_step + 1,
+      batch=batch,
+      flagged=flagged,
+      diag=diag,
+      rows=rows,
+      learner_logprobs=lps,
+      band=band,
+      row_labels=row_labels,
+      decode=None if tok is None else tok.decode,
+    )
+    if jax.process_index() == 0:
+      outliers_lib.save_rows(self.workdir, self.pos.rl_step + 1, batch, rows, lps)
+      path = outliers_lib.write(self.workdir, recs)
+      log.warning(
+        "step %d: %d token(s) with an importance ratio outside [1/%g, %g]; %d record(s) in %s",
+        self.pos.rl_step + 1,
+        n,
+        band,
+        band,
+        len(recs),
+        path,
+      )
+    return metrics
 
   async def push(self, metrics: dict[str, Any] | None = None) -> float:
     """Sends the current params to the weight transfer; returns the seconds it took.

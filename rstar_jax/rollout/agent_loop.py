@@ -137,8 +137,10 @@ class _Builder:
 
   routes: [P + len(ids), R, k] MoE routes of the whole sequence (prompt included), created at
   the first engine result that reports routes; each later report is written at the positions
-  it covers (`routes.write_routes`: the newest report wins, a NO_ROUTE never erases one), so
-  a tool turn's tokens get the routes the next turn's engine call reports for them.
+  it covers (`routes.write_routes`: the first report of a position wins, the one its next
+  token was sampled with; a NO_ROUTE never erases one), so a tool turn's tokens get the routes
+  the next turn's engine call reports for them, and a re-prefill after an eviction does not
+  replace the routes the earlier turn sampled with.
   """
 
   prompt_len: int = 0

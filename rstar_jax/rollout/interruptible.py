@@ -181,7 +181,8 @@ class InterruptibleEngine:
 
   def _merged(self, ids, lps, vers, finish, prefill=None, routes=(0, ())) -> GenerateResult:
     """The parts of one request as one result; ``routes`` = (input length, [(first position,
-    routes)]) of the parts' MoE routes, written into one array (the newest part wins)."""
+    routes)]) of the parts' MoE routes, written into one array (the first part to report a
+    position wins: its tokens were sampled with those routes)."""
     n_in, parts = routes
     out, lo = None, 0
     if parts:

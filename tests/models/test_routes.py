@@ -36,15 +36,16 @@ def test_layout_of_a_config():
     R.RouteLayout(2, 2, (0, 2))
 
 
-def test_write_routes_newest_wins_and_sentinel_never_erases():
+def test_write_routes_first_report_wins_and_sentinel_never_erases():
   dst = R.empty_routes(5, (1, 2))
   R.write_routes(dst, 1, np.array([[[3, 4]], [[5, 6]]]))
   np.testing.assert_array_equal(dst[:, 0], [[-1, -1], [3, 4], [5, 6], [-1, -1], [-1, -1]])
-  # A later report: position 1 again (newest wins), position 2 unreported (kept), 3 new, and
-  # positions past the end (an output cut by the budget) dropped.
+  # A later report: position 1 again, recomputed differently (the first report, which its
+  # next token was sampled with, stays), position 2 unreported (kept), 3 new, and positions
+  # past the end (an output cut by the budget) dropped.
   later = np.array([[[7, 8]], [[-1, -1]], [[1, 0]], [[2, 2]], [[9, 9]], [[9, 9]]])
   R.write_routes(dst, 1, later)
-  np.testing.assert_array_equal(dst[:, 0], [[-1, -1], [7, 8], [5, 6], [1, 0], [2, 2]])
+  np.testing.assert_array_equal(dst[:, 0], [[-1, -1], [3, 4], [5, 6], [1, 0], [2, 2]])
   with pytest.raises(ValueError, match="routes of shape"):
     R.write_routes(dst, 0, np.zeros((2, 2, 2), np.int32))
 

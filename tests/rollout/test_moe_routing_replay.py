@@ -140,9 +140,10 @@ def test_jitted_learner_steps_replay_the_trajectory_routes(generated):
   )
   for p, same in ((params, True), (drift, False)):
     loop = types.SimpleNamespace(
-      learner=types.SimpleNamespace(jitted=js, state=types.SimpleNamespace(params=p))
+      learner=types.SimpleNamespace(jitted=js, state=types.SimpleNamespace(params=p)),
+      config=types.SimpleNamespace(rl=types.SimpleNamespace(routing_metrics=True)),
     )
-    got = RLLoop.routing_ratio_metrics(loop, batch, None)
+    got = RLLoop.routing_ratio_metrics(loop, batch, RLLoop.routing_logprobs(loop, batch, None))
     assert set(got) == {
       f"routing/{m}/{s}"
       for m in ("replay", "no_replay")

@@ -29,7 +29,8 @@ def route_of(token: int, pos: int) -> np.ndarray:
 class RoutingEngine(ScriptedEngine):
   """ScriptedEngine that also reports routes, like SGLang (``full``: every position of
   input + output but the last) or like a decode-only sampler (``decode``: the positions it
-  fed as inputs while generating, from the last input token on)."""
+  fed as inputs while generating, from the last input token on); ``recomputed``: as ``full``,
+  but each call's experts differ from the previous call's (a recomputed prefix)."""
 
   def __init__(self, tokenizer, script, mode):
     super().__init__(tokenizer, script)
@@ -40,8 +41,10 @@ class RoutingEngine(ScriptedEngine):
     out = []
     for req, res in zip(requests, await super().generate(requests)):
       seq = list(req.input_ids) + list(res.output_ids)
-      start = 0 if self.mode == "full" else len(req.input_ids) - 1
+      start = 0 if self.mode in ("full", "recomputed") else len(req.input_ids) - 1
       routes = np.stack([route_of(seq[p], p) for p in range(start, len(seq) - 1)])
+      if self.mode == "recomputed":  # each call recomputes the whole prefix, numerics differ
+        routes = routes + 1000 * len(self.reported)
       self.reported.append((start, len(routes)))
       out.append(dataclasses.replace(res, routes=routes, routes_start=start))
     return out
@@ -81,6 +84,20 @@ def test_decode_only_reports_leave_unfed_tokens_as_sentinels(tokenizer):
   tool = [len(t.prompt_ids) + i for i, m in enumerate(t.loss_mask) if m == 0]
   assert any(p not in fed for p in tool) and (t.routes[tool[:-1]] == NO_ROUTE).all()
   assert (t.routes[: len(t.prompt_ids) - 1] == NO_ROUTE).all()  # prompt: never fed by decode
+
+
+def test_a_recomputed_prefix_keeps_the_routes_its_tokens_were_sampled_with(tokenizer):
+  """Issue 39: a later turn that re-prefills the earlier turns (kept cache evicted) reports
+  their positions again, here with other experts (bf16 near-ties flip between prefill and
+  decode). The tokens of turn 1 were sampled with turn 1's routes: those stay (first report
+  wins); positions first computed by turn 2 (the tool output) take turn 2's."""
+  t, eng = _trajectory(tokenizer, "recomputed")
+  assert t.num_turns == 2
+  seq = t.prompt_ids + t.response_ids
+  first_turn = eng.reported[0][1]  # positions 0 .. n - 1 reported by the first call
+  want = _expected(seq, lambda p: p < len(seq) - 1)
+  want[first_turn:] += 1000 * (want[first_turn:] >= 0)
+  np.testing.assert_array_equal(t.routes, want)
 
 
 def test_budget_cut_output_keeps_routes_aligned(tokenizer):
