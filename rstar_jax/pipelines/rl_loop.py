@@ -97,6 +97,7 @@ class RLLoop:
     self.runner = runner
     self.weight_transfer = weight_transfer
     self.workdir = os.fspath(workdir)
+    self._evictions_seen = 0  # the engine's eviction count at the last logged step
     if problems is None:  # dataset hook (issue 32): JSONL / parquet / datasets dir
       problems = data_sources.train_problems(run)
     self.problems, self.filter_counts = wiring.training_set(run, problems, runner)
@@ -307,6 +308,12 @@ class RLLoop:
     fleet = getattr(self.source.engine, "fleet_metrics", None)  # SGLang: servers, failovers
     if fleet is not None:
       metrics.update(fleet())
+    # The embedded sampler drops kept prefixes when short of KV pages; their next turn
+    # re-prefills and re-reports routes (docs/routing_replay.md), so runs exposed to it show here.
+    evictions = getattr(self.source.engine, "evictions", None)
+    if isinstance(evictions, int):
+      metrics["rollout/prefix_evictions"] = float(evictions - self._evictions_seen)
+      self._evictions_seen = evictions
     t0 = time.monotonic()
     t_push = 0.0
     batch = self.build_batch(sel, metrics)
