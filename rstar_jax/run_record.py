@@ -53,6 +53,7 @@ DEFAULT_IGNORE = (
   "rollout.staging_dir",
   "rollout.sglang_urls",
   "train.device_memory_gib",  # a start-up check's budget (planning/fit.py)
+  "rl.routing_outlier_band",  # which tokens get a diagnostic record; the update is the same
 )
 
 
