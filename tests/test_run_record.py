@@ -161,3 +161,20 @@ def test_record_or_check_single_phase(tmp_path):
   os.makedirs(os.path.join(w, "ckpt"))
   with pytest.raises(StaleRunError, match=r"model\.layers 2 -> 3.*--discard_stale"):
     run_record.record_or_check(w, "sft", _cfg(**{"model.layers": 3}), outputs=("ckpt",))
+
+
+def test_a_diagnostic_band_does_not_make_runs_stale():
+  """`rl.routing_outlier_band` picks which tokens get a diagnostic record, not the update: a run
+  (or a claims record) made before the field existed, or with another band, stays valid, while
+  a field that changes the numbers (`rl.routing_replay`) still counts."""
+  from configs import demo as demo_config
+  from rstar_jax.config import from_config_dict
+
+  cfg = demo_config.get_config("moe_smoke")
+  old = run_record.phase_view(from_config_dict(cfg), ("",))
+  cfg.rl.routing_outlier_band = 1.5
+  assert run_record.phase_view(from_config_dict(cfg), ("",)) == old
+  cfg.rl.routing_replay = "off" if cfg.rl.routing_replay != "off" else "rollout"
+  assert "rl.routing_replay" in {
+    k for k, _, _ in run_record.diff(old, run_record.phase_view(from_config_dict(cfg), ("",)))
+  }
