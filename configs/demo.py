@@ -165,7 +165,9 @@ def _moe(c: ml_collections.ConfigDict) -> None:
   * SFT and RL settings are the dense demo's, so the two runs differ only in the MLP;
   * 20 RL steps, half the dense demo's: a MoE step costs more on a CPU (the block-grouped
     experts, bf16 emulated in the sampler, one extra forward for the ratio metrics).
-  Held-out after 20 RL steps: 0.500 -> 0.550 with replay off, 0.600 with it on (±3.5 each)."""
+  Held-out after 20 RL steps (2026-12-08, after the route re-prefill fix): 0.500 -> 0.595 with
+  replay off, 0.605 with it on (±3.5 each; replayed ratios 0.775-1.263, own routing
+  0.0005-2.9; docs/routing_replay.md)."""
   c.model.num_experts = 8
   c.model.num_experts_per_tok = 2
   c.model.moe_intermediate_size = 192
