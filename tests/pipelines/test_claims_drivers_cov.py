@@ -134,3 +134,11 @@ def test_main_prints_the_table_and_a_stale_record_is_one_line(tmp_path, monkeypa
   with pytest.raises(SystemExit) as e:
     claims.main([f"--out={tmp_path}"])
   assert e.value.code == "claims: r/seed0.json: recorded under other settings: rl.k 4 -> 8"
+
+
+def test_a_paired_difference_of_one_seed_has_no_interval():
+  assert claims._ci({"mean": 0.25, "lo": None, "hi": None, "n": 1}) == "+0.250 (n=1, no interval)"
+  assert (
+    claims._ci({"mean": -0.1, "lo": -0.2, "hi": 0.05, "n": 5}) == "-0.100 [-0.200, +0.050] (n=5)"
+  )
+  assert claims._ci({"mean": None, "lo": None, "hi": None, "n": 0}) == "-"

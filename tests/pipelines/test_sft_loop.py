@@ -142,3 +142,16 @@ class _Stop(Exception):
 
 def _stop(*a, **k):
   raise _Stop
+
+
+def test_encode_all_drops_what_it_cannot_train_on_and_says_how_many(caplog):
+  """An item longer than ``max_seq_len`` and one with no trained token are dropped (never
+  truncated), the rest kept in order, and one warning counts both kinds."""
+  items = [([1, 2, 3], [0, 1, 1]), ([4] * 9, [1] * 9), ([5, 6], [0, 0]), ([7, 8], [0, 1])]
+  with caplog.at_level("WARNING"):
+    kept, dropped = sft_loop.encode_all(items, None, 5)
+  assert kept == [([1, 2, 3], [0, 1, 1]), ([7, 8], [0, 1])] and dropped == 2
+  (msg,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+  assert msg == (
+    "SFT: dropped 2 of 4 items (1 longer than sft.max_seq_len=5, 1 without an assistant token)"
+  )

@@ -298,3 +298,24 @@ def test_bad_supervisor_flags_are_one_line(tmp_path):
   assert out.returncode == 2, out.stderr[-2000:]
   assert "--max_restarts: only launchers.train and launchers.sft supervise" in out.stderr
   assert "Traceback" not in out.stderr
+
+
+def test_process_envs_give_each_process_its_device_count_and_a_shared_coordinator(monkeypatch):
+  """``--devices_per_process`` (the two-process supervised run of the long tier): each learner
+  process's ``XLA_FLAGS`` keeps the other flags and carries one device-count flag, this one;
+  the processes of one attempt share a coordinator and have their own ids."""
+  monkeypatch.setenv(
+    "XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false --xla_force_host_platform_device_count=8"
+  )
+  envs = supervisor.process_envs(2, devices_per_process=2, attempt=1)
+  for i, env in enumerate(envs):
+    assert env["XLA_FLAGS"] == (
+      "--xla_cpu_use_fusion_emitters=false --xla_force_host_platform_device_count=2"
+    )
+    assert env["RSTAR_PROCESS_ID"] == str(i) and env["RSTAR_NUM_PROCESSES"] == "2"
+    assert env[supervisor.ENV_RESTARTS] == "1" and env[supervisor.ENV_SUPERVISED] == "1"
+  assert envs[0]["RSTAR_COORDINATOR"] == envs[1]["RSTAR_COORDINATOR"]
+  monkeypatch.delenv("XLA_FLAGS")
+  (one,) = supervisor.process_envs(1, devices_per_process=3)
+  assert one["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
+  assert "RSTAR_COORDINATOR" not in one

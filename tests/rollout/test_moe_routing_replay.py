@@ -154,3 +154,29 @@ def test_jitted_learner_steps_replay_the_trajectory_routes(generated):
       assert got["routing/no_replay/abs_log_ratio_mean"] < 1e-3
     else:
       assert got["routing/no_replay/abs_log_ratio_mean"] != got["routing/replay/abs_log_ratio_mean"]
+  # The RL loop's update (what a MoE demo's RL step runs): a batch carrying the engine's routes
+  # gets the ratio metrics beside the step's own, from the weights before the update.
+  upd = types.SimpleNamespace(
+    learner=types.SimpleNamespace(
+      jitted=js, state=js.shard_state(TrainState.create(jax.tree.map(jnp.copy, drift), tx, 0))
+    ),
+    config=types.SimpleNamespace(
+      rl=types.SimpleNamespace(
+        recompute_old_logprobs=False,
+        routing_metrics=True,
+        routing_outlier_band=1e6,  # the outlier check runs; no token is that far out
+        ppo_mini_batches=1,
+        ppo_epochs=1,
+      )
+    ),
+    source=types.SimpleNamespace(off_policy=False),
+  )
+  upd.routing_logprobs = lambda b, p: RLLoop.routing_logprobs(upd, b, p)
+  upd.routing_ratio_metrics = lambda b, lps: RLLoop.routing_ratio_metrics(upd, b, lps)
+  upd.routing_outliers = lambda b, lps, labels: RLLoop.routing_outliers(upd, b, lps, labels)
+  metrics = RLLoop.update(upd, batch, seed=0)
+  assert metrics["routing/no_replay/abs_log_ratio_mean"] == pytest.approx(
+    got["routing/no_replay/abs_log_ratio_mean"], rel=1e-5
+  )
+  assert metrics["routing/outlier_tokens"] == 0 and metrics["routing/outlier_checked"] > 0
+  assert "routing/agree" in metrics and metrics["ppo_updates"] == 1.0  # the step's own metrics

@@ -360,3 +360,17 @@ def test_disk_staging_deals_tensors_over_files(tmp_path, num_writers, max_file_b
   for name in files:
     got.update(load_file(str(tmp_path / name)))
   _assert_same_bytes(got, _expected(cfg, params))
+
+
+def test_closing_a_distributed_transport_that_never_pushed_asks_nothing_of_the_servers():
+  """An engine closing before its first push (a run stopped early): no group was formed, so no
+  server is asked to leave one."""
+  from rstar_jax.rollout.weight_transfer.distributed import DistributedTransport
+
+  class NoCalls:
+    def __getattr__(self, name):
+      raise AssertionError(f"engine.{name} called")
+
+  t = DistributedTransport()
+  asyncio.run(t.close(NoCalls()))
+  assert t.group is None
