@@ -24,6 +24,7 @@ import fnmatch
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -161,10 +162,19 @@ def read_record(workdir: str, phase: str) -> dict[str, Any] | None:
 def _write_record(workdir: str, phase: str, view: Mapping[str, Any]) -> None:
   path = record_path(workdir, phase)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(dict(view), f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  # Every process of a multi-process run records its phases: a shared temporary name let one
+  # writer's os.replace take the other's file, which then failed with FileNotFoundError.
+  fd, tmp = tempfile.mkstemp(
+    prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path)
+  )
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+      json.dump(dict(view), f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.lexists(tmp):
+      os.remove(tmp)
+    raise
 
 
 def _remove(path: str) -> None:

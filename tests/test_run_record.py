@@ -178,3 +178,30 @@ def test_a_diagnostic_band_does_not_make_runs_stale():
   assert "rl.routing_replay" in {
     k for k, _, _ in run_record.diff(old, run_record.phase_view(from_config_dict(cfg), ("",)))
   }
+
+
+def _write_many(workdir, n):
+  for i in range(n):
+    run_record._write_record(workdir, "sft", {"i": i, "pid": os.getpid()})
+
+
+def test_concurrent_writers_of_one_record_never_collide(tmp_path):
+  # Both processes of a 2-process run write the same records after a restart; with one shared
+  # temporary name the slower writer's os.replace raised FileNotFoundError.
+  import multiprocessing as mp
+
+  ctx = mp.get_context("fork")
+  procs = [ctx.Process(target=_write_many, args=(str(tmp_path), 300)) for _ in range(3)]
+  for p in procs:
+    p.start()
+  for p in procs:
+    p.join(60)
+  assert [p.exitcode for p in procs] == [0, 0, 0]
+  rec = json.load(open(run_record.record_path(str(tmp_path), "sft")))
+  assert rec["i"] == 299
+  left = [
+    n
+    for n in os.listdir(os.path.dirname(run_record.record_path(str(tmp_path), "sft")))
+    if n.endswith(".tmp")
+  ]
+  assert left == []
