@@ -596,7 +596,9 @@ def _close_fds_except(keep):
   os.closerange(lo, 65536)
 
 
-def _drop_to_user(cfg, uid, scratch, cpu_s):
+def _drop_to_user(cfg, uid, scratch, cpu_s, parent=None):
+  """``parent``: getppid() as the call's process first saw it; a different one now means that
+  parent died before the death signal below was armed, and the call must not run."""
   lim = cfg["limits"]
   rl = resource
   rl.setrlimit(rl.RLIMIT_CORE, (0, 0))
@@ -616,6 +618,10 @@ def _drop_to_user(cfg, uid, scratch, cpu_s):
       pass
   # The uid switch cleared any death signal: die with the template (or the call's init).
   _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  if parent is not None and os.getppid() != parent:
+    # Killed between fork and here (seen under load at `uid`, where no PID namespace ends the
+    # call with its parent): an orphan running as a sandbox uid would outlive its pool.
+    os._exit(1)
   _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
   if cfg["seccomp"] is not None:
     install_seccomp(cfg["seccomp"])
@@ -658,6 +664,10 @@ _SIG_DFL = int(signal.SIG_DFL)
 
 def _child_main(cfg, job, fds):
   """The call's process (or its leader when there is no `sleep` to be PID 1): never returns."""
+  # First, before anything that takes time: a parent that dies from here until _drop_to_user
+  # re-arms the death signal (a uid switch clears it) kills this process or is noticed there.
+  _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  job["parent"] = os.getppid()
   code = 1
   if job.get("cg"):
     join_cgroup(job["cg"], fds["err"])  # first: every page the call charges is its slot's
@@ -679,9 +689,11 @@ def _child_main(cfg, job, fds):
     os.dup2(fds["code"], 3)
     _close_fds_except([0, 1, 2, 3])
     if job.get("leader"):
+      leader = os.getpid()
       user_pid = os.fork()
       if user_pid:
         os._exit(_wait_as_init(user_pid))
+      job["parent"] = leader  # same PID namespace as its child: getppid() reads this pid
     _user_main(cfg, job)
   except BaseException:
     try:
@@ -740,7 +752,7 @@ def _under(paths, covered):
 
 
 def _user_main(cfg, job):
-  _drop_to_user(cfg, job["uid"], job.get("home") or job["scratch"], job["cpu_s"])
+  _drop_to_user(cfg, job["uid"], job.get("home") or job["scratch"], job["cpu_s"], job.get("parent"))
   if _PREBUILT_STREAMS is not None:
     sys.stdin, sys.stdout, sys.stderr = _PREBUILT_STREAMS
   else:
