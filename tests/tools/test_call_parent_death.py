@@ -5,7 +5,6 @@ its pool is gone (seen under load in test_threats_template's killed-template tes
 
 import os
 import resource
-import signal
 import time
 
 from rstar_jax.tools import sandbox_template as st
@@ -55,7 +54,6 @@ def _run_after_parent_death(tmp_path, pass_parent):
 
 
 def test_orphaned_call_process_exits_before_running(tmp_path):
-  signal.signal(signal.SIGPIPE, signal.SIG_DFL)
   assert _run_after_parent_death(tmp_path, pass_parent=True) == b"orphan;"
 
 
