@@ -168,6 +168,9 @@ def _write_record(workdir: str, phase: str, view: Mapping[str, Any]) -> None:
     prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(path)
   )
   try:
+    # mkstemp's 0600 would hide the record from the run's other readers: the mode open() gives
+    # under the usual umask.
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       json.dump(dict(view), f, indent=1, sort_keys=True)
     os.replace(tmp, path)

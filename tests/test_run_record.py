@@ -199,6 +199,7 @@ def test_concurrent_writers_of_one_record_never_collide(tmp_path):
   assert [p.exitcode for p in procs] == [0, 0, 0]
   rec = json.load(open(run_record.record_path(str(tmp_path), "sft")))
   assert rec["i"] == 299
+  assert os.stat(run_record.record_path(str(tmp_path), "sft")).st_mode & 0o777 == 0o644
   left = [
     n
     for n in os.listdir(os.path.dirname(run_record.record_path(str(tmp_path), "sft")))

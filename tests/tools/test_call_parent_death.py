@@ -11,9 +11,12 @@ from rstar_jax.tools import sandbox_template as st
 
 
 def _cfg():
-  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
   return {
-    "limits": {"max_open_files": soft, "max_output_bytes": 1 << 30, "max_procs": 4096},
+    "limits": {
+      "max_open_files": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+      "max_output_bytes": 1 << 30,
+      "max_procs": 4096,
+    },
     "as_limit": resource.RLIM_INFINITY,
     "drop_uid": False,  # the host uid: the check does not depend on the switch
     "seccomp": None,
